@@ -1,0 +1,162 @@
+"""Triton page-copy kernel: every layer, K and V, in one launch; used for CUDA pools.
+
+Called by `kvrep_kernels.page_copy` (gather and scatter are the same kernel with source and destination
+swapped). Tested on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``) bit-exactly against
+`kvrep_kernels.torch_copy`.
+
+Work decomposition (grid = (num_chunks, num_tensors)):
+
+    tensor t  = one pool tensor (k0, v0, k1, v1, ... or MLA l0, l1, ...); its base address and the base of
+                its pages inside the buffer come from two int64 pointer tables, so all layers share a launch
+    chunk c   = up to `max_pages` consecutive pages of one run of consecutive page ids:
+                pool pages  src_page[c] .. src_page[c]+n[c]-1   <->   buffer pages dst_page[c] .. +n[c]-1
+
+    address of element (token tk, head h, dim d) of page p of tensor t
+        = base[t] + p * page_stride + tk * tok_stride + h * head_stride + d        (elements; d stride is 1)
+
+When both sides store a page in the same dense order (the usual case: NHD pool -> NHD buffer, HND pool ->
+HND buffer) the kernel copies a page as one flat span (``FLAT``); otherwise it computes (tk, h, d) per
+element, which is how an NHD pool is transposed into an HND buffer and back.
+Data are moved as integers of the element width, so any dtype (bf16, fp16, fp32, fp8-as-uint8) is copied
+bit-exactly. Page ids are bounds-checked on the host (`plan.make_plan`) before the launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .plan import CopyPlan
+
+_BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_TL_BITS = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
+CHUNK_BYTES = 64 * 1024  # bytes one program copies at most (per tensor); ~1e4 programs for a 32K prefix
+MAX_BLOCK = 4096
+
+
+@triton.jit
+def _copy_pages_kernel(
+    src_ptrs, dst_ptrs,                                  # int64[num_tensors]: base addresses
+    chunk_src_page, chunk_dst_page, chunk_num_pages,     # int64[num_chunks]
+    src_page_stride, src_tok_stride, src_head_stride,    # elements
+    dst_page_stride, dst_tok_stride, dst_head_stride,
+    page_elems, num_heads, head_dim,
+    ELEM: tl.constexpr, FLAT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    c = tl.program_id(0)
+    t = tl.program_id(1)
+    src = tl.load(src_ptrs + t).to(tl.pointer_type(ELEM))
+    dst = tl.load(dst_ptrs + t).to(tl.pointer_type(ELEM))
+    src_page = tl.load(chunk_src_page + c)
+    dst_page = tl.load(chunk_dst_page + c)
+    num_pages = tl.load(chunk_num_pages + c)
+    offs = tl.arange(0, BLOCK)
+    for j in range(num_pages):
+        src_base = src + (src_page + j) * src_page_stride
+        dst_base = dst + (dst_page + j) * dst_page_stride
+        for e0 in range(0, page_elems, BLOCK):
+            e = e0 + offs
+            mask = e < page_elems
+            if FLAT:
+                src_off = e
+                dst_off = e
+            else:  # e enumerates the page in (token, head, dim) order
+                d = e % head_dim
+                row = e // head_dim
+                h = row % num_heads
+                tk = row // num_heads
+                src_off = tk * src_tok_stride + h * src_head_stride + d
+                dst_off = tk * dst_tok_stride + h * dst_head_stride + d
+            vals = tl.load(src_base + src_off, mask=mask)
+            tl.store(dst_base + dst_off, vals, mask=mask)
+
+
+def _page_offsets(tok_stride: int, head_stride: int, page_size: int, num_heads: int) -> torch.Tensor:
+    tk = torch.arange(page_size)[:, None]
+    h = torch.arange(num_heads)[None, :]
+    return (tk * tok_stride + h * head_stride).flatten()
+
+
+def _chunks(plan: CopyPlan, max_pages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split each run into chunks of at most ``max_pages`` pages: (pool_start, buf_start, num_pages)."""
+    lens = plan.run_lens
+    per_run = (lens + max_pages - 1) // max_pages
+    run_of_chunk = torch.repeat_interleave(torch.arange(lens.numel()), per_run)
+    first_chunk = torch.cumsum(per_run, 0) - per_run
+    k = torch.arange(run_of_chunk.numel()) - first_chunk[run_of_chunk]  # chunk index within its run
+    offset = k * max_pages
+    num = torch.clamp(lens[run_of_chunk] - offset, max=max_pages)
+    return plan.run_pool_starts[run_of_chunk] + offset, plan.run_buf_starts[run_of_chunk] + offset, num
+
+
+def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
+    """Launch the copy for a validated ``plan``: pool -> ``buffer`` if ``gather`` else ``buffer`` -> pool.
+
+    Asserts every stride and shape the kernel relies on.
+    """
+    g = plan.geometry
+    if plan.num_pages == 0:
+        return
+    pools = plan.pools
+    ref = pools[0]
+    ps, H, D, P = g.page_size, g.num_kv_heads, g.head_dim, plan.num_pages
+    page_elems = g.page_elems()
+    itemsize = ref.element_size()
+
+    # Pool side: every tensor has the same strides, unit stride along head_dim.
+    for t in pools:
+        assert t.stride() == ref.stride(), f"pool strides differ: {t.stride()} vs {ref.stride()}"
+        assert t.stride(-1) == 1, f"pool head_dim stride must be 1, got {t.stride()}"
+        assert t.data_ptr() % itemsize == 0
+    if plan.pool_layout == "NHD":
+        assert ref.dim() == 3 and ref.shape[1:] == (H, D)
+        pool_page, pool_tok, pool_head = ps * ref.stride(0), ref.stride(0), ref.stride(1)
+    else:
+        assert ref.dim() == 4 and ref.shape[1:] == (H, ps, D)
+        pool_page, pool_tok, pool_head = ref.stride(0), ref.stride(2), ref.stride(1)
+    pool_ptrs = [t.data_ptr() for t in pools]
+
+    # Buffer side: contiguous (L, P, 2, ps, H, D) / (L, P, 2, H, ps, D) / MLA (L, P, ps, H, D).
+    assert buffer.is_contiguous() and tuple(buffer.shape) == g.buffer_shape(P)
+    assert buffer.dtype == ref.dtype and buffer.device == ref.device
+    if g.kind == "mha":
+        buf_page = 2 * page_elems
+        buf_ptrs = [buffer.data_ptr() + ((i // 2) * P * 2 + i % 2) * page_elems * itemsize for i in range(len(pools))]
+    else:
+        buf_page = page_elems
+        buf_ptrs = [buffer.data_ptr() + i * P * page_elems * itemsize for i in range(len(pools))]
+    buf_tok, buf_head = (H * D, D) if g.layout == "NHD" else (D, ps * D)
+
+    pool_offs = _page_offsets(pool_tok, pool_head, ps, H)
+    buf_offs = _page_offsets(buf_tok, buf_head, ps, H)
+    dense = torch.equal(torch.sort(buf_offs).values, torch.arange(ps * H) * D)
+    flat = dense and torch.equal(pool_offs, buf_offs)
+
+    max_pages = max(1, CHUNK_BYTES // (page_elems * itemsize))
+    pool_start, buf_start, num = _chunks(plan, max_pages)
+    if gather:
+        src_ptrs, dst_ptrs, src_page, dst_page = pool_ptrs, buf_ptrs, pool_start, buf_start
+        src_strides, dst_strides = (pool_page, pool_tok, pool_head), (buf_page, buf_tok, buf_head)
+    else:
+        src_ptrs, dst_ptrs, src_page, dst_page = buf_ptrs, pool_ptrs, buf_start, pool_start
+        src_strides, dst_strides = (buf_page, buf_tok, buf_head), (pool_page, pool_tok, pool_head)
+
+    device = ref.device
+    meta = torch.tensor(
+        [src_ptrs, dst_ptrs], dtype=torch.int64
+    )  # addresses fit int64 on every platform we run on
+    host = torch.cat([meta.flatten(), src_page, dst_page, num])
+    dev = host.to(device, non_blocking=False)
+    n_t, n_c = len(pools), num.numel()
+    src_tab, dst_tab = dev[:n_t], dev[n_t:2 * n_t]
+    src_pg, dst_pg, num_pg = dev[2 * n_t:2 * n_t + n_c], dev[2 * n_t + n_c:2 * n_t + 2 * n_c], dev[2 * n_t + 2 * n_c:]
+
+    block = min(MAX_BLOCK, triton.next_power_of_2(page_elems))
+    _copy_pages_kernel[(n_c, n_t)](
+        src_tab, dst_tab, src_pg, dst_pg, num_pg,
+        *src_strides, *dst_strides,
+        page_elems, H, D,
+        ELEM=_TL_BITS[itemsize], FLAT=flat, BLOCK=block,
+        num_warps=4 if block <= 1024 else 8,
+    )

@@ -1,0 +1,280 @@
+"""The coordinator process: a ZMQ ROUTER for worker agents, a JSON admin HTTP API, and the policy tick.
+
+Threads: the control loop owns the ZMQ socket (ZMQ sockets are single-threaded); HTTP handler threads only touch
+`ClusterState` under `lock` and hand outgoing commands to the loop through `_outbox` plus a wake pipe. A malformed
+message gets an `Error` reply and is counted; nothing a worker sends can stop the loop.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+from urllib.parse import parse_qs, urlparse
+
+import zmq
+
+from radix_sync import protocol as p
+from radix_sync.coordinator.rules import RuleBasedPolicy, RuleConfig
+from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig
+
+log = logging.getLogger("kvrep.coordinator")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    bind: str = "tcp://127.0.0.1:5600"
+    """ZMQ endpoint the worker agents connect to."""
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 5680
+    """Port of the JSON admin API (0 picks a free one)."""
+    policy: str = "rules"
+    """`rules` (the baseline) or `none` (admin-driven only)."""
+    mode: str = "active"
+    """`active` sends the policy's commands; `shadow` only records them."""
+    tick_s: float = 0.25
+    """Seconds between policy and timer ticks."""
+    rules: RuleConfig = RuleConfig()
+    state: StateConfig = StateConfig()
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("rules", "none"):
+            raise ValueError(f"unknown policy {self.policy!r} (choose rules or none)")
+        if self.mode not in ("active", "shadow"):
+            raise ValueError(f"mode must be active or shadow, got {self.mode!r}")
+        if not self.tick_s > 0:
+            raise ValueError(f"tick_s must be > 0, got {self.tick_s}")
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.state = ClusterState(config.state)
+        self.lock = threading.Lock()
+        self.policy = RuleBasedPolicy(config.rules) if config.policy == "rules" else None
+        self.shadow_decisions: list[dict] = []
+        self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stop = threading.Event()
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._sock.bind(config.bind)
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._http = ThreadingHTTPServer((config.admin_host, config.admin_port), _make_handler(self))
+        self._http.daemon_threads = True
+        self.admin_port = self._http.server_address[1]
+
+    # ------------------------------------------------------------------------------------------------- running
+    def serve_forever(self) -> None:
+        http_thread = threading.Thread(target=self._http.serve_forever, name="kvrep-admin", daemon=True)
+        http_thread.start()
+        log.info("coordinator %s: workers on %s, admin on http://%s:%d", self.state.coordinator_id,
+                 self.endpoint, self.config.admin_host, self.admin_port)
+        try:
+            self._loop()
+        finally:
+            self._http.shutdown()
+            self._http.server_close()
+            self._sock.close(0)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def send(self, routing_id: bytes, msg: p._Msg) -> None:
+        """Thread-safe: queue a message for a worker."""
+        self._outbox.put((routing_id, msg))
+        self._wake()
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            timeout_ms = max(0.0, (next_tick - time.monotonic()) * 1000)
+            events = dict(poller.poll(timeout_ms))
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+            if self._sock in events:
+                for _ in range(1000):
+                    try:
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_frames(frames)
+            while True:
+                try:
+                    routing_id, msg = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._sock.send_multipart([routing_id, p.encode(msg)])
+            if time.monotonic() >= next_tick:
+                self._tick()
+                next_tick = time.monotonic() + self.config.tick_s
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        routing_id = frames[0]
+        if len(frames) != 2:
+            self.state.record_protocol_error()
+            self._sock.send_multipart([routing_id, p.encode(p.Error(error=f"expected 1 frame, got {len(frames) - 1}"))])
+            return
+        try:
+            msg = p.decode_for_coordinator(frames[1])
+        except p.ProtocolError as exc:
+            with self.lock:
+                self.state.record_protocol_error()
+            log.warning("bad message from %r: %s", routing_id, exc)
+            self._sock.send_multipart([routing_id, p.encode(p.Error(error=str(exc)))])
+            return
+        now = time.monotonic()
+        try:
+            with self.lock:
+                replies = self.state.handle(routing_id, msg, now)
+        except Exception as exc:  # a bug must not take the coordinator down
+            log.exception("error handling %s", msg.describe())
+            replies = [(routing_id, p.Error(error=f"internal error: {exc}", in_reply_to=type(msg).__name__))]
+        for rid, reply in replies:
+            self._sock.send_multipart([rid, p.encode(reply)])
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.state.tick(now)
+            if self.policy is None:
+                return
+            decisions = self.policy.decide(self.state.rule_snapshot(now), now)
+            for d in decisions:
+                if self.config.mode == "shadow":
+                    self.shadow_decisions.append({"time_s": now, "source": d.source, "target": d.target,
+                                                  "namespace": d.namespace, "prefix_len": d.prefix_len})
+                    continue
+                tokens = self.state.directory.prefix_tokens(d.block_hash)
+                if tokens is None:
+                    continue
+                try:
+                    _, rid, cmd = self.state.request_replication(d.source, d.target, tokens, d.namespace, d.ttl_s,
+                                                                 now, origin=self.policy.name,
+                                                                 block_hash=d.block_hash)
+                except AdminError as exc:
+                    log.info("policy decision refused: %s", exc)
+                    continue
+                self._outbox.put((rid, cmd))
+
+    # --------------------------------------------------------------------------------------------- admin API
+    def admin_replicate(self, body: dict) -> dict:
+        for key in ("source", "target", "input_ids"):
+            if key not in body:
+                raise AdminError(f"missing field {key!r}")
+        token_ids = body["input_ids"]
+        if not isinstance(token_ids, list):
+            raise AdminError("input_ids must be a list of token ids")
+        namespace = body.get("cache_salt") or ""
+        if not isinstance(namespace, str):
+            raise AdminError("cache_salt must be a string")
+        ttl_s = float(body.get("ttl_s", self.config.rules.ttl_s))
+        now = time.monotonic()
+        with self.lock:
+            rep, rid, cmd = self.state.request_replication(str(body["source"]), str(body["target"]), token_ids,
+                                                           namespace, ttl_s, now)
+            out = rep.to_json()
+        self.send(rid, cmd)
+        return out
+
+
+def _make_handler(coord: Coordinator):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):  # route to logging, not stderr
+            log.debug("admin: " + fmt, *args)
+
+        def _reply(self, status: int, obj) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b"{}"
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError as exc:
+                raise AdminError(f"body is not JSON: {exc}") from None
+            if not isinstance(body, dict):
+                raise AdminError("body must be a JSON object")
+            return body
+
+        def _dispatch(self, method: str) -> None:
+            url = urlparse(self.path)
+            try:
+                self._reply(200, self._route(method, url.path, parse_qs(url.query)))
+            except AdminError as exc:
+                self._reply(exc.status, {"error": str(exc)})
+            except Exception as exc:
+                log.exception("admin %s %s", method, self.path)
+                self._reply(500, {"error": f"internal error: {exc}"})
+
+        def _route(self, method: str, path: str, query: dict):
+            if method == "GET" and path == "/workers":
+                with coord.lock:
+                    return [w.to_json() for w in coord.state.workers.values()]
+            if path == "/directory/lookup" and method in ("GET", "POST"):
+                if method == "POST":
+                    body = self._body()
+                    token_ids, namespace = body.get("input_ids"), body.get("cache_salt") or ""
+                else:
+                    raw = (query.get("input_ids") or [""])[0]
+                    try:
+                        token_ids = [int(t) for t in raw.split(",") if t.strip()]
+                    except ValueError:
+                        raise AdminError("input_ids must be comma-separated integers") from None
+                    namespace = (query.get("cache_salt") or [""])[0]
+                if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
+                    raise AdminError("input_ids must be a list of integers")
+                with coord.lock:
+                    return {"matched": coord.state.lookup(token_ids, namespace)}
+            if method == "POST" and path == "/replicate":
+                return coord.admin_replicate(self._body())
+            if method == "GET" and path == "/replications":
+                with coord.lock:
+                    return [r.to_json() for r in coord.state.replications.values()]
+            if method == "GET" and path == "/status":
+                with coord.lock:
+                    st = coord.state
+                    return {"coordinator_id": st.coordinator_id, "endpoint": coord.endpoint,
+                            "policy": coord.config.policy, "mode": coord.config.mode,
+                            "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
+                            "num_protocol_errors": st.num_protocol_errors,
+                            "replicas": [{"worker": w, "replication_id": r, **v}
+                                         for (w, r), v in st.directory.replicas().items()],
+                            "shadow_decisions": coord.shadow_decisions[-100:]}
+            if method == "GET" and path == "/health":
+                return {"ok": True}
+            raise AdminError(f"no such endpoint: {method} {path}", 404)
+
+        def do_GET(self):
+            self._dispatch("GET")
+
+        def do_POST(self):
+            self._dispatch("POST")
+
+    return Handler

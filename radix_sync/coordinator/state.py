@@ -1,0 +1,310 @@
+"""ClusterState: everything the coordinator knows, mutated only by facts and admin requests.
+
+`handle()` takes one decoded worker message and returns the replies to send; `request_replication()` validates an
+admin or policy request and returns the command for the source. Time is always passed in (`now_s`), so the whole
+state machine is tested without sockets or sleeps. The server (`server.py`) owns the lock and the sockets.
+"""
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from radix_sync import protocol as p
+from radix_sync.directory import PrefixDirectory
+from radix_sync.hashing import page_hashes
+from radix_sync.coordinator.rules import HitRecord, RuleSnapshot, WorkerView
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+
+
+@dataclass
+class WorkerRecord:
+    hello: p.Hello
+    routing_id: bytes
+    last_seen_s: float
+    last_seq: int = 0
+    load: Optional[p.LoadReported] = None
+
+    @property
+    def worker_id(self) -> str:
+        return self.hello.worker_id
+
+    def to_json(self) -> dict:
+        load = self.load
+        return {
+            "id": self.worker_id,
+            "url": self.hello.http_url,
+            "data_endpoint": self.hello.data_endpoint,
+            "fingerprint": self.hello.fingerprint,
+            "fingerprint_fields": self.hello.fingerprint_fields,
+            "page_size": self.hello.page_size,
+            "pool_capacity_tokens": self.hello.pool_capacity_tokens,
+            "replica_budget_tokens": self.hello.replica_budget_tokens,
+            "load": None if load is None else {
+                "num_running_reqs": load.num_running_reqs,
+                "num_waiting_reqs": load.num_waiting_reqs,
+                "num_waiting_tokens": load.num_waiting_tokens,
+                "available_tokens": load.available_tokens,
+                "evictable_tokens": load.evictable_tokens,
+                "replica_tokens": load.replica_tokens,
+            },
+        }
+
+
+@dataclass
+class Replication:
+    id: str
+    source: str
+    target: str
+    namespace: str
+    num_tokens: int
+    ttl_s: float
+    origin: str
+    """`admin` or the name of the policy that decided it."""
+    created_s: float
+    block_hash: Optional[int] = None
+    state: str = PENDING
+    error: str = ""
+    started_s: Optional[float] = None
+    finished_s: Optional[float] = None
+    num_bytes: int = 0
+    inserted_len: int = 0
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id, "source": self.source, "target": self.target, "namespace": self.namespace,
+            "num_tokens": self.num_tokens, "ttl_s": self.ttl_s, "origin": self.origin, "state": self.state,
+            "error": self.error or None, "bytes": self.num_bytes, "inserted_len": self.inserted_len,
+            "created_s": self.created_s, "started_s": self.started_s, "finished_s": self.finished_s,
+            "total_s": (self.finished_s - self.created_s) if self.finished_s is not None else None,
+            "timings_s": dict(self.timings_s),
+        }
+
+
+class AdminError(ValueError):
+    """An admin request the coordinator refuses; the message says why (HTTP 400/404)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    worker_timeout_s: float = 5.0
+    """A worker silent for this long is dropped with all it holds."""
+    replication_timeout_s: float = 60.0
+    """A replication not finished after this long is marked failed."""
+    hit_window_s: float = 120.0
+    """How much prefix-hit history is kept for policies."""
+    max_replications_kept: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("worker_timeout_s", "replication_timeout_s", "hit_window_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+class ClusterState:
+    def __init__(self, config: StateConfig = StateConfig(), coordinator_id: str = "") -> None:
+        self.config = config
+        self.coordinator_id = coordinator_id or uuid.uuid4().hex[:12]
+        self.directory = PrefixDirectory()
+        self.workers: dict[str, WorkerRecord] = {}
+        self._by_routing: dict[bytes, str] = {}
+        self.replications: dict[str, Replication] = {}
+        self.hits: deque[HitRecord] = deque()
+        self.num_protocol_errors = 0
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------------------------------ worker messages
+    def handle(self, routing_id: bytes, msg, now_s: float) -> list[tuple[bytes, p._Msg]]:
+        """Apply one worker message.
+
+        Returns:
+            (routing id, message) pairs to send back, e.g. HelloAck, ResyncRequested or Error.
+        """
+        if isinstance(msg, p.Hello):
+            return self._on_hello(routing_id, msg, now_s)
+        worker_id = self._by_routing.get(routing_id)
+        if worker_id is None or getattr(msg, "worker_id", None) != worker_id:
+            return [(routing_id, p.ResyncRequested(reason="unknown worker: say hello first"))]
+        record = self.workers[worker_id]
+        record.last_seen_s = now_s
+        if msg.seq != record.last_seq + 1:
+            reason = f"sequence gap: expected {record.last_seq + 1}, got {msg.seq}"
+            self._forget_worker(worker_id, reason)
+            return [(routing_id, p.ResyncRequested(reason=reason))]
+        record.last_seq = msg.seq
+        self._apply_fact(record, msg, now_s)
+        return []
+
+    def _on_hello(self, routing_id: bytes, hello: p.Hello, now_s: float) -> list[tuple[bytes, p._Msg]]:
+        if hello.protocol_version != p.PROTOCOL_VERSION:
+            return [(routing_id, p.Error(error=f"protocol version {hello.protocol_version} unsupported "
+                                               f"(coordinator speaks {p.PROTOCOL_VERSION})", in_reply_to="Hello"))]
+        if hello.page_size < 1:
+            return [(routing_id, p.Error(error=f"bad page_size {hello.page_size}", in_reply_to="Hello"))]
+        old = self.workers.get(hello.worker_id)
+        if old is not None:
+            # A re-hello (restart or resync) replaces everything the worker said before.
+            self._forget_worker(hello.worker_id, "re-hello")
+            self._by_routing.pop(old.routing_id, None)
+        self.workers[hello.worker_id] = WorkerRecord(hello, routing_id, now_s, last_seq=hello.seq)
+        self._by_routing[routing_id] = hello.worker_id
+        return [(routing_id, p.HelloAck(coordinator_id=self.coordinator_id))]
+
+    def _apply_fact(self, record: WorkerRecord, msg, now_s: float) -> None:
+        wid = record.worker_id
+        d = self.directory
+        if isinstance(msg, p.PagesStored):
+            if msg.medium == "GPU":
+                d.add_pages(wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks))
+        elif isinstance(msg, p.PagesRemoved):
+            d.remove_pages(wid, msg.block_hashes)
+        elif isinstance(msg, p.AllPagesCleared):
+            d.drop_worker(wid)
+        elif isinstance(msg, p.LoadReported):
+            record.load = msg
+        elif isinstance(msg, p.PrefixHit):
+            if msg.block_hash is not None and msg.matched_len > 0:
+                self.hits.append(HitRecord(now_s, wid, msg.namespace, msg.block_hash, msg.matched_len))
+        elif isinstance(msg, p.ReplicaStored):
+            num_written = msg.inserted_len // record.hello.page_size
+            d.mark_replica(wid, msg.namespace, msg.block_hashes, num_written, now_s + msg.expires_in_s,
+                           msg.replication_id)
+            rep = self.replications.get(msg.replication_id)
+            if rep is not None and rep.state in (PENDING, RUNNING):
+                rep.state, rep.finished_s = DONE, now_s
+                rep.inserted_len = msg.inserted_len
+                rep.num_bytes = rep.num_bytes or msg.num_bytes
+                rep.timings_s.update(receive_s=msg.receive_s, scatter_s=msg.scatter_s, insert_s=msg.insert_s)
+        elif isinstance(msg, p.SourceSent):
+            rep = self.replications.get(msg.replication_id)
+            if rep is not None:
+                rep.num_bytes = msg.num_bytes
+                rep.timings_s.update(gather_s=msg.gather_s, send_s=msg.send_s)
+                if rep.state == PENDING:
+                    rep.state = RUNNING
+        elif isinstance(msg, p.ReplicaPromoted):
+            d.promote(wid, msg.replication_id)
+        elif isinstance(msg, p.ReplicaExpired):
+            d.remove_replica(wid, msg.replication_id)
+        elif isinstance(msg, p.ReplicationFailed):
+            self._fail(msg.replication_id, f"{msg.role} {wid}: {msg.error}", now_s)
+
+    def _fail(self, replication_id: str, error: str, now_s: float) -> None:
+        rep = self.replications.get(replication_id)
+        if rep is not None and rep.state in (PENDING, RUNNING):
+            rep.state, rep.error, rep.finished_s = FAILED, error, now_s
+
+    def _forget_worker(self, worker_id: str, reason: str) -> None:
+        self.directory.drop_worker(worker_id)
+
+    def record_protocol_error(self) -> None:
+        self.num_protocol_errors += 1
+
+    # ------------------------------------------------------------------------------------------------ timers
+    def tick(self, now_s: float) -> None:
+        """Drop silent workers, time out replications, trim hit history."""
+        for worker_id, record in list(self.workers.items()):
+            if now_s - record.last_seen_s > self.config.worker_timeout_s:
+                self._forget_worker(worker_id, "silent")
+                self._by_routing.pop(record.routing_id, None)
+                del self.workers[worker_id]
+                for rep in self.replications.values():
+                    if worker_id in (rep.source, rep.target):
+                        self._fail(rep.id, f"worker {worker_id} went silent", now_s)
+        for rep in self.replications.values():
+            if rep.state in (PENDING, RUNNING) and now_s - rep.created_s > self.config.replication_timeout_s:
+                self._fail(rep.id, f"timed out after {self.config.replication_timeout_s:g}s", now_s)
+        while self.hits and now_s - self.hits[0].time_s > self.config.hit_window_s:
+            self.hits.popleft()
+        while len(self.replications) > self.config.max_replications_kept:
+            oldest = next(iter(self.replications))
+            del self.replications[oldest]
+
+    # ------------------------------------------------------------------------------------------------- admin
+    def request_replication(self, source: str, target: str, token_ids: list[int], namespace: str, ttl_s: float,
+                            now_s: float, origin: str = "admin",
+                            block_hash: Optional[int] = None) -> tuple[Replication, bytes, p.ReplicatePages]:
+        """Validate a replication and create its record.
+
+        Returns:
+            the record, the source's routing id and the command to send it.
+        Raises:
+            AdminError: unknown worker, same worker, incompatible fingerprints, empty or unheld prefix.
+        """
+        if source == target:
+            raise AdminError(f"source and target are the same worker {source!r}")
+        for wid in (source, target):
+            if wid not in self.workers:
+                raise AdminError(f"unknown worker {wid!r} (known: {sorted(self.workers)})", 404)
+        src, dst = self.workers[source].hello, self.workers[target].hello
+        if src.fingerprint != dst.fingerprint:
+            diff = {k: (src.fingerprint_fields.get(k), dst.fingerprint_fields.get(k))
+                    for k in set(src.fingerprint_fields) | set(dst.fingerprint_fields)
+                    if src.fingerprint_fields.get(k) != dst.fingerprint_fields.get(k)}
+            raise AdminError(f"fingerprint mismatch between {source} and {target}: {diff}")
+        if not ttl_s > 0:
+            raise AdminError(f"ttl_s must be > 0, got {ttl_s}")
+        if not all(isinstance(t, int) and t >= 0 for t in token_ids):
+            raise AdminError("input_ids must be a list of non-negative integers")
+        page_size = src.page_size
+        num_tokens = (len(token_ids) // page_size) * page_size
+        if num_tokens == 0:
+            raise AdminError(f"prefix of {len(token_ids)} tokens is shorter than one page ({page_size})")
+        rep = Replication(id=f"r{next(self._ids)}-{uuid.uuid4().hex[:6]}", source=source, target=target,
+                          namespace=namespace, num_tokens=num_tokens, ttl_s=ttl_s, origin=origin,
+                          created_s=now_s, block_hash=block_hash)
+        rep.started_s = now_s
+        self.replications[rep.id] = rep
+        cmd = p.ReplicatePages(replication_id=rep.id, token_ids=list(token_ids[:num_tokens]), namespace=namespace,
+                               target_id=target, target_endpoint=dst.data_endpoint,
+                               target_fingerprint=dst.fingerprint, ttl_s=ttl_s)
+        return rep, self.workers[source].routing_id, cmd
+
+    def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
+        """Tokens of `token_ids` each worker holds (as owner or replica), per the directory."""
+        out: dict[str, int] = {wid: 0 for wid in self.workers}
+        by_page_size: dict[int, list[str]] = {}
+        for wid, record in self.workers.items():
+            by_page_size.setdefault(record.hello.page_size, []).append(wid)
+        for page_size, wids in by_page_size.items():
+            matched = self.directory.match(page_hashes(token_ids, page_size, namespace))
+            for wid in wids:
+                out[wid] = matched.get(wid, 0) * page_size
+        return out
+
+    def rule_snapshot(self, now_s: float) -> RuleSnapshot:
+        workers = []
+        for wid, record in self.workers.items():
+            load = record.load
+            replica_tokens = load.replica_tokens if load else 0
+            workers.append(WorkerView(
+                wid, record.hello.fingerprint,
+                load.num_waiting_reqs if load else 0, load.num_running_reqs if load else 0,
+                max(0, record.hello.replica_budget_tokens - replica_tokens)))
+        held: dict[tuple[int, str], int] = {}
+        for hit in self.hits:
+            node = self.directory.node(hit.block_hash)
+            if node is None:
+                continue
+            for wid in node.holders:
+                held[(hit.block_hash, wid)] = node.depth * self.workers[wid].hello.page_size \
+                    if wid in self.workers else 0
+        in_flight = frozenset((r.block_hash, r.target) for r in self.replications.values()
+                              if r.state in (PENDING, RUNNING) and r.block_hash is not None)
+        return RuleSnapshot(tuple(self.hits), tuple(workers), held, in_flight)
+
+    def check_integrity(self) -> None:
+        self.directory.check_integrity()
+        for routing_id, wid in self._by_routing.items():
+            assert self.workers[wid].routing_id == routing_id, wid
+        assert len(self._by_routing) == len(self.workers)
+        for wid in self.directory.workers():
+            assert wid in self.workers, f"directory holds pages of unknown worker {wid}"

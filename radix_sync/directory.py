@@ -1,0 +1,218 @@
+"""The exact directory of which worker holds which pages, as owner or replica, and until when.
+
+Built only from facts the workers publish (pages stored/removed, replicas stored/promoted/expired). Pages are
+identified by SGLang's chained page hashes, so a page's hash names its whole prefix: a lookup hashes the prompt
+page by page and walks the chain, O(pages x holders), never a scan of the directory.
+
+Who calls it: `radix_sync.coordinator.state.ClusterState` (under its lock). Not thread-safe by itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+OWNER = "owner"
+REPLICA = "replica"
+
+
+@dataclass
+class Holding:
+    """One worker's copy of one page."""
+
+    role: str = OWNER
+    """`owner` (ordinary cache) or `replica` (copied here, lowest eviction priority, expires)."""
+    expires_at_s: Optional[float] = None
+    """Coordinator-clock time at which an unpromoted replica is due to expire; None for owners."""
+    replication_id: str = ""
+
+
+@dataclass
+class PageNode:
+    block_hash: int
+    parent_hash: Optional[int]
+    namespace: str
+    token_ids: tuple[int, ...]
+    depth: int
+    """Number of pages from the root to this page, this one included."""
+    holders: dict[str, Holding] = field(default_factory=dict)
+
+
+class PrefixDirectory:
+    """Page-granular index: block hash -> page node with its holders; worker -> block hashes it holds."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, PageNode] = {}
+        self._by_worker: dict[str, set[int]] = {}
+
+    # ------------------------------------------------------------------------------------------ mutation (facts)
+    def add_pages(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
+                  *, role: str = OWNER, expires_at_s: Optional[float] = None, replication_id: str = "") -> int:
+        """Record that `worker_id` holds the given pages (root-to-leaf order within a chain).
+
+        A page whose parent is unknown is still recorded (depth counted from it); an existing replica holding is
+        never downgraded by an owner fact (the insert of a replica also emits ordinary store events).
+
+        Returns:
+            the number of (page, worker) holdings that were new.
+        """
+        held = self._by_worker.setdefault(worker_id, set())
+        num_new = 0
+        for block_hash, parent_hash, token_ids in blocks:
+            node = self._nodes.get(block_hash)
+            if node is None:
+                parent = self._nodes.get(parent_hash) if parent_hash is not None else None
+                node = PageNode(block_hash, parent_hash, namespace, tuple(token_ids),
+                                depth=(parent.depth + 1) if parent is not None else 1)
+                self._nodes[block_hash] = node
+            elif not node.token_ids:  # first seen in a replica fact, now its tokens are known
+                node.token_ids = tuple(token_ids)
+                if node.parent_hash is None:
+                    node.parent_hash = parent_hash
+            holding = node.holders.get(worker_id)
+            if holding is None:
+                node.holders[worker_id] = Holding(role, expires_at_s, replication_id)
+                held.add(block_hash)
+                num_new += 1
+            elif role == REPLICA:
+                holding.role, holding.expires_at_s, holding.replication_id = REPLICA, expires_at_s, replication_id
+        return num_new
+
+    def mark_replica(self, worker_id: str, namespace: str, block_hashes: list[int], num_written: int,
+                     expires_at_s: float, replication_id: str) -> None:
+        """A replica landed: `block_hashes` is its whole prefix root-to-leaf, of which the last `num_written`
+        pages were written by the replica (the rest was already cached there and stays as it is). Pages not yet
+        known from store facts are recorded without tokens until those facts arrive."""
+        held = self._by_worker.setdefault(worker_id, set())
+        first_written = len(block_hashes) - num_written
+        parent: Optional[int] = None
+        for i, block_hash in enumerate(block_hashes):
+            node = self._nodes.get(block_hash)
+            if node is None:
+                parent_node = self._nodes.get(parent) if parent is not None else None
+                node = PageNode(block_hash, parent, namespace, (),
+                                depth=(parent_node.depth + 1) if parent_node else 1)
+                self._nodes[block_hash] = node
+            if i >= first_written:
+                node.holders[worker_id] = Holding(REPLICA, expires_at_s, replication_id)
+            elif worker_id not in node.holders:
+                node.holders[worker_id] = Holding()
+            held.add(block_hash)
+            parent = block_hash
+
+    def promote(self, worker_id: str, replication_id: str) -> int:
+        """A real request hit the replica: its pages become ordinary cache. Returns pages promoted."""
+        num = 0
+        for block_hash in self._by_worker.get(worker_id, ()):
+            holding = self._nodes[block_hash].holders[worker_id]
+            if holding.role == REPLICA and holding.replication_id == replication_id:
+                holding.role, holding.expires_at_s = OWNER, None
+                num += 1
+        return num
+
+    def remove_pages(self, worker_id: str, block_hashes: Iterable[int]) -> int:
+        """Returns the number of holdings removed; unknown pages are ignored (facts may race a resync)."""
+        held = self._by_worker.get(worker_id)
+        if not held:
+            return 0
+        num = 0
+        for block_hash in block_hashes:
+            if block_hash not in held:
+                continue
+            held.discard(block_hash)
+            node = self._nodes[block_hash]
+            del node.holders[worker_id]
+            if not node.holders:
+                del self._nodes[block_hash]
+            num += 1
+        return num
+
+    def remove_replica(self, worker_id: str, replication_id: str) -> int:
+        hashes = [h for h in self._by_worker.get(worker_id, ())
+                  if self._nodes[h].holders[worker_id].replication_id == replication_id
+                  and self._nodes[h].holders[worker_id].role == REPLICA]
+        return self.remove_pages(worker_id, hashes)
+
+    def drop_worker(self, worker_id: str) -> int:
+        """Forget everything a worker holds (it died, restarted or cleared its cache)."""
+        hashes = list(self._by_worker.get(worker_id, ()))
+        num = self.remove_pages(worker_id, hashes)
+        self._by_worker.pop(worker_id, None)
+        return num
+
+    # ------------------------------------------------------------------------------------------------- queries
+    def match(self, block_hashes: list[int]) -> dict[str, int]:
+        """Pages matched from the root, per worker: the longest run of consecutive held pages."""
+        matched: dict[str, int] = {}
+        alive: Optional[set[str]] = None
+        for i, block_hash in enumerate(block_hashes):
+            node = self._nodes.get(block_hash)
+            if node is None:
+                break
+            holders = set(node.holders) if alive is None else alive & node.holders.keys()
+            if not holders:
+                break
+            for worker_id in holders:
+                matched[worker_id] = i + 1
+            alive = holders
+        return matched
+
+    def holders(self, block_hash: int) -> dict[str, Holding]:
+        node = self._nodes.get(block_hash)
+        return dict(node.holders) if node is not None else {}
+
+    def node(self, block_hash: int) -> Optional[PageNode]:
+        return self._nodes.get(block_hash)
+
+    def prefix_tokens(self, block_hash: int) -> Optional[list[int]]:
+        """Token ids of the whole prefix named by `block_hash`, or None if a page on the path is unknown."""
+        chunks = []
+        node = self._nodes.get(block_hash)
+        while node is not None:
+            if not node.token_ids:
+                return None
+            chunks.append(node.token_ids)
+            if node.parent_hash is None:
+                break
+            node = self._nodes.get(node.parent_hash)
+            if node is None:
+                return None
+        return [t for chunk in reversed(chunks) for t in chunk]
+
+    def replicas(self, worker_id: Optional[str] = None) -> dict[tuple[str, str], dict]:
+        """(worker, replication id) -> {num_pages, expires_at_s} for live replica holdings."""
+        out: dict[tuple[str, str], dict] = {}
+        for wid, hashes in self._by_worker.items():
+            if worker_id is not None and wid != worker_id:
+                continue
+            for block_hash in hashes:
+                holding = self._nodes[block_hash].holders[wid]
+                if holding.role == REPLICA:
+                    entry = out.setdefault((wid, holding.replication_id),
+                                           {"num_pages": 0, "expires_at_s": holding.expires_at_s})
+                    entry["num_pages"] += 1
+        return out
+
+    def num_pages(self, worker_id: Optional[str] = None) -> int:
+        if worker_id is None:
+            return len(self._nodes)
+        return len(self._by_worker.get(worker_id, ()))
+
+    def workers(self) -> list[str]:
+        return [w for w, held in self._by_worker.items() if held]
+
+    def check_integrity(self) -> None:
+        """Asserts the two indexes agree and every node is held by someone."""
+        count = 0
+        for worker_id, hashes in self._by_worker.items():
+            for block_hash in hashes:
+                node = self._nodes.get(block_hash)
+                assert node is not None, f"{worker_id} holds unknown page {block_hash}"
+                assert worker_id in node.holders, f"{worker_id} missing from holders of {block_hash}"
+                count += 1
+        assert count == sum(len(n.holders) for n in self._nodes.values()), "holding counts disagree"
+        for block_hash, node in self._nodes.items():
+            assert node.holders, f"page {block_hash} is held by nobody"
+            assert node.block_hash == block_hash
+            for holding in node.holders.values():
+                assert holding.role in (OWNER, REPLICA), holding.role
+                assert (holding.role == REPLICA) == (holding.expires_at_s is not None), holding

@@ -1,0 +1,64 @@
+"""Load forecast per worker: expected queue wait now, and at a later time given predicted extra work.
+
+Used by the expected-TTFT router and the planner. Pure: a `WorkerView`, `now` and a `CostModel` in, seconds out.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from radix_sync.policy.cost import CostModel
+from radix_sync.policy.snapshot import WorkerView
+
+
+def queue_wait_s(cost: CostModel, w: WorkerView, now: float) -> float:
+    """Expected wait before a request arriving now at `w` starts its prefill.
+
+    Prefill has priority over decode (SGLang's default scheduler), so the wait is the rest of the iteration in
+    progress plus the prefill of everything queued ahead.
+
+    Args:
+        cost: the cost model.
+        w: the worker's reported load.
+        now: current time, s.
+    Returns:
+        seconds >= 0.
+    """
+    p = cost.profile
+    if w.num_waiting == 0 and w.waiting_new_tokens == 0:
+        return max(0.0, w.busy_until_s - now)
+    work = (w.num_waiting * p.prefill_overhead_s + w.waiting_new_tokens * p.prefill_s_per_token
+            + w.waiting_attn_pairs * p.prefill_s_per_token_pair)
+    return max(0.0, w.busy_until_s - now) + cost.prefill_scale * work
+
+
+class WaitForecast:
+    """Per-worker queue-wait curve: the current backlog draining at rate 1, plus predicted work arriving later.
+
+    Owned by one planning pass; `add_work` registers expected work (s) arriving at a time; `wait_at` answers the
+    expected wait of a request arriving at `t` (work arriving before `t` is served first, FCFS).
+    """
+
+    def __init__(self, cost: CostModel, workers: tuple[WorkerView, ...], now: float) -> None:
+        self.now = now
+        self.base_s = [queue_wait_s(cost, w, now) for w in workers]
+        self._times: list[list[float]] = [[] for _ in workers]
+        self._work: list[list[float]] = [[] for _ in workers]
+
+    def add_work(self, worker_id: int, at_s: float, work_s: float) -> None:
+        """Registers `work_s` seconds of prefill expected to arrive at `worker_id` at `at_s`."""
+        i = bisect.bisect_right(self._times[worker_id], at_s)
+        self._times[worker_id].insert(i, at_s)
+        self._work[worker_id].insert(i, work_s)
+
+    def wait_at(self, worker_id: int, t: float) -> float:
+        """Expected wait (s) of a request arriving at `worker_id` at time `t`.
+
+        Simulates the single FCFS server: backlog at `now`, then each predicted arrival up to `t`.
+        """
+        backlog, clock = self.base_s[worker_id], self.now
+        times, work = self._times[worker_id], self._work[worker_id]
+        for k in range(bisect.bisect_right(times, t)):
+            backlog = max(0.0, backlog - (times[k] - clock)) + work[k]
+            clock = times[k]
+        return max(0.0, backlog - max(0.0, t - clock))

@@ -1,0 +1,212 @@
+"""A page-granular prefix tree over chained page hashes, with LRU leaf eviction (replicas first).
+
+Chained hashes name a whole prefix (a page hash appears under one parent only), so the tree is a dict keyed by
+page hash. Only leaves are evicted, which keeps the prefix property: if page i of a prompt is present, pages
+0..i-1 are too, and the matched length is found by binary search.
+
+Locks: a request locks only the deepest page it uses; its ancestors all have a child and so are never leaves,
+hence never evicted (NOTE: this relies on leaf-only eviction). Replica pages sit in their own LRU heap and go
+first. When a leaf is evicted its parent, if it becomes a leaf, inherits the later of the two access times (what
+SGLang's path-wide timestamp update would have given it).
+
+Users: the simulator's per-worker cache (`radix_sync.sim.cache`) and the `cache_aware` router's approximate tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Optional, Sequence
+
+
+class _Node:
+    __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp")
+
+    def __init__(self, parent: Optional[int], now: float, replica: bool) -> None:
+        self.parent = parent
+        self.num_children = 0
+        self.last_access_s = now
+        self.lock_count = 0
+        self.replica = replica
+        self.stamp = -1
+
+
+class PageTree:
+    """Set of cached pages with parent links, lock counts, replica flags and two LRU heaps of leaves."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, _Node] = {}
+        self.num_replica_pages = 0
+        self._heaps: tuple[list, list] = ([], [])  # [0] ordinary leaves, [1] replica leaves
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __contains__(self, page: int) -> bool:
+        return page in self.nodes
+
+    # ---- queries ----
+    def match_len(self, pages: Sequence[int], limit: Optional[int] = None) -> int:
+        """Number of leading pages of `pages` present (binary search; relies on the prefix property).
+
+        Args:
+            pages: chained page hashes of a prompt.
+            limit: look at most at this many pages.
+        Returns:
+            matched page count.
+        """
+        nodes = self.nodes
+        lo, hi = 0, len(pages) if limit is None else min(limit, len(pages))
+        if hi == 0 or pages[0] not in nodes:
+            return 0
+        if pages[hi - 1] in nodes:
+            return hi
+        lo = 1  # pages[:lo] present, pages[hi-1] absent
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            if pages[mid - 1] in nodes:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    # ---- mutation ----
+    def _push(self, page: int, node: _Node) -> None:
+        if node.num_children == 0 and node.lock_count == 0:
+            self._seq += 1
+            node.stamp = self._seq
+            heapq.heappush(self._heaps[node.replica], (node.last_access_s, self._seq, page))
+
+    def insert(self, pages: Sequence[int], upto: int, now: float, replica: bool = False) -> list[int]:
+        """Inserts `pages[:upto]`; pages already present are left as they are (not touched).
+
+        Args:
+            pages: chained page hashes.
+            upto: number of leading pages to make present.
+            now: time, s (the new pages' access time).
+            replica: whether the new pages are replicas.
+        Returns:
+            the pages that were added, in order.
+        """
+        nodes = self.nodes
+        start = self.match_len(pages, upto)
+        added = []
+        parent = pages[start - 1] if start > 0 else None
+        for i in range(start, upto):
+            page = pages[i]
+            node = _Node(parent, now, replica)
+            nodes[page] = node
+            if parent is not None:
+                nodes[parent].num_children += 1
+            added.append(page)
+            parent = page
+        if added:
+            if replica:
+                self.num_replica_pages += len(added)
+            self._push(added[-1], nodes[added[-1]])
+        return added
+
+    def touch(self, page: int, now: float) -> None:
+        """Marks `page` (and, implicitly, its ancestors) used at `now`."""
+        node = self.nodes[page]
+        node.last_access_s = now
+        self._push(page, node)
+
+    def lock(self, page: int) -> None:
+        """Pins `page` and its ancestors against eviction."""
+        self.nodes[page].lock_count += 1
+
+    def unlock(self, page: int) -> None:
+        """Releases one lock taken with `lock`."""
+        node = self.nodes[page]
+        if node.lock_count <= 0:
+            raise ValueError(f"unlock of page {page} that is not locked")
+        node.lock_count -= 1
+        self._push(page, node)
+
+    def promote(self, page: int) -> int:
+        """Turns the replica pages on the path ending at `page` into ordinary cache (a real hit).
+
+        Returns:
+            number of pages promoted.
+        """
+        n = 0
+        cur: Optional[int] = page
+        while cur is not None:
+            node = self.nodes[cur]
+            if not node.replica:
+                break
+            node.replica = False
+            n += 1
+            self._push(cur, node)
+            cur = node.parent
+        self.num_replica_pages -= n
+        return n
+
+    def _remove(self, page: int, node: _Node) -> None:
+        del self.nodes[page]
+        if node.replica:
+            self.num_replica_pages -= 1
+        if node.parent is not None:
+            parent = self.nodes[node.parent]
+            parent.num_children -= 1
+            if parent.num_children == 0:
+                if node.last_access_s > parent.last_access_s:
+                    parent.last_access_s = node.last_access_s
+                self._push(node.parent, parent)
+
+    def evict(self, num_pages: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
+        """Evicts up to `num_pages` unlocked leaves, replicas first, least recently used first.
+
+        Args:
+            num_pages: pages wanted.
+            on_evict: called with each evicted page.
+        Returns:
+            pages evicted (fewer when everything left is locked).
+        """
+        done = 0
+        for heap in (self._heaps[1], self._heaps[0]):
+            while done < num_pages and heap:
+                _, seq, page = heapq.heappop(heap)
+                node = self.nodes.get(page)
+                if node is None or node.stamp != seq or node.num_children or node.lock_count:
+                    continue
+                self._remove(page, node)
+                done += 1
+                if on_evict is not None:
+                    on_evict(page)
+        return done
+
+    def drop_replica_chain(self, page: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
+        """Removes the replica pages ending at `page`, deepest first, while they are unlocked replica leaves.
+
+        Returns:
+            pages removed.
+        """
+        n = 0
+        cur: Optional[int] = page
+        while cur is not None:
+            node = self.nodes.get(cur)
+            if node is None or not node.replica or node.num_children or node.lock_count:
+                break
+            parent = node.parent
+            self._remove(cur, node)
+            n += 1
+            if on_evict is not None:
+                on_evict(cur)
+            cur = parent
+        return n
+
+    def check_integrity(self) -> None:
+        """Asserts child counts, parent links and the replica count."""
+        children: dict[int, int] = {}
+        num_replica = 0
+        for page, node in self.nodes.items():
+            if node.parent is not None:
+                assert node.parent in self.nodes, f"page {page}: parent {node.parent} missing"
+                children[node.parent] = children.get(node.parent, 0) + 1
+            assert node.lock_count >= 0, f"page {page}: negative lock count"
+            num_replica += node.replica
+        for page, node in self.nodes.items():
+            assert node.num_children == children.get(page, 0), f"page {page}: child count {node.num_children}"
+        assert num_replica == self.num_replica_pages, f"replica count {self.num_replica_pages} != {num_replica}"

@@ -1,0 +1,273 @@
+"""The predictive replication planner: which prefix to copy where, how deep and for how long.
+
+For a candidate (prefix p, target w, depth d) at `now` on a snapshot:
+
+    gain = E[requests extending p within the horizon] x [TTFT_without(p) - TTFT_with_replica(p, w, d)]
+           - copy_cost(bytes, link load) - memory_cost(w, bytes)
+
+TTFT_without is the best of waiting at a holder, copying on the critical path (if the router may pull) and
+recomputing elsewhere, with queue waits taken from a per-worker forecast at the predicted arrival time (the
+current backlog draining, plus the predicted work of other prefixes). Several expected requests (a fan-out hint,
+a hot prefix) are spread over the holders, each one waiting behind the previous. Candidates are taken greedily by
+gain per byte under per-link backlog and per-worker replica budgets; after each accepted copy the prefix's
+candidates are re-scored (the marginal gain of one more holder). Depth is chosen among a few page-aligned
+fractions by net gain; the TTL covers the predicted reuse window.
+
+Pure: `plan(snapshot, now)` reads nothing else than the snapshot, `now` and the learned gap models.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from radix_sync.policy.cost import CostModel
+from radix_sync.policy.forecast import WaitForecast
+from radix_sync.policy.predictor import Demand, DemandPredictor
+from radix_sync.policy.snapshot import ClusterSnapshot, PrefixView, Replicate, WorkerView
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Knobs of the planner; defaults are what `kvrep` runs with."""
+
+    horizon_s: float = 30.0
+    """Prediction window, s."""
+    min_gain_s: float = 0.05
+    """A copy must save at least this much expected TTFT (s) net of costs."""
+    default_new_len: int = 1024
+    """Tokens a follow-up adds when the snapshot does not say."""
+    depth_fractions: tuple[float, ...] = (1.0, 0.5)
+    """Candidate depths, as fractions of the prefix (page-aligned)."""
+    link_cost_weight: float = 0.05
+    """Seconds of TTFT charged per second of link time a copy occupies (copies are off the critical path)."""
+    displaced_reuse_prob: float = 0.3
+    """Probability that a cache entry the replica displaces would have been reused (memory cost)."""
+    max_link_backlog_s: float = 2.0
+    """Skip sources/targets whose link is booked further than this ahead, s."""
+    max_copies_per_tick: int = 16
+    """Most copies one planning pass may issue."""
+    max_spread: int = 8
+    """Most requests of one prefix modelled individually when spreading them over holders."""
+    min_ttl_s: float = 5.0
+    """Shortest replica TTL, s."""
+    max_ttl_s: float = 600.0
+    """Longest replica TTL, s."""
+    ttl_quantile: float = 0.9
+    """TTL covers the predicted arrival up to this quantile of the gap distribution."""
+    allow_pull: bool = True
+    """Whether the router may copy on the critical path (then a pre-copy saves only the copy's wait)."""
+
+    def __post_init__(self) -> None:
+        for name in ("horizon_s", "min_ttl_s", "max_ttl_s", "max_link_backlog_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        if self.min_ttl_s > self.max_ttl_s:
+            raise ValueError(f"min_ttl_s={self.min_ttl_s!r} > max_ttl_s={self.max_ttl_s!r}")
+        if self.min_gain_s < 0 or self.link_cost_weight < 0 or self.default_new_len < 0:
+            raise ValueError(f"min_gain_s={self.min_gain_s!r}, link_cost_weight={self.link_cost_weight!r}, "
+                             f"default_new_len={self.default_new_len!r} must be >= 0")
+        if not self.depth_fractions or any(not 0 < f <= 1 for f in self.depth_fractions):
+            raise ValueError(f"depth_fractions={self.depth_fractions!r} must be non-empty, each in (0, 1]")
+        if not 0 <= self.displaced_reuse_prob <= 1 or not 0 < self.ttl_quantile < 1:
+            raise ValueError(f"displaced_reuse_prob={self.displaced_reuse_prob!r} must be in [0, 1], "
+                             f"ttl_quantile={self.ttl_quantile!r} in (0, 1)")
+        if self.max_copies_per_tick < 1 or self.max_spread < 1:
+            raise ValueError(f"max_copies_per_tick={self.max_copies_per_tick!r}, max_spread={self.max_spread!r}"
+                             " must be >= 1")
+
+
+@dataclass
+class _NodePlan:
+    node: PrefixView
+    demand: Demand
+    new_len: int
+    depth: dict[int, int]  # worker -> tokens held (landed or in flight)
+    eta: dict[int, float]  # worker -> when its copy lands (absent: landed)
+    source: int
+
+
+class KvrepPlanner:
+    """Scores replication candidates and returns the copies to make this tick."""
+
+    def __init__(self, cost: CostModel, predictor: Optional[DemandPredictor] = None,
+                 cfg: PlannerConfig = PlannerConfig()) -> None:
+        self.cost = cost
+        self.predictor = predictor or DemandPredictor()
+        self.cfg = cfg
+        self._page_len = 1
+
+    # ---- expected TTFT of the demand of one node, given its holders ----
+    def _option_s(self, np_: _NodePlan, w: int, fc: WaitForecast, workers: tuple[WorkerView, ...],
+                  kv_bytes: int) -> tuple[float, float]:
+        """Returns (TTFT of the first request at `w`, service time of each further one)."""
+        L, n, t_a = np_.node.token_len, np_.new_len, np_.demand.arrival_s
+        wait = fc.wait_at(w, t_a)
+        held = np_.depth.get(w, 0)
+        if held > 0:
+            ready = np_.eta.get(w, fc.now)
+            svc = self.cost.prefill_s(n + L - held, held)
+            return max(wait, ready - t_a) + svc, svc
+        full = self.cost.prefill_s(n + L, 0)
+        best = wait + full
+        svc = self.cost.prefill_s(n, L)
+        src = workers[np_.source]
+        if self.cfg.allow_pull and workers[w].nic_bandwidth_bytes_per_s > 0 and src.nic_bandwidth_bytes_per_s > 0:
+            bw = min(src.nic_bandwidth_bytes_per_s, workers[w].nic_bandwidth_bytes_per_s)
+            pull = self.cost.transfer_s(L * kv_bytes, bw)
+            best = min(best, max(wait, pull) + svc)
+        return best, full
+
+    def expected_ttft_s(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...],
+                        kv_bytes: int) -> float:
+        """Mean TTFT of the node's expected requests, spread greedily over the workers (each further request on
+        a worker waits for the previous one's prefill)."""
+        opts = [self._option_s(np_, w, fc, workers, kv_bytes) for w in range(len(workers))]
+        count = np_.demand.expected_count
+        k = max(1, min(self.cfg.max_spread, math.ceil(count - 1e-9)))
+        heap = [(first, svc) for first, svc in opts]
+        heapq.heapify(heap)
+        total = 0.0
+        for _ in range(k):
+            t, svc = heapq.heappop(heap)
+            total += t
+            heapq.heappush(heap, (t + svc, svc))
+        return total / k
+
+    # ---- planning ----
+    def _node_plans(self, snap: ClusterSnapshot, now: float) -> list[_NodePlan]:
+        plans = []
+        for node in snap.prefixes:
+            if node.token_len <= 0 or not node.holders:
+                continue
+            demand = self.predictor.predict(node, now, self.cfg.horizon_s)
+            if demand.expected_count <= 0.0:
+                continue
+            depth, eta = {}, {}
+            source, source_depth = -1, 0
+            for h in node.holders:
+                if h.depth_len > depth.get(h.worker_id, 0):
+                    depth[h.worker_id] = h.depth_len
+                    if h.eta_s is not None:
+                        eta[h.worker_id] = h.eta_s
+                    else:
+                        eta.pop(h.worker_id, None)
+                if h.eta_s is None and h.depth_len > source_depth:
+                    source, source_depth = h.worker_id, h.depth_len
+            if source < 0:
+                continue
+            new_len = node.expected_new_len or self.cfg.default_new_len
+            plans.append(_NodePlan(node, demand, new_len, depth, eta, source))
+        return plans
+
+    def _ttl_s(self, np_: _NodePlan, land_s: float, now: float) -> float:
+        d, node = np_.demand, np_.node
+        if d.source == "session" and node.last_finish_s is not None:
+            m = self.predictor.gap_model(node.class_key, node.last_stop)
+            f0 = m.cdf(max(0.0, now - node.last_finish_s))
+            q = f0 + self.cfg.ttl_quantile * (1.0 - f0)
+            until = node.last_finish_s + m.quantile(min(q, 0.999))
+        else:
+            until = max(d.arrival_s, now) + (self.cfg.min_ttl_s if d.source == "hint" else self.cfg.horizon_s)
+        return min(self.cfg.max_ttl_s, max(self.cfg.min_ttl_s, until - land_s))
+
+    def plan(self, snap: ClusterSnapshot, now: float) -> list[Replicate]:
+        """Chooses this tick's copies.
+
+        Args:
+            snap: the cluster snapshot (workers indexed by id).
+            now: current time, s.
+        Returns:
+            the copies to make, best first.
+        """
+        cfg, workers, kvb = self.cfg, snap.workers, snap.kv_bytes_per_token
+        if kvb <= 0 or len(workers) < 2:
+            return []
+        self._page_len = max(1, snap.page_len)
+        fc = WaitForecast(self.cost, workers, now)
+        plans = self._node_plans(snap, now)
+        # Predicted work of every node lands on its best current option (its primary holder).
+        for np_ in plans:
+            w = min(np_.depth, key=lambda i: (fc.base_s[i], i))
+            fc.add_work(w, np_.demand.arrival_s,
+                        np_.demand.expected_count * self.cost.prefill_s(np_.new_len, np_.node.token_len))
+        egress = [w.egress_busy_until_s for w in workers]
+        ingress = [w.ingress_busy_until_s for w in workers]
+        budget = [w.replica_budget_tokens for w in workers]
+        free = [w.free_tokens for w in workers]
+        min_wait = min(fc.base_s)
+        out: list[Replicate] = []
+        for np_ in sorted(plans, key=lambda p: (p.demand.arrival_s, p.node.node_id)):
+            if len(out) >= cfg.max_copies_per_tick:
+                break
+            # Cheap bound: even an idle target cannot beat the holder by more than its wait.
+            holder_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in np_.depth)
+            if (holder_wait - min_wait) * np_.demand.expected_count < cfg.min_gain_s:
+                continue
+            while len(out) < cfg.max_copies_per_tick:
+                best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, now)
+                if best is None:
+                    break
+                gain, target, depth, start, land = best
+                src = np_.source
+                egress[src] = ingress[target] = land
+                budget[target] -= depth - np_.depth.get(target, 0)
+                free[target] = max(0, free[target] - (depth - np_.depth.get(target, 0)))
+                np_.depth[target] = depth
+                np_.eta[target] = land
+                out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain))
+        return out
+
+    def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
+                        egress: list[float], ingress: list[float], budget: list[int], free: list[int],
+                        now: float) -> Optional[tuple[float, int, int, float, float]]:
+        cfg, L, src = self.cfg, np_.node.token_len, np_.source
+        if egress[src] > now + cfg.max_link_backlog_s:
+            return None
+        base = self.expected_ttft_s(np_, fc, workers, kvb)
+        count = np_.demand.expected_count
+        fp = workers[src].fingerprint
+        best: Optional[tuple[float, int, int, float, float]] = None
+        best_ratio = 0.0
+        page = self._page_len
+        for w in workers:
+            t = w.worker_id
+            held = np_.depth.get(t, 0)
+            if (t == src or w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0
+                    or ingress[t] > now + cfg.max_link_backlog_s):
+                continue
+            for frac in cfg.depth_fractions:
+                depth = int(L * frac)
+                depth -= depth % page
+                if depth <= held:
+                    continue
+                tokens = depth - held
+                if tokens > budget[t]:
+                    continue
+                nbytes = tokens * kvb
+                bw = min(workers[src].nic_bandwidth_bytes_per_s, w.nic_bandwidth_bytes_per_s)
+                xfer = self.cost.transfer_s(nbytes, bw)
+                start = max(now, egress[src], ingress[t])
+                land = start + xfer
+                old_d, old_e = np_.depth.get(t), np_.eta.get(t)
+                np_.depth[t], np_.eta[t] = depth, land
+                with_s = self.expected_ttft_s(np_, fc, workers, kvb)
+                if old_d is None:
+                    del np_.depth[t]
+                else:
+                    np_.depth[t] = old_d
+                if old_e is None:
+                    np_.eta.pop(t, None)
+                else:
+                    np_.eta[t] = old_e
+                displaced = max(0, tokens - free[t])
+                mem_cost = cfg.displaced_reuse_prob * self.cost.prefill_s(displaced, 0) if displaced else 0.0
+                gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost
+                if gain < cfg.min_gain_s:
+                    continue
+                ratio = gain / nbytes
+                if ratio > best_ratio:
+                    best, best_ratio = (gain, t, depth, start, land), ratio
+        return best

@@ -1,0 +1,214 @@
+"""Demand prediction: how many requests will extend a prefix node, and when.
+
+Signals, strongest first: explicit hints (fan-out of K branches, keep-alive during a tool call), session
+continuation (after a response ends with a tool call or a turn, the next request arrives after a gap whose
+distribution `GapModel` learns online per class and stop reason), popularity (recent hit rate with burst
+detection). `DemandPredictor.predict` is a pure function of a `PrefixView`, `now` and the learned gap models.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from radix_sync.policy.snapshot import PrefixView
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    """Priors and windows of the demand predictor."""
+
+    gap_min_s: float = 0.05
+    """Lower edge of the gap histogram, s."""
+    gap_max_s: float = 7200.0
+    """Upper edge of the gap histogram, s (longer gaps fall in the last bin)."""
+    num_gap_bins: int = 48
+    """Log-spaced histogram bins."""
+    prior_weight: float = 4.0
+    """Pseudo-observations given to the prior gap distribution."""
+    prior_median_tool_s: float = 10.0
+    """Prior median gap after a response that ended with a tool call, s."""
+    prior_median_turn_s: float = 120.0
+    """Prior median gap after any other response, s."""
+    prior_sigma: float = 1.2
+    """Prior log-normal sigma (natural log)."""
+    prior_continue_tool: float = 0.9
+    """Prior probability that a tool-call response is followed by another request."""
+    prior_continue_turn: float = 0.5
+    """Prior probability that another response is followed by another request."""
+    popularity_window_s: float = 30.0
+    """Window for the long-run hit rate, s."""
+    burst_window_s: float = 3.0
+    """Window for the burst hit rate, s."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gap_min_s < self.gap_max_s:
+            raise ValueError(f"gap range ({self.gap_min_s!r}, {self.gap_max_s!r}) must satisfy 0 < min < max")
+        if self.num_gap_bins < 2:
+            raise ValueError(f"num_gap_bins={self.num_gap_bins!r} must be >= 2")
+        for name in ("prior_weight", "prior_median_tool_s", "prior_median_turn_s", "prior_sigma",
+                     "popularity_window_s", "burst_window_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        for name in ("prior_continue_tool", "prior_continue_turn"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Predicted demand for one prefix node within a horizon."""
+
+    expected_count: float
+    """Expected number of requests extending the node within the horizon."""
+    arrival_s: float
+    """Representative arrival time of those requests (absolute)."""
+    horizon_s: float
+    """Absolute end of the prediction window."""
+    source: str
+    """`hint`, `session`, `popularity` or `none`."""
+
+
+class GapModel:
+    """Online histogram of gaps (s) on log-spaced bins, seeded with a log-normal prior and a continue probability."""
+
+    def __init__(self, cfg: PredictorConfig, prior_median_s: float, prior_continue: float) -> None:
+        lo, hi, n = math.log(cfg.gap_min_s), math.log(cfg.gap_max_s), cfg.num_gap_bins
+        self.edges_s = [math.exp(lo + (hi - lo) * i / n) for i in range(n + 1)]
+        self.counts = [0.0] * n
+        mu, sig = math.log(prior_median_s), cfg.prior_sigma
+        cdf = [0.5 * (1.0 + math.erf((math.log(e) - mu) / (sig * math.sqrt(2.0)))) for e in self.edges_s]
+        cdf[0], cdf[-1] = 0.0, 1.0
+        for i in range(n):
+            self.counts[i] = cfg.prior_weight * (cdf[i + 1] - cdf[i])
+        self.num_continued = cfg.prior_weight * prior_continue
+        self.num_ended = cfg.prior_weight * (1.0 - prior_continue)
+        self._cum: Optional[list[float]] = None
+
+    def observe_gap(self, gap_s: float) -> None:
+        """Records one observed gap (a follow-up arrived `gap_s` after the response)."""
+        i = bisect.bisect_right(self.edges_s, gap_s) - 1
+        self.counts[min(max(i, 0), len(self.counts) - 1)] += 1.0
+        self.num_continued += 1.0
+        self._cum = None
+
+    def observe_end(self) -> None:
+        """Records a response that was never followed up."""
+        self.num_ended += 1.0
+
+    @property
+    def p_continue(self) -> float:
+        """Probability that a follow-up comes at all."""
+        return self.num_continued / (self.num_continued + self.num_ended)
+
+    def cdf(self, gap_s: float) -> float:
+        """P(gap <= gap_s | a follow-up comes), interpolated log-linearly inside a bin."""
+        if self._cum is None:
+            total, acc, cum = sum(self.counts), 0.0, [0.0]
+            for c in self.counts:
+                acc += c
+                cum.append(acc / total)
+            self._cum = cum
+        e = self.edges_s
+        if gap_s <= e[0]:
+            return 0.0
+        if gap_s >= e[-1]:
+            return 1.0
+        i = bisect.bisect_right(e, gap_s) - 1
+        frac = math.log(gap_s / e[i]) / math.log(e[i + 1] / e[i])
+        return self._cum[i] + frac * (self._cum[i + 1] - self._cum[i])
+
+    def quantile(self, q: float) -> float:
+        """Smallest gap g (s) with cdf(g) >= q, by bisection on the log scale."""
+        lo, hi = math.log(self.edges_s[0]), math.log(self.edges_s[-1])
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            if self.cdf(math.exp(mid)) >= q:
+                hi = mid
+            else:
+                lo = mid
+        return math.exp(hi)
+
+
+def _is_tool(stop: Optional[str]) -> bool:
+    return stop == "tool_use"
+
+
+class DemandPredictor:
+    """Turns a `PrefixView` into a `Demand`, learning gap distributions per (class, stop kind) online."""
+
+    def __init__(self, cfg: PredictorConfig = PredictorConfig()) -> None:
+        self.cfg = cfg
+        self._gaps: dict[tuple[str, bool], GapModel] = {}
+
+    def gap_model(self, class_key: str, stop: Optional[str]) -> GapModel:
+        """Returns: the (lazily created) gap model of a class and stop kind (tool call or not)."""
+        key = (class_key, _is_tool(stop))
+        m = self._gaps.get(key)
+        if m is None:
+            tool = key[1]
+            m = GapModel(self.cfg, self.cfg.prior_median_tool_s if tool else self.cfg.prior_median_turn_s,
+                         self.cfg.prior_continue_tool if tool else self.cfg.prior_continue_turn)
+            self._gaps[key] = m
+        return m
+
+    def observe_followup(self, class_key: str, stop: Optional[str], gap_s: float) -> None:
+        """Feeds a follow-up that arrived `gap_s` after a response that ended with `stop`."""
+        self.gap_model(class_key, stop).observe_gap(gap_s)
+
+    def observe_abandoned(self, class_key: str, stop: Optional[str]) -> None:
+        """Feeds a response that was never followed up."""
+        self.gap_model(class_key, stop).observe_end()
+
+    def predict(self, node: PrefixView, now: float, horizon_s: float) -> Demand:
+        """Predicts the requests extending `node` within `[now, now + horizon_s]`.
+
+        Args:
+            node: the prefix node with its signals.
+            now: current time, s.
+            horizon_s: window length, s.
+        Returns:
+            the demand from the strongest available signal.
+        """
+        end = now + horizon_s
+        if node.fanout_hint > 0:
+            at = node.hint_at_s if node.hint_at_s is not None else now
+            if at <= end:
+                return Demand(float(node.fanout_hint), max(at, now), end, "hint")
+        if node.keepalive_until_s is not None and node.keepalive_until_s >= now:
+            return Demand(1.0, min(node.keepalive_until_s, end), end, "hint")
+        if node.last_finish_s is not None:
+            m = self.gap_model(node.class_key, node.last_stop)
+            elapsed = max(0.0, now - node.last_finish_s)
+            pc = m.p_continue
+            f0, f1 = m.cdf(elapsed), m.cdf(elapsed + horizon_s)
+            surv = 1.0 - pc * f0
+            p = pc * (f1 - f0) / surv if surv > 1e-12 else 0.0
+            if p > 0.0:
+                gap = m.quantile(0.5 * (f0 + f1))
+                return Demand(p, max(now, node.last_finish_s + gap), end, "session")
+        if node.recent_hit_times_s:
+            rate = popularity_rate(node.recent_hit_times_s, now, self.cfg.popularity_window_s,
+                                   self.cfg.burst_window_s)
+            if rate > 0.0:
+                return Demand(rate * horizon_s, now + 0.5 * horizon_s, end, "popularity")
+        return Demand(0.0, end, end, "none")
+
+
+def popularity_rate(hit_times_s: tuple[float, ...], now: float, window_s: float, burst_window_s: float) -> float:
+    """Hit rate of a node (requests/s): the larger of the long-window and the burst-window rates.
+
+    Args:
+        hit_times_s: hit times, oldest first.
+        now: current time, s.
+        window_s: long window, s.
+        burst_window_s: short window, s (catches a burst before the long rate does).
+    Returns:
+        requests/s.
+    """
+    i_long = bisect.bisect_left(hit_times_s, now - window_s)
+    i_short = bisect.bisect_left(hit_times_s, now - burst_window_s)
+    n = len(hit_times_s)
+    return max((n - i_long) / window_s, (n - i_short) / burst_window_s)

@@ -1,0 +1,112 @@
+"""`kvrep sim`: run named policies over a trace or a generator and print/save the comparison.
+
+`radix_sync.cli` wires `add_arguments` and `run` under `kvrep sim`; `python -m radix_sync.sim` does the same
+stand-alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Optional
+
+from radix_sync.policy.cost import list_profiles, load_profile
+from radix_sync.policy.planner import PlannerConfig
+from radix_sync.sim.engine import Engine, EngineConfig
+from radix_sync.sim.generators import GENERATORS, GeneratorConfig
+from radix_sync.sim.metrics import format_table
+from radix_sync.sim.policies import POLICIES, build_policy
+from radix_sync.sim.workload import Workload, load_trace
+
+DEFAULT_POLICIES = "round_robin,least_load,cache_aware,cost,pull,e2,kvrep,kvrep_shadow,oracle"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the simulator's flags to `parser`."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="Mooncake JSONL, Azure CSV, or a directory of Claude Code session files")
+    src.add_argument("--generator", choices=sorted(GENERATORS), help="synthetic workload")
+    parser.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
+    parser.add_argument("--profile", default="llama3.1-8b-h200",
+                        help=f"cost profile name or JSON path (shipped: {', '.join(list_profiles())})")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help=f"comma-separated, from: {', '.join(POLICIES.names())}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="requests/s (arrival traces, generators) or sessions/s (session traces)")
+    parser.add_argument("--duration-s", type=float, default=None, help="stop issuing requests after this time")
+    parser.add_argument("--arrival", choices=("poisson", "bursty"), default=None,
+                        help="arrival process of sessions / generated requests")
+    parser.add_argument("--max-turns", type=int, default=None, help="cap requests per trace session")
+    parser.add_argument("--fanout-k", type=int, default=8, help="branches per tree (fanout generator)")
+    parser.add_argument("--tick-s", type=float, default=0.5, help="planner period, s")
+    parser.add_argument("--out", help="write results JSON here")
+    parser.add_argument("--plot", help="write a PNG of the TTFT CDFs here (needs matplotlib)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def build_workload(args: argparse.Namespace, max_context_len: int) -> Workload:
+    """Returns: the workload the flags describe."""
+    if args.trace:
+        return load_trace(args.trace, args.rate, args.duration_s, max_context_len, args.seed,
+                          args.arrival or "poisson", args.max_turns)
+    if args.rate is None or args.duration_s is None:
+        raise ValueError("--generator needs --rate and --duration-s")
+    cfg = GeneratorConfig(fanout_k=args.fanout_k)
+    cls = GENERATORS[args.generator]
+    default_arrival = "bursty" if args.generator == "shared-prefix" else "poisson"
+    return cls(cfg, args.rate, args.duration_s, args.seed, max_context_len, args.arrival or default_arrival)
+
+
+def _progress_bar(name: str, end_s: float):
+    def report(t: float) -> None:
+        frac = min(1.0, t / end_s) if end_s > 0 else 1.0
+        n = int(30 * frac)
+        sys.stderr.write(f"\r{name:<14}[{'#' * n}{'.' * (30 - n)}] {t:8.1f}s")
+        sys.stderr.flush()
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs every requested policy on the same workload. Returns: the exit status."""
+    try:
+        profile = load_profile(args.profile)
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        for n in names:
+            if n not in POLICIES.names():
+                raise ValueError(f"unknown policy {n!r}; known: {', '.join(POLICIES.names())}")
+        probe = build_workload(args, profile.max_context_len)
+    except (ValueError, OSError) as e:
+        print(f"kvrep sim: {e}", file=sys.stderr)
+        return 2
+    last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
+    duration = args.duration_s if args.duration_s is not None else last + 1.0
+    ecfg = EngineConfig(num_workers=args.workers, duration_s=duration, tick_s=args.tick_s)
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    results = []
+    samples = {}
+    for name in names:
+        wl = probe if not results else build_workload(args, profile.max_context_len)
+        policy = build_policy(name, profile, wl.page_len, args.seed, PlannerConfig())
+        t0 = time.perf_counter()
+        eng = Engine(profile, wl, policy, ecfg, _progress_bar(name, duration) if show else None)
+        stats = eng.run()
+        wall = time.perf_counter() - t0
+        if show:
+            sys.stderr.write("\n")
+        rec = stats.to_dict()
+        rec["wall_s"] = wall
+        samples[name] = stats.ttft_s
+        results.append(rec)
+    print(format_table(results))
+    if args.out:
+        meta = {k: v for k, v in vars(args).items() if k != "func"}
+        with open(args.out, "w") as f:
+            json.dump({"args": meta, "profile": profile.name, "results": results}, f, indent=2)
+    if args.plot:
+        from radix_sync.sim.plot import plot_ttft_cdf
+        plot_ttft_cdf(results, args.plot, samples)
+    return 0

@@ -1,0 +1,335 @@
+"""The discrete-event engine: arrivals, worker iterations, copies, replica expiry and planner ticks, in time
+order (ties broken by insertion order, so a run is deterministic for a seed).
+
+The engine plays the coordinator and router of the real system: it builds `RequestView`s and
+`ClusterSnapshot`s from its model and executes the decisions of the policy objects, which never see the model.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from radix_sync.policy.cost import CostProfile
+from radix_sync.policy.snapshot import (OWNER, REPLICA, ClusterSnapshot, HolderView, PrefixView, RequestView,
+                                        Route, WorkerView)
+from radix_sync.sim.cache import Directory, WorkerCache
+from radix_sync.sim.metrics import RunStats
+from radix_sync.sim.network import CopyRecord, Network, Transfer
+from radix_sync.sim.policies import PolicyBundle
+from radix_sync.sim.tracker import NodeTracker
+from radix_sync.sim.worker import SimWorker
+from radix_sync.sim.workload import Session, SimRequest, Workload
+
+ARRIVE, ITER, XFER, EXPIRE, TICK, START = range(6)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Simulation knobs that are not part of the cost profile."""
+
+    num_workers: int = 16
+    """Workers in the cluster."""
+    duration_s: float = 600.0
+    """No request is issued after this time (in-flight ones complete), s."""
+    tick_s: float = 0.5
+    """Planner period, s."""
+    replica_budget_frac: float = 0.25
+    """Largest share of a worker's KV pool that replicas may take."""
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers={self.num_workers!r} must be >= 1")
+        if self.duration_s <= 0 or self.tick_s <= 0:
+            raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
+        if not 0.0 <= self.replica_budget_frac <= 1.0:
+            raise ValueError(f"replica_budget_frac={self.replica_budget_frac!r} must be in [0, 1]")
+
+
+class Engine:
+    """Runs one policy over one workload. Owns the workers, the directory, the network and the event heap."""
+
+    def __init__(self, profile: CostProfile, workload: Workload, policy: PolicyBundle, cfg: EngineConfig,
+                 progress: Optional[Callable[[float], None]] = None) -> None:
+        self.p = profile
+        self.wl = workload
+        self.policy = policy
+        self.cfg = cfg
+        self.page_len = workload.page_len
+        self.directory = Directory()
+        oracle_pages = set() if policy.oracle else None
+        self.workers = [SimWorker(i, profile, WorkerCache(i, profile.kv_capacity_tokens, self.page_len,
+                                                          self.directory, oracle_pages), self)
+                        for i in range(cfg.num_workers)]
+        self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
+        self.stats = RunStats(policy.name, profile, self.page_len)
+        self.tracker = NodeTracker(policy.planner.predictor) if policy.planner else None
+        self.inflight: list[Transfer] = []
+        self.copies: list[list[CopyRecord]] = [[] for _ in range(cfg.num_workers)]
+        self.shadow: list[dict] = []
+        self._heap: list = []
+        self._seq = 0
+        self.now = 0.0
+        self._progress = progress
+        self._needs_cached = policy.router.uses_cached_len or policy.planner is not None
+
+    # ---- events ----
+    def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, obj, version))
+
+    def schedule_iter_end(self, worker: SimWorker, t: float) -> None:
+        self._push(t, ITER, worker, worker.version)
+
+    def run(self) -> RunStats:
+        """Runs to completion. Returns: the statistics."""
+        for r in self.wl.open_requests:
+            self._push(r.arrival_s, ARRIVE, r)
+        for t, s in self.wl.session_starts:
+            self._push(t, START, s)
+        if self.policy.planner is not None:
+            self._push(self.cfg.tick_s, TICK, None)
+        heap = self._heap
+        next_report = 0.0
+        while heap:
+            t, _, kind, obj, version = heapq.heappop(heap)
+            self.now = t
+            if kind == ITER:
+                if version == obj.version:
+                    obj.on_iter_end(t)
+            elif kind == ARRIVE:
+                self._arrive(obj, t)
+            elif kind == START:
+                req = self.wl.session_request(obj, t)
+                if req is not None:
+                    self._arrive(req, t)
+            elif kind == XFER:
+                self._landed(obj, t)
+            elif kind == EXPIRE:
+                self._expire(obj, t)
+            elif kind == TICK:
+                self._tick(t)
+                if len(heap) > 0:
+                    self._push(t + self.cfg.tick_s, TICK, None)
+            if self._progress is not None and t >= next_report:
+                self._progress(t)
+                next_report = t + 1.0
+        self.stats.finish(self)
+        return self.stats
+
+    # ---- requests ----
+    def _arrive(self, req: SimRequest, now: float) -> None:
+        req.arrival_s = now
+        self.stats.num_arrived += 1
+        workers = self.workers
+        cached: tuple = ()
+        inflight: tuple = ()
+        if self._needs_cached:
+            page = self.page_len
+            cached = tuple(min(w.cache.match_len(req.pages) * page, req.prompt_len) for w in workers)
+            if self.inflight:
+                n = len(req.pages)
+                inflight = tuple(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s) for x in self.inflight
+                                 if x.kind == "replica" and x.hi <= n and req.pages[x.hi - 1] == x.pages[x.hi - 1])
+            req.global_match_len = max(cached) // page if cached else 0
+            if self.tracker is not None:
+                node = self.tracker.on_arrival(req.pages, req.global_match_len, req.class_key, req.namespace,
+                                               req.prompt_len, page, now)
+                if node is not None and self.shadow:
+                    self._shadow_hit(node.node_id, now)
+        view = RequestView(req.rid, req.prompt_len, req.output_len, req.namespace, req.pages, cached, inflight,
+                           req.class_key)
+        route = self.policy.router.route(view, self.worker_views(now), now)
+        self._execute_route(req, route, now)
+
+    def _execute_route(self, req: SimRequest, route: Route, now: float) -> None:
+        w = self.workers[route.worker_id]
+        req.ready_s = now
+        if route.pull_from is not None and not self.policy.shadow:
+            src = self.workers[route.pull_from]
+            hi = min(route.pull_len // self.page_len, src.cache.match_len(req.pages))
+            lo = w.cache.match_len(req.pages)
+            if hi > lo:
+                x = self._start_transfer("pull", route.pull_from, route.worker_id, req.pages, lo, hi, now)
+                req.ready_s = x.end_s
+                req.est_cached = hi * self.page_len
+        elif route.wait_inflight:
+            best = None
+            for x in self.inflight:
+                if (x.dst == route.worker_id and x.kind == "replica" and x.hi <= len(req.pages)
+                        and req.pages[x.hi - 1] == x.pages[x.hi - 1]):
+                    if best is None or x.hi > best.hi:
+                        best = x
+            if best is not None:
+                req.ready_s = best.end_s
+                req.est_cached = best.hi * self.page_len
+        w.enqueue(req, now)
+
+    def on_admit(self, worker: SimWorker, req: SimRequest, matched_pages: int, now: float) -> None:
+        """A request was admitted with `matched_pages` cached: account copies it uses."""
+        recs = self.copies[worker.wid]
+        if not recs or matched_pages == 0:
+            return
+        pages = req.pages
+        used = 0
+        for rec in recs:
+            if rec.lo < matched_pages and len(pages) > rec.lo and pages[rec.lo] == rec.first_page \
+                    and now <= rec.active_until_s:
+                u = min(matched_pages, rec.hi) - rec.lo
+                if u > 0:
+                    rec.num_hits += 1
+                    used += u
+                    if rec.kind == "replica" and not rec.promoted and worker.cache.oracle_pages is None:
+                        worker.cache.tree.promote(pages[matched_pages - 1])
+                        rec.promoted = True
+        if used:
+            req.copy_hit_len = used * self.page_len
+            self.stats.on_copy_hit(req, matched_pages * self.page_len)
+
+    def on_first_token(self, req: SimRequest, now: float) -> None:
+        pass
+
+    def on_reject(self, req: SimRequest, now: float) -> None:
+        self.stats.num_rejected += 1
+
+    def on_finish(self, req: SimRequest, now: float) -> None:
+        self.stats.on_finish(req)
+        self.policy.router.on_finished(req.worker, req.rid, now)
+        if self.tracker is not None:
+            self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, req.hint_fanout,
+                                   req.hint_delay_s)
+        s = req.session
+        if s is None:
+            return
+        if req.hint_fanout and hasattr(self.wl, "branch_requests"):
+            t = now + req.hint_delay_s
+            if t <= self.cfg.duration_s:
+                for r in self.wl.branch_requests(s, t):
+                    self._push(t, ARRIVE, r)
+            return
+        think = self.wl.next_think_s(s)
+        if think is None:
+            return
+        t = now + think
+        if t <= self.cfg.duration_s:
+            nxt = self.wl.session_request(s, t)
+            if nxt is not None:
+                self._push(t, ARRIVE, nxt)
+
+    # ---- copies ----
+    def _start_transfer(self, kind: str, src: int, dst: int, pages: list, lo: int, hi: int, now: float,
+                        node_id: int = 0, ttl_s: float = 0.0) -> Transfer:
+        nbytes = (hi - lo) * self.page_len * self.p.kv_bytes_per_token
+        start, end = self.net.book(src, dst, nbytes, now)
+        lock = pages[hi - 1]
+        self.workers[src].cache.lock(lock)
+        x = Transfer(kind, src, dst, pages, lo, hi, nbytes, start, end, node_id, ttl_s, lock)
+        self.inflight.append(x)
+        self._push(end, XFER, x)
+        self.stats.on_copy_started(x)
+        return x
+
+    def _landed(self, x: Transfer, now: float) -> None:
+        self.inflight.remove(x)
+        self.workers[x.src].cache.unlock(x.src_lock)
+        w = self.workers[x.dst]
+        cache = w.cache
+        lo = cache.match_len(x.pages[: x.hi])
+        if lo < x.hi and cache.make_room((x.hi - lo) * self.page_len):
+            cache.insert(x.pages, x.hi, now, replica=(x.kind == "replica"))
+            cache.tree.touch(x.pages[x.hi - 1], now)
+            until = now + x.ttl_s if x.kind == "replica" else now + 3600.0
+            rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until)
+            self.copies[x.dst].append(rec)
+            self.stats.copy_records.append(rec)
+            if x.kind == "replica":
+                self._push(until, EXPIRE, rec)
+        elif lo < x.hi:
+            self.stats.num_copy_failed += 1
+        w.poke(now)
+
+    def _expire(self, rec: CopyRecord, now: float) -> None:
+        recs = self.copies[rec.worker]
+        if rec in recs:
+            recs.remove(rec)
+        if not rec.promoted:
+            self.workers[rec.worker].cache.tree.drop_replica_chain(rec.last_page, self.workers[rec.worker].cache._on_evict)
+
+    # ---- planner ----
+    def worker_views(self, now: float) -> tuple[WorkerView, ...]:
+        """Returns: every worker's load report."""
+        budget_cap = int(self.cfg.replica_budget_frac * self.p.kv_capacity_tokens)
+        page, bw = self.page_len, self.p.nic_bandwidth_bytes_per_s
+        net = self.net
+        return tuple(WorkerView(
+            w.wid, "", w.num_running, w.num_waiting, w.waiting_new_tokens, w.waiting_cached_tokens,
+            w.waiting_attn_pairs, w.sum_ctx, w.iter_end_s if w.state else now, w.cache.free_tokens,
+            max(0, budget_cap - w.cache.tree.num_replica_pages * page), net.egress_free_s[w.wid],
+            net.ingress_free_s[w.wid], bw) for w in self.workers)
+
+    def _prefix_views(self, now: float) -> tuple[PrefixView, ...]:
+        page = self.page_len
+        holders_of = self.directory.holders
+        ewma = self.tracker.new_len_ewma
+        out = []
+        for n in self.tracker.nodes.values():
+            last = n.pages[n.num_pages - 1]
+            bits = holders_of.get(last, 0)
+            hs = []
+            i = 0
+            while bits:
+                if bits & 1:
+                    node = self.workers[i].cache.tree.nodes.get(last)
+                    hs.append(HolderView(i, REPLICA if node is not None and node.replica else OWNER,
+                                         n.num_pages * page))
+                bits >>= 1
+                i += 1
+            for x in self.inflight:
+                if x.kind == "replica" and x.node_id == n.node_id:
+                    hs.append(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s))
+            for sc in self.shadow:
+                if sc["node"] == n.node_id and sc["land_s"] + sc["ttl_s"] >= now:
+                    hs.append(HolderView(sc["target"], REPLICA, sc["depth"] * page, None,
+                                         sc["land_s"] if sc["land_s"] > now else None))
+            if not hs:
+                continue
+            out.append(PrefixView(n.node_id, n.num_pages * page, n.namespace, n.class_key, tuple(hs),
+                                  tuple(n.hit_times_s), n.last_finish_s, n.last_stop, int(ewma.get(n.class_key, 0)),
+                                  n.fanout_hint, n.hint_at_s))
+        return tuple(out)
+
+    def _tick(self, now: float) -> None:
+        self.tracker.prune(now)
+        if not self.tracker.nodes:
+            return
+        snap = ClusterSnapshot(self.worker_views(now), self._prefix_views(now), (), self.page_len,
+                               self.p.kv_bytes_per_token)
+        for d in self.policy.planner.plan(snap, now):
+            n = self.tracker.nodes.get(d.node_id)
+            if n is None:
+                continue
+            hi = min(d.depth_len // self.page_len, n.num_pages)
+            src, dst = self.workers[d.source].cache, self.workers[d.target].cache
+            if src.match_len(n.pages[:hi]) < hi:
+                continue
+            lo = dst.match_len(n.pages[:hi])
+            if lo >= hi:
+                continue
+            if self.policy.shadow:
+                nbytes = (hi - lo) * self.page_len * self.p.kv_bytes_per_token
+                _, land = self.net.estimate(d.source, d.target, nbytes, now)
+                self.shadow.append(dict(node=d.node_id, target=d.target, depth=hi, bytes=nbytes, land_s=land,
+                                        ttl_s=d.ttl_s, useful=False))
+                self.stats.on_shadow_copy(nbytes)
+            else:
+                self._start_transfer("replica", d.source, d.target, n.pages, lo, hi, now, d.node_id, d.ttl_s)
+        if self.shadow:
+            self.shadow = [s for s in self.shadow if s["land_s"] + s["ttl_s"] >= now]
+
+    def _shadow_hit(self, node_id: int, now: float) -> None:
+        for s in self.shadow:
+            if s["node"] == node_id and s["land_s"] <= now <= s["land_s"] + s["ttl_s"] and not s["useful"]:
+                s["useful"] = True
+                self.stats.on_shadow_useful(s["bytes"])

@@ -1,0 +1,135 @@
+"""Per-run statistics: TTFT/TPOT distributions, throughput, and what copies cost and bought.
+
+Replication figures (pulls and planned replicas together; `kvrep_shadow` reports what it would have copied):
+- `count`, `bytes`: copies started and their payload;
+- `useful_bytes_frac`: share of copied bytes whose copy served at least one request while active;
+- `request_hit_rate`: share of requests whose prefill reused copied pages;
+- `byte_hit_rate`: copied tokens reused / all prompt tokens;
+- `bytes_per_prefill_s_saved`: copied bytes per second of prefill the reuse avoided (profile formula).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from radix_sync.policy.cost import CostProfile
+
+if TYPE_CHECKING:
+    from radix_sync.sim.engine import Engine
+    from radix_sync.sim.network import Transfer
+    from radix_sync.sim.workload import SimRequest
+
+QUANTILES = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99))
+
+
+def summarize(values: list[float]) -> dict:
+    """Returns: mean and p50/p90/p95/p99 of `values` (NaN-free; zeros when empty)."""
+    if not values:
+        return {"mean": 0.0, **{k: 0.0 for k, _ in QUANTILES}}
+    a = np.asarray(values, dtype=np.float64)
+    qs = np.percentile(a, [q for _, q in QUANTILES])
+    return {"mean": float(a.mean()), **{k: float(v) for (k, _), v in zip(QUANTILES, qs)}}
+
+
+class RunStats:
+    """Accumulates one run's measurements; `to_dict` gives the result record."""
+
+    def __init__(self, policy: str, profile: CostProfile, page_len: int) -> None:
+        self.policy = policy
+        self.p = profile
+        self.page_len = page_len
+        self.ttft_s: list[float] = []
+        self.tpot_s: list[float] = []
+        self.num_arrived = 0
+        self.num_rejected = 0
+        self.num_copy_failed = 0
+        self.first_arrival_s = None
+        self.last_finish_s = 0.0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.copy_count = 0
+        self.copy_bytes = 0
+        self.copy_records: list = []
+        self.copy_hit_requests = 0
+        self.copy_hit_tokens = 0
+        self.prefill_s_saved = 0.0
+        self.shadow_count = 0
+        self.shadow_bytes = 0
+        self.shadow_useful_bytes = 0
+        self.num_workers = 0
+
+    def on_finish(self, req: "SimRequest") -> None:
+        self.ttft_s.append(req.first_token_s - req.arrival_s)
+        if req.output_len > 1:
+            self.tpot_s.append((req.finish_s - req.first_token_s) / (req.output_len - 1))
+        if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
+            self.first_arrival_s = req.arrival_s
+        self.last_finish_s = max(self.last_finish_s, req.finish_s)
+        self.prompt_tokens += req.prompt_len
+        self.cached_tokens += req.cached_len
+
+    def on_copy_started(self, x: "Transfer") -> None:
+        self.copy_count += 1
+        self.copy_bytes += x.num_bytes
+
+    def on_copy_hit(self, req: "SimRequest", matched_len: int) -> None:
+        self.copy_hit_requests += 1
+        self.copy_hit_tokens += req.copy_hit_len
+        cached = min(matched_len, req.prompt_len - 1)
+        new = req.prompt_len - cached
+        used = min(req.copy_hit_len, cached)
+        self.prefill_s_saved += self.p.prefill_s(new + used, cached - used) - self.p.prefill_s(new, cached)
+
+    def on_shadow_copy(self, num_bytes: int) -> None:
+        self.shadow_count += 1
+        self.shadow_bytes += num_bytes
+
+    def on_shadow_useful(self, num_bytes: int) -> None:
+        self.shadow_useful_bytes += num_bytes
+
+    def finish(self, engine: "Engine") -> None:
+        self.num_workers = len(engine.workers)
+
+    def to_dict(self) -> dict:
+        """Returns: the JSON record of the run."""
+        n = len(self.ttft_s)
+        span = (self.last_finish_s - self.first_arrival_s) if n and self.first_arrival_s is not None else 0.0
+        useful = sum(r.num_bytes for r in self.copy_records if r.num_hits > 0)
+        rep = {
+            "count": self.copy_count,
+            "bytes": self.copy_bytes,
+            "useful_bytes_frac": useful / self.copy_bytes if self.copy_bytes else 0.0,
+            "request_hit_rate": self.copy_hit_requests / n if n else 0.0,
+            "byte_hit_rate": self.copy_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "bytes_per_prefill_s_saved": self.copy_bytes / self.prefill_s_saved if self.prefill_s_saved else None,
+            "failed": self.num_copy_failed,
+        }
+        if self.shadow_count:
+            rep["shadow"] = {"count": self.shadow_count, "bytes": self.shadow_bytes,
+                             "useful_bytes_frac": self.shadow_useful_bytes / self.shadow_bytes}
+        return {
+            "policy": self.policy,
+            "num_requests": n,
+            "num_rejected": self.num_rejected,
+            "ttft_s": summarize(self.ttft_s),
+            "tpot_s": summarize(self.tpot_s),
+            "throughput_rps": n / span if span > 0 else 0.0,
+            "prefix_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "replication": rep,
+        }
+
+
+def format_table(results: list[dict]) -> str:
+    """Returns: a fixed-width table of the main figures, one row per policy."""
+    head = (f"{'policy':<14}{'reqs':>7}{'ttft mean':>10}{'p50':>8}{'p90':>8}{'p99':>8}{'tpot p50':>10}"
+            f"{'rps':>8}{'hit%':>6}{'copies':>8}{'GB':>8}{'useful':>8}{'rhit%':>7}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        t, p, rep = r["ttft_s"], r["tpot_s"], r["replication"]
+        lines.append(f"{r['policy']:<14}{r['num_requests']:>7}{t['mean']:>10.3f}{t['p50']:>8.3f}{t['p90']:>8.3f}"
+                     f"{t['p99']:>8.3f}{p['p50'] * 1e3:>8.1f}ms{r['throughput_rps']:>8.2f}"
+                     f"{100 * r['prefix_hit_rate']:>6.1f}{rep['count']:>8}{rep['bytes'] / 1e9:>8.1f}"
+                     f"{rep['useful_bytes_frac']:>8.2f}{100 * rep['request_hit_rate']:>7.1f}")
+    return "\n".join(lines)

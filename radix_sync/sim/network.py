@@ -1,0 +1,67 @@
+"""Links and copies: every worker has one NIC; a copy occupies the source's egress and the target's ingress,
+FIFO (a copy starts when both are free: contention), for latency + bytes / min(bandwidths). Copies are
+asynchronous: the engine is told when one lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class Transfer:
+    """One copy of pages `pages[lo:hi]` from `src` to `dst`."""
+
+    kind: str
+    """`replica` (planned ahead) or `pull` (on a request's critical path)."""
+    src: int
+    dst: int
+    pages: list
+    lo: int
+    hi: int
+    num_bytes: int
+    start_s: float
+    end_s: float
+    node_id: int = 0
+    ttl_s: float = 0.0
+    src_lock: Optional[int] = None
+
+
+@dataclass
+class CopyRecord:
+    """A landed copy on a worker, for hit accounting until `active_until_s`."""
+
+    kind: str
+    worker: int
+    lo: int
+    hi: int
+    first_page: int
+    last_page: int
+    num_bytes: int
+    active_until_s: float
+    num_hits: int = 0
+    promoted: bool = False
+
+
+class Network:
+    """Per-worker NIC booking (FIFO)."""
+
+    def __init__(self, num_workers: int, bandwidth_bytes_per_s: float, latency_s: float) -> None:
+        self.bw = bandwidth_bytes_per_s
+        self.latency_s = latency_s
+        self.egress_free_s = [0.0] * num_workers
+        self.ingress_free_s = [0.0] * num_workers
+
+    def book(self, src: int, dst: int, num_bytes: int, now: float) -> tuple[float, float]:
+        """Books a copy. Returns: (start, end) times, s."""
+        start = max(now, self.egress_free_s[src], self.ingress_free_s[dst])
+        end = start + self.latency_s + num_bytes / self.bw
+        self.egress_free_s[src] = end
+        self.ingress_free_s[dst] = end
+        return start, end
+
+    def estimate(self, src: int, dst: int, num_bytes: int, now: float) -> tuple[float, float]:
+        """Like `book` without booking."""
+        start = max(now, self.egress_free_s[src], self.ingress_free_s[dst])
+        return start, start + self.latency_s + num_bytes / self.bw

@@ -1,0 +1,256 @@
+"""Iteration-level model of one SGLang worker: FCFS waiting queue, chunked prefill (prefill has priority over
+decode, SGLang's default), continuous batching of decodes, page-granular prefix cache with LRU.
+
+Decode iterations between two batch changes are advanced in closed form (the batch's context grows by one token
+per request per step), and such a stretch is cut at the next step boundary when a request arrives. Timing comes
+from the `CostProfile` (ground truth of the simulation).
+
+```
+ time ─▶ | prefill chunk (≤ chunk len, several requests) | decode x k (closed form) | prefill … |
+          first tokens at the end of the chunk that completes a prompt; finishes at decode boundaries
+```
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Optional
+
+from radix_sync.policy.cost import CostProfile
+from radix_sync.sim.cache import WorkerCache
+from radix_sync.sim.workload import SimRequest
+
+if TYPE_CHECKING:
+    from radix_sync.sim.engine import Engine
+
+IDLE, PREFILL, DECODE = 0, 1, 2
+
+
+class SimWorker:
+    """One worker. Owns its queue, running batch and `WorkerCache`; reports to the engine by callbacks."""
+
+    def __init__(self, worker_id: int, profile: CostProfile, cache: WorkerCache, engine: "Engine") -> None:
+        self.wid = worker_id
+        self.p = profile
+        self.cache = cache
+        self.engine = engine
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[tuple[int, int, SimRequest]] = []  # heap of (finish_step, rid, req)
+        self.num_admitted = 0  # admitted, still prefilling
+        self.steps = 0
+        self.sum_ctx = 0
+        self.state = IDLE
+        self.iter_start_s = 0.0
+        self.iter_end_s = 0.0
+        self.version = 0
+        self._batch: list[tuple[SimRequest, int]] = []
+        self._macro_k = 0
+        self._macro_b = 0
+        self._macro_ctx = 0
+        # queue estimates for WorkerView
+        self.waiting_new_tokens = 0
+        self.waiting_cached_tokens = 0
+        self.waiting_attn_pairs = 0.0
+        self.num_rejected = 0
+
+    # ---- queue ----
+    def enqueue(self, req: SimRequest, now: float) -> None:
+        """Queues a routed request (it may wait for a copy until `req.ready_s`)."""
+        cached = min(self.cache.match_len(req.pages) * self.cache.page_len, req.prompt_len - 1)
+        cached = max(cached, min(req.est_cached, req.prompt_len - 1))
+        req.est_cached = cached
+        req.est_new = req.prompt_len - cached
+        req.est_pairs = req.est_new * cached + req.est_new * (req.est_new + 1) / 2.0
+        self.waiting_new_tokens += req.est_new
+        self.waiting_cached_tokens += cached
+        self.waiting_attn_pairs += req.est_pairs
+        req.worker = self.wid
+        self.waiting.append(req)
+        self.poke(now)
+
+    def poke(self, now: float) -> None:
+        """Something changed (arrival, copy landed): start an iteration if idle, or cut a decode stretch short."""
+        if self.state == IDLE:
+            self._start(now)
+        elif self.state == DECODE and now < self.iter_end_s and self._macro_k > 1:
+            k = self._steps_done_by(now)
+            if k < self._macro_k:
+                self._macro_k = k
+                self.iter_end_s = self.iter_start_s + self.p.decode_steps_s(k, self._macro_b, self._macro_ctx)
+                self.version += 1
+                self.engine.schedule_iter_end(self, self.iter_end_s)
+
+    def _steps_done_by(self, now: float) -> int:
+        """Smallest k >= 1 whose end is >= now (the step in progress at `now` completes)."""
+        lo, hi = 1, self._macro_k
+        b, c, t0 = self._macro_b, self._macro_ctx, self.iter_start_s
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if t0 + self.p.decode_steps_s(mid, b, c) >= now:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # ---- iterations ----
+    def _admit(self, req: SimRequest, now: float) -> bool:
+        cache, page = self.cache, self.cache.page_len
+        m = cache.match_len(req.pages)
+        cached = min(m * page, req.prompt_len - 1)
+        need = req.prompt_len - cached + req.output_len
+        if need > cache.capacity_tokens:
+            return False
+        lock = req.pages[m - 1] if m > 0 else None
+        cache.lock(lock)
+        if not cache.make_room(need):
+            cache.unlock(lock)
+            return False
+        cache.reserved_tokens += need
+        req.reserved = need
+        req.lock_page = lock
+        req.cached_len = cached
+        req.remaining_new = req.prompt_len - cached
+        req.admitted = True
+        self.num_admitted += 1
+        # replace the enqueue-time estimate by the actual
+        pairs = req.remaining_new * cached + req.remaining_new * (req.remaining_new + 1) / 2.0
+        self.waiting_new_tokens += req.remaining_new - req.est_new
+        self.waiting_cached_tokens += cached - req.est_cached
+        self.waiting_attn_pairs += pairs - req.est_pairs
+        req.est_new, req.est_cached, req.est_pairs = req.remaining_new, cached, pairs
+        if m > 0 and cache.oracle_pages is None:
+            cache.tree.touch(lock, now)
+        self.engine.on_admit(self, req, m, now)
+        return True
+
+    def _start(self, now: float) -> None:
+        p = self.p
+        budget = p.chunked_prefill_len
+        batch: list[tuple[SimRequest, int]] = []
+        dur = 0.0
+        for req in self.waiting:
+            if budget <= 0:
+                break
+            if req.ready_s > now:
+                continue
+            if not req.admitted:
+                if len(self.running) + self.num_admitted >= p.max_running_requests:
+                    break
+                if not self._admit(req, now):
+                    if req.prompt_len + req.output_len > self.cache.capacity_tokens:
+                        req.admitted = False
+                        req.remaining_new = -1  # rejected: removed below
+                        continue
+                    break
+            take = min(req.remaining_new, budget)
+            dur += p.prefill_piece_s(take, req.prompt_len - req.remaining_new)
+            batch.append((req, take))
+            budget -= take
+        self._drop_rejected(now)
+        if batch:
+            self.state = PREFILL
+            self._batch = batch
+            self.iter_start_s = now
+            self.iter_end_s = now + p.prefill_overhead_s + dur
+        elif self.running:
+            b = len(self.running)
+            self.state = DECODE
+            self._macro_k = max(1, self.running[0][0] - self.steps)
+            self._macro_b = b
+            self._macro_ctx = self.sum_ctx
+            self.iter_start_s = now
+            self.iter_end_s = now + p.decode_steps_s(self._macro_k, b, self.sum_ctx)
+        else:
+            self.state = IDLE
+            return
+        self.version += 1
+        self.engine.schedule_iter_end(self, self.iter_end_s)
+
+    def _drop_rejected(self, now: float) -> None:
+        if any(r.remaining_new == -1 for r in self.waiting):
+            keep = deque()
+            for r in self.waiting:
+                if r.remaining_new == -1:
+                    self.num_rejected += 1
+                    self.waiting_new_tokens -= r.est_new
+                    self.waiting_cached_tokens -= r.est_cached
+                    self.waiting_attn_pairs -= r.est_pairs
+                    self.engine.on_reject(r, now)
+                else:
+                    keep.append(r)
+            self.waiting = keep
+
+    def on_iter_end(self, now: float) -> None:
+        """Completes the iteration in progress and starts the next one."""
+        if self.state == PREFILL:
+            done = []
+            for req, take in self._batch:
+                before = req.prompt_len - req.remaining_new
+                req.remaining_new -= take
+                self.waiting_new_tokens -= take
+                piece_pairs = take * before + take * (take + 1) / 2.0
+                self.waiting_attn_pairs -= piece_pairs
+                req.est_new -= take
+                req.est_pairs -= piece_pairs
+                if req.remaining_new == 0:
+                    done.append(req)
+            self._batch = []
+            if done:
+                ids = {id(r) for r in done}
+                self.waiting = deque(r for r in self.waiting if id(r) not in ids)
+                for req in done:
+                    self._prefilled(req, now)
+        elif self.state == DECODE:
+            self.steps += self._macro_k
+            self.sum_ctx += self._macro_k * self._macro_b
+            while self.running and self.running[0][0] <= self.steps:
+                _, _, req = heapq.heappop(self.running)
+                self.sum_ctx -= req.prompt_len + 1 + (self.steps - req.join_step)
+                self._finish(req, now)
+        self.state = IDLE
+        self._start(now)
+
+    def _prefilled(self, req: SimRequest, now: float) -> None:
+        cache, page = self.cache, self.cache.page_len
+        self.num_admitted -= 1
+        self.waiting_cached_tokens -= req.est_cached
+        self.waiting_attn_pairs -= req.est_pairs  # ~0 left; clears float drift
+        req.est_pairs = 0.0
+        full = len(req.pages)
+        if full:
+            cache.insert(req.pages, full, now)
+            cache.lock(req.pages[-1])
+            cache.unlock(req.lock_page)
+            req.lock_page = req.pages[-1]
+            if cache.oracle_pages is None:
+                cache.tree.touch(req.pages[-1], now)
+        moved = max(0, full * page - max(req.cached_len, 0)) if full * page > req.cached_len else 0
+        moved = min(moved, req.reserved - req.output_len)
+        cache.reserved_tokens -= moved
+        req.reserved -= moved
+        req.first_token_s = now
+        self.engine.on_first_token(req, now)
+        if req.output_len <= 1:
+            self._finish(req, now)
+        else:
+            req.join_step = self.steps
+            self.sum_ctx += req.prompt_len + 1
+            heapq.heappush(self.running, (self.steps + req.output_len - 1, req.rid, req))
+
+    def _finish(self, req: SimRequest, now: float) -> None:
+        self.cache.reserved_tokens -= req.reserved
+        req.reserved = 0
+        self.cache.unlock(req.lock_page)
+        req.lock_page = None
+        req.finish_s = now
+        self.engine.on_finish(req, now)
+
+    # ---- views ----
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) - self.num_admitted
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + self.num_admitted

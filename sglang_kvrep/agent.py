@@ -1,0 +1,559 @@
+"""WorkerAgent: the extension inside one SGLang scheduler process.
+
+Two threads, one rule: the scheduler thread alone touches the radix tree, the allocator and the KV pool (in
+`on_iteration`, between SGLang iterations); the I/O thread alone touches sockets (the coordinator DEALER, the data
+ROUTER, DEALERs to peers). They exchange plain tuples through two queues; a pipe rings the other side (the
+scheduler's end is registered with SGLang's idle poller so `--sleep-on-idle` wakes up for a command).
+
+    scheduler thread                          I/O thread
+    ----------------                          ----------
+    on_iteration: run commands  <--- sched_q --- ReplicatePages / install verified transfer / drop / promote
+                  expire replicas                 coordinator: hello, facts (seq numbers), resync
+                  report load     --- io_q --->  data plane: receive + verify transfers, send gathered pages
+    on_request_match: hit --------------------->  hash the matched prefix, PrefixHit, detect promotions
+
+Any exception in the agent is logged; after repeated failures it disables itself and SGLang serves as usual.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from array import array
+from typing import Any, Optional
+
+import msgspec
+import torch
+import zmq
+
+from kvrep_kernels import gather_pages, payload_digest, slots_to_page_ids
+from radix_sync import protocol as p
+from radix_sync.hashing import page_hashes
+from sglang_kvrep import events
+from sglang_kvrep.compat import SchedulerView
+from sglang_kvrep.config import KvrepConfig
+from sglang_kvrep.dataplane import (Incoming, LocalGeometry, Outgoing, TokenBucket, check_header, payload_view)
+from sglang_kvrep.replicas import ReplicaTable
+
+log = logging.getLogger("kvrep.agent")
+MAX_ERRORS = 20
+
+
+def _name_thread(name: str) -> None:
+    """Give the OS thread a name (visible in /proc/<pid>/task/*/comm) so tests can see it exists."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class WorkerAgent:
+    def __init__(self, view: SchedulerView, config: KvrepConfig) -> None:
+        self.view = view
+        self.config = config
+        self.page_size = view.page_size
+        fields = view.fingerprint_fields()
+        import hashlib
+
+        self.fingerprint_fields = fields
+        self.fingerprint = hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:24]
+        k_bufs, v_bufs, layout = view.kv_buffers()
+        row_shape = tuple(k_bufs[0].shape[1:])  # (H, D) for NHD pools
+        page_shape = (2, self.page_size, *row_shape) if v_bufs is not None else (self.page_size, *row_shape)
+        self.geometry = LocalGeometry(self.fingerprint, self.page_size, str(k_bufs[0].dtype), layout, page_shape,
+                                      len(k_bufs), k_bufs[0].element_size())
+        capacity = view.pool_capacity_tokens()
+        self.replicas = ReplicaTable(view, config.replica_budget_tokens or capacity // 4)
+        self.capacity = capacity
+        self.sched_q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
+        self.io_q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
+        self._bell_r, self._bell_w = os.pipe()     # I/O -> scheduler doorbell
+        self._wake_r, self._wake_w = os.pipe()     # scheduler -> I/O wake-up
+        for fd in (self._bell_r, self._wake_r):
+            os.set_blocking(fd, False)
+        self._free_replica_tokens = self.replicas.free_tokens()  # read by the I/O thread
+        self._seen_rids: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        self._next_load_s = 0.0
+        self._errors = 0
+        self.disabled = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.data_endpoint = ""
+        self._ready = threading.Event()
+
+    # ================================================================================== scheduler thread
+    def start(self) -> None:
+        self.view.add_idle_wakeup(self._bell_r)
+        self._thread = threading.Thread(target=self._io_main, name="kvrep-io", daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+        log.info("kvrep agent %s: fingerprint %s, data %s, coordinator %s", self.config.worker_id,
+                 self.fingerprint, self.data_endpoint, self.config.coordinator)
+
+    def to_io(self, item: tuple) -> None:
+        self.io_q.put(item)
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def on_iteration_safe(self) -> None:
+        if self.disabled:
+            return
+        try:
+            self.on_iteration()
+        except Exception:
+            self._errors += 1
+            log.exception("kvrep agent error (%d/%d)", self._errors, MAX_ERRORS)
+            if self._errors >= MAX_ERRORS:
+                log.error("kvrep agent disabled after repeated errors; serving as plain SGLang")
+                self.disabled = True
+
+    def on_iteration(self) -> None:
+        try:
+            os.read(self._bell_r, 4096)
+        except BlockingIOError:
+            pass
+        for _ in range(64):
+            try:
+                item = self.sched_q.get_nowait()
+            except queue.Empty:
+                break
+            self._run_command(item)
+        now = time.monotonic()
+        if now >= self._next_load_s:
+            self._next_load_s = now + self.config.load_interval_s
+            for rid, evicted in self.replicas.expire_due():
+                self.to_io(("coord", p.ReplicaExpired(worker_id=self.config.worker_id, seq=0, replication_id=rid,
+                                                      num_evicted_tokens=evicted)))
+            load = self.view.load()
+            self._free_replica_tokens = self.replicas.free_tokens()
+            self.to_io(("coord", p.LoadReported(worker_id=self.config.worker_id, seq=0,
+                                                replica_tokens=self.replicas.live_tokens(), **load)))
+
+    def _run_command(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "replicate":
+            self._replicate(item[1])
+        elif kind == "install":
+            self._install(item[1], item[2])
+        elif kind == "promote":
+            self.replicas.promote(item[1])
+        elif kind == "drop":
+            evicted = self.replicas.drop(item[1])
+            if evicted is not None:
+                self.to_io(("coord", p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
+                                                      replication_id=item[1], num_evicted_tokens=evicted)))
+
+    def _fail(self, replication_id: str, role: str, error: str) -> None:
+        log.warning("replication %s failed (%s): %s", replication_id, role, error)
+        self.to_io(("coord", p.ReplicationFailed(worker_id=self.config.worker_id, seq=0,
+                                                 replication_id=replication_id, role=role, error=error)))
+
+    def _replicate(self, cmd: p.ReplicatePages) -> None:
+        """Source side: gather the cached pages of the prefix and hand them to the I/O thread."""
+        if self.config.shadow:
+            return self._fail(cmd.replication_id, "source", "worker is in shadow mode")
+        if cmd.target_fingerprint != self.fingerprint:
+            return self._fail(cmd.replication_id, "source", "target fingerprint differs from the source's")
+        ps = self.page_size
+        n = len(cmd.token_ids) // ps * ps
+        t0 = time.perf_counter()
+        matched, node = self.view.match(cmd.token_ids[:n], cmd.namespace)
+        matched = matched // ps * ps
+        if matched < ps:
+            return self._fail(cmd.replication_id, "source", f"prefix not cached here (0 of {n} tokens)")
+        lock = self.view.lock(node)
+        try:
+            slots = self.view.path_slots(node)[:matched]
+            k_bufs, v_bufs, layout = self.view.kv_buffers()
+            buffer = gather_pages(k_bufs, v_bufs, slots_to_page_ids(slots, ps), ps, layout=layout)
+        finally:
+            self.view.unlock(lock)
+        gather_s = time.perf_counter() - t0
+        tokens = list(cmd.token_ids[:matched])
+        self.to_io(("send", cmd, tokens, buffer, gather_s))
+
+    def _install(self, inc: Incoming, block_hashes: list[int]) -> None:
+        h = inc.header
+        try:
+            res = self.replicas.install(inc)
+        except Exception as exc:  # budget, OOM, bad buffer: nothing was written or kept
+            self.to_io(("install_done", inc, None, f"install failed: {exc}", block_hashes))
+            return
+        self._free_replica_tokens = self.replicas.free_tokens()
+        self.to_io(("install_done", inc, res, None, block_hashes))
+
+    def on_request_match_safe(self, params: Any, result: Any) -> None:
+        if self.disabled:
+            return
+        try:
+            req = params.req
+            rid = getattr(req, "rid", None)
+            if rid is None or rid in self._seen_rids:
+                return
+            self._seen_rids[rid] = None
+            if len(self._seen_rids) > 8192:
+                self._seen_rids.popitem(last=False)
+            matched = int(result.device_prefix_len)
+            if matched <= 0:
+                return
+            key = params.key
+            tokens = array("q", key.token_ids[:matched])
+            self.to_io(("hit", key.cache_salt or "", tokens, matched, len(key.token_ids)))
+        except Exception:
+            log.exception("kvrep: prefix-hit hook failed")
+
+    # ========================================================================================= I/O thread
+    def _io_main(self) -> None:
+        _name_thread("kvrep-io")
+        try:
+            _IoLoop(self).run()
+        except Exception:
+            log.exception("kvrep I/O thread died; the worker keeps serving as plain SGLang")
+            self.disabled = True
+            self._ready.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.to_io(("stop",))
+
+
+class _IoLoop:
+    """Owns every socket of the agent. Runs on the I/O thread only."""
+
+    def __init__(self, agent: WorkerAgent) -> None:
+        self.a = agent
+        self.cfg = agent.config
+        self.ctx = zmq.Context()
+        self.coord = self.ctx.socket(zmq.DEALER)
+        self.coord.setsockopt(zmq.LINGER, 0)
+        self.coord.setsockopt(zmq.SNDHWM, 100_000)
+        self.coord.connect(self.cfg.coordinator)
+        self.data = self.ctx.socket(zmq.ROUTER)
+        self.data.setsockopt(zmq.LINGER, 0)
+        addr = f"tcp://{self.cfg.data_host}"
+        if self.cfg.data_port:
+            self.data.bind(f"{addr}:{self.cfg.data_port}")
+            port = self.cfg.data_port
+        else:
+            port = self.data.bind_to_random_port(addr)
+        agent.data_endpoint = f"{addr}:{port}"
+        self.peers: dict[str, zmq.Socket] = {}
+        self.poller = zmq.Poller()
+        for s in (self.coord, self.data):
+            self.poller.register(s, zmq.POLLIN)
+        self.poller.register(agent._wake_r, zmq.POLLIN)
+        self.seq = 0
+        self.need_resync = False
+        self.mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
+        self.replica_blocks: dict[str, tuple[str, list[int], bool]] = {}
+        self.replica_facts: dict[str, p.ReplicaStored] = {}
+        self.incoming: dict[str, Incoming] = {}
+        self.outgoing: dict[str, Outgoing] = {}
+        self.send_queue: collections.deque[str] = collections.deque()
+        self.bucket = TokenBucket(self.cfg.send_rate_mbps * 1e6, self.cfg.chunk_bytes)
+        self.last_load: Optional[p.LoadReported] = None
+        self.last_sent_s = 0.0
+        agent._ready.set()
+
+    # ------------------------------------------------------------------------------------------ coordinator
+    def send_coord(self, msg) -> None:
+        self.seq += 1
+        msg.seq = self.seq
+        try:
+            self.coord.send(p.encode(msg), zmq.NOBLOCK)
+            self.last_sent_s = time.monotonic()
+        except zmq.Again:
+            self.need_resync = True  # the coordinator is unreachable; say everything again once it is back
+
+    def hello(self) -> None:
+        a = self.a
+        self.seq = 0
+        msg = p.Hello(worker_id=self.cfg.worker_id, http_url=self.cfg.http_url, data_endpoint=a.data_endpoint,
+                      fingerprint=a.fingerprint, fingerprint_fields=a.fingerprint_fields, page_size=a.page_size,
+                      pool_capacity_tokens=a.capacity, replica_budget_tokens=a.replicas.budget_tokens, seq=0)
+        try:
+            self.coord.send(p.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            self.need_resync = True
+            return
+        self.need_resync = False
+        # Resync: everything this worker holds, parents before children (dict order is insertion order).
+        by_ns: dict[str, list[p.BlockFact]] = {}
+        for h, (parent, tokens, ns) in self.mirror.items():
+            by_ns.setdefault(ns, []).append(p.BlockFact(h, parent, tokens))
+        for ns, blocks in by_ns.items():
+            for i in range(0, len(blocks), 4096):
+                self.send_coord(p.PagesStored(worker_id=self.cfg.worker_id, seq=0, namespace=ns,
+                                              blocks=blocks[i:i + 4096]))
+        for fact in self.replica_facts.values():
+            self.send_coord(msgspec.structs.replace(fact))
+        if self.last_load is not None:
+            self.send_coord(msgspec.structs.replace(self.last_load))
+
+    def on_coord(self, data: bytes) -> None:
+        try:
+            msg = p.decode_for_worker(data)
+        except p.ProtocolError as exc:
+            log.warning("kvrep: bad message from the coordinator: %s", exc)
+            return
+        if isinstance(msg, p.ResyncRequested):
+            log.info("kvrep: coordinator asks for a resync (%s)", msg.reason)
+            self.hello()
+        elif isinstance(msg, (p.ReplicatePages, p.DropReplica)):
+            kind = "replicate" if isinstance(msg, p.ReplicatePages) else "drop"
+            self.to_sched((kind, msg if kind == "replicate" else msg.replication_id))
+        elif isinstance(msg, p.Error):
+            log.warning("kvrep: coordinator error: %s", msg.error)
+
+    def to_sched(self, item: tuple) -> None:
+        self.a.sched_q.put(item)
+        try:
+            os.write(self.a._bell_w, b"x")
+        except OSError:
+            pass
+
+    # --------------------------------------------------------------------------------------- local events
+    def drain_events(self) -> None:
+        sink = events.SINK
+        wid = self.cfg.worker_id
+        while sink:
+            fact = sink.popleft()
+            if fact[0] == "stored":
+                _, ns, blocks, medium = fact
+                if medium != "GPU":
+                    continue
+                for h, parent, tokens in blocks:
+                    self.mirror[h] = (parent, tokens, ns)
+                self.send_coord(p.PagesStored(worker_id=wid, seq=0, namespace=ns, medium=medium,
+                                              blocks=[p.BlockFact(h, par, t) for h, par, t in blocks]))
+            elif fact[0] == "removed":
+                _, hashes, medium = fact
+                if medium != "GPU":
+                    continue
+                for h in hashes:
+                    self.mirror.pop(h, None)
+                self.send_coord(p.PagesRemoved(worker_id=wid, seq=0, block_hashes=hashes))
+            elif fact[0] == "cleared":
+                self.mirror.clear()
+                self.send_coord(p.AllPagesCleared(worker_id=wid, seq=0))
+
+    def on_hit(self, namespace: str, tokens: array, matched: int, key_len: int) -> None:
+        hashes = page_hashes(tokens, self.a.page_size, namespace)
+        if not hashes:
+            return
+        self.send_coord(p.PrefixHit(worker_id=self.cfg.worker_id, seq=0, namespace=namespace,
+                                    block_hash=hashes[-1], matched_len=matched, key_len=key_len))
+        hit = set(hashes)
+        for rid, (ns, blocks, promoted) in list(self.replica_blocks.items()):
+            if ns == namespace and not promoted and blocks and blocks[0] in hit:
+                self.replica_blocks[rid] = (ns, blocks, True)
+                self.replica_facts.pop(rid, None)
+                self.to_sched(("promote", rid))
+                num = sum(1 for b in blocks if b in hit) * self.a.page_size
+                self.send_coord(p.ReplicaPromoted(worker_id=self.cfg.worker_id, seq=0, replication_id=rid,
+                                                  num_promoted_tokens=num))
+
+    # ------------------------------------------------------------------------------------------ data plane
+    def on_data(self, frames: list) -> None:
+        peer, raw = frames[0], frames[1]
+        try:
+            msg = p.decode_data_plane(raw.bytes if hasattr(raw, "bytes") else raw)
+        except p.ProtocolError as exc:
+            self.data.send_multipart([peer, p.encode(p.TransferRefused(transfer_id="", error=str(exc)))])
+            return
+        now = time.monotonic()
+        if isinstance(msg, p.TransferHeader):
+            err = check_header(msg, self.a.geometry, self.a._free_replica_tokens)
+            if err is None and msg.transfer_id in self.incoming:
+                err = "duplicate transfer id"
+            if err is not None:
+                return self.refuse(peer, msg.transfer_id, msg.replication_id, err)
+            self.incoming[msg.transfer_id] = Incoming(msg, peer, torch.empty(msg.num_bytes, dtype=torch.uint8),
+                                                      now, now)
+        elif isinstance(msg, p.TransferChunk):
+            inc = self.incoming.get(msg.transfer_id)
+            if inc is None:
+                return  # refused or timed out already
+            if len(frames) != 3:
+                err = "chunk without payload frame"
+            else:
+                payload = frames[2].buffer if hasattr(frames[2], "buffer") else memoryview(frames[2])
+                err = inc.add_chunk(msg, payload, now)
+            if err is not None:
+                del self.incoming[msg.transfer_id]
+                self.refuse(peer, msg.transfer_id, inc.header.replication_id, err)
+        elif isinstance(msg, p.TransferEnd):
+            inc = self.incoming.pop(msg.transfer_id, None)
+            if inc is None:
+                return
+            err = inc.finish()
+            if err is not None:
+                return self.refuse(peer, msg.transfer_id, inc.header.replication_id, err)
+            h = inc.header
+            inc.last_progress_s = now
+            self.to_sched(("install", inc, page_hashes(h.token_ids, h.page_size, h.namespace)))
+        elif isinstance(msg, (p.TransferAccepted, p.TransferRefused)):
+            pass  # replies arrive on the peer DEALERs, not here
+
+    def refuse(self, peer: bytes, transfer_id: str, replication_id: str, error: str) -> None:
+        log.warning("kvrep: refused transfer %s: %s", transfer_id, error)
+        self.data.send_multipart([peer, p.encode(p.TransferRefused(transfer_id=transfer_id, error=error))])
+        self.send_coord(p.ReplicationFailed(worker_id=self.cfg.worker_id, seq=0, replication_id=replication_id,
+                                            role="target", error=error))
+
+    def install_done(self, inc: Incoming, res, error: Optional[str], block_hashes: list[int]) -> None:
+        h = inc.header
+        if error is not None:
+            return self.refuse(inc.peer, h.transfer_id, h.replication_id, error)
+        self.data.send_multipart([inc.peer, p.encode(p.TransferAccepted(transfer_id=h.transfer_id,
+                                                                        inserted_len=res.inserted_len))])
+        fact = p.ReplicaStored(worker_id=self.cfg.worker_id, seq=0, replication_id=h.replication_id,
+                               namespace=h.namespace, block_hashes=block_hashes, inserted_len=res.inserted_len,
+                               expires_in_s=h.ttl_s, num_bytes=h.num_bytes,
+                               receive_s=inc.last_progress_s - inc.started_s, scatter_s=res.scatter_s,
+                               insert_s=res.insert_s)
+        if res.inserted_len > 0:
+            self.replica_blocks[h.replication_id] = (h.namespace, block_hashes, False)
+            self.replica_facts[h.replication_id] = fact
+        self.send_coord(msgspec.structs.replace(fact))
+
+    def start_send(self, cmd: p.ReplicatePages, tokens: list[int], buffer: torch.Tensor, gather_s: float) -> None:
+        digest = payload_digest(buffer)
+        ps = self.a.page_size
+        num_bytes = buffer.numel() * buffer.element_size()
+        chunk = self.cfg.chunk_bytes
+        header = p.TransferHeader(
+            transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, source_id=self.cfg.worker_id,
+            fingerprint=self.a.fingerprint, namespace=cmd.namespace, token_ids=tokens, page_size=ps,
+            num_pages=len(tokens) // ps, dtype=str(buffer.dtype), layout=self.a.geometry.layout,
+            buffer_shape=list(buffer.shape), num_bytes=num_bytes, num_chunks=max(1, -(-num_bytes // chunk)),
+            checksum=digest.value, checksum_kind=digest.kind, ttl_s=cmd.ttl_s)
+        sock = self.peers.get(cmd.target_endpoint)
+        if sock is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(cmd.target_endpoint)
+            self.peers[cmd.target_endpoint] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        sock.send(p.encode(header))
+        out = Outgoing(header, cmd.target_endpoint, payload_view(buffer), buffer, chunk, time.monotonic(), gather_s)
+        self.outgoing[header.transfer_id] = out
+        self.send_queue.append(header.transfer_id)
+
+    def pump_sends(self, now: float) -> float:
+        """Send chunks the bandwidth cap allows. Returns seconds until the next chunk may go."""
+        while self.send_queue:
+            tid = self.send_queue[0]
+            out = self.outgoing.get(tid)
+            if out is None or out.end_sent_s is not None:
+                self.send_queue.popleft()
+                continue
+            sock = self.peers[out.endpoint]
+            if out.next_chunk < out.header.num_chunks:
+                size = min(out.chunk_bytes, out.header.num_bytes - out.next_chunk * out.chunk_bytes)
+                wait = self.bucket.wait_s(size, now)
+                if wait > 0:
+                    return wait
+                sock.send_multipart(out.frames_for(out.next_chunk), copy=False)
+                out.next_chunk += 1
+                continue
+            sock.send(p.encode(p.TransferEnd(transfer_id=tid)))
+            out.end_sent_s = now
+            self.send_queue.popleft()
+            self.send_coord(p.SourceSent(worker_id=self.cfg.worker_id, seq=0, replication_id=out.header.replication_id,
+                                         num_tokens=len(out.header.token_ids), num_bytes=out.header.num_bytes,
+                                         gather_s=out.gather_s, send_s=now - out.started_s))
+        return 1.0
+
+    def on_peer_reply(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = p.decode_data_plane(frames[-1])
+            except p.ProtocolError:
+                continue
+            out = self.outgoing.pop(getattr(msg, "transfer_id", ""), None)
+            if out is not None and isinstance(msg, p.TransferRefused):
+                log.warning("kvrep: target refused %s: %s", msg.transfer_id, msg.error)
+
+    def check_timeouts(self, now: float) -> None:
+        limit = self.cfg.transfer_timeout_s
+        for tid, inc in list(self.incoming.items()):
+            if now - inc.last_progress_s > limit:
+                del self.incoming[tid]
+                log.warning("kvrep: transfer %s timed out after %.1fs without progress", tid, limit)
+                self.send_coord(p.ReplicationFailed(
+                    worker_id=self.cfg.worker_id, seq=0, replication_id=inc.header.replication_id, role="target",
+                    error=f"transfer timed out: no data for {limit:g}s "
+                          f"({inc.received_bytes}/{inc.header.num_bytes} bytes received; source dead?)"))
+        for tid, out in list(self.outgoing.items()):
+            if out.end_sent_s is not None and now - out.end_sent_s > limit:
+                del self.outgoing[tid]
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def run(self) -> None:
+        self.hello()
+        a = self.a
+        next_wait = 1.0
+        while not a._stop.is_set():
+            timeout = min(next_wait, 0.1 if (self.incoming or self.outgoing) else 0.5)
+            ready = dict(self.poller.poll(max(1, int(timeout * 1000))))
+            now = time.monotonic()
+            if a._wake_r in ready:
+                try:
+                    os.read(a._wake_r, 65536)
+                except BlockingIOError:
+                    pass
+            self.drain_events()
+            while True:
+                try:
+                    item = a.io_q.get_nowait()
+                except queue.Empty:
+                    break
+                kind = item[0]
+                if kind == "coord":
+                    if isinstance(item[1], p.LoadReported):
+                        self.last_load = item[1]
+                    self.send_coord(item[1])
+                elif kind == "hit":
+                    self.on_hit(*item[1:])
+                elif kind == "send":
+                    self.start_send(*item[1:])
+                elif kind == "install_done":
+                    self.install_done(*item[1:])
+                elif kind == "stop":
+                    return
+            if self.coord in ready:
+                while True:
+                    try:
+                        self.on_coord(self.coord.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+            if self.data in ready:
+                for _ in range(256):
+                    try:
+                        frames = self.data.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self.on_data(frames)
+            for sock in self.peers.values():
+                if sock in ready:
+                    self.on_peer_reply(sock)
+            next_wait = self.pump_sends(time.monotonic())
+            now = time.monotonic()
+            self.check_timeouts(now)
+            if now - self.last_sent_s > 1.0:  # heartbeat, and a retry of the hello after an outage
+                if self.need_resync:
+                    self.hello()
+                elif self.last_load is not None:
+                    self.send_coord(msgspec.structs.replace(self.last_load))

@@ -1,0 +1,210 @@
+"""The one door to SGLang internals (sglang==0.5.23): every SGLang import, attribute and signature the plugin
+relies on lives here, so a version bump is a change to this file and its tests only.
+
+Everything here that touches the tree cache or the allocator must be called on the scheduler thread.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from array import array
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+log = logging.getLogger("kvrep.compat")
+
+SUPPORTED_SGLANG = "0.5.23"
+
+# Hook targets (dotted paths resolved by SGLang's HookRegistry in every process that loads plugins).
+ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
+SCHEDULER_INGEST = "sglang.srt.managers.scheduler.Scheduler.ingest_requests"
+CACHE_MATCH_PREFIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
+
+
+def sglang_version() -> str:
+    import sglang
+
+    return getattr(sglang, "__version__", "unknown")
+
+
+def register_hook(target: str, fn: Callable, kind: str) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(target, fn, getattr(HookType, kind))
+
+
+def register_event_publisher(name: str, ctor: Callable[..., Any]) -> None:
+    from sglang.srt.disaggregation.kv_events import EventPublisherFactory
+
+    if name not in EventPublisherFactory._registry:
+        EventPublisherFactory.register_publisher(name, ctor)
+
+
+def event_publisher_base() -> type:
+    from sglang.srt.disaggregation.kv_events import EventPublisher
+
+    return EventPublisher
+
+
+def create_event_publisher(kind: str, attn_dp_rank: int, **config: Any):
+    from sglang.srt.disaggregation.kv_events import EventPublisherFactory
+
+    return EventPublisherFactory._registry[kind](attn_dp_rank=attn_dp_rank, **config)
+
+
+def event_kind(event: Any) -> str:
+    """`stored` | `removed` | `cleared` for SGLang's KV event structs."""
+    from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    if isinstance(event, BlockStored):
+        return "stored"
+    if isinstance(event, BlockRemoved):
+        return "removed"
+    if isinstance(event, AllBlocksCleared):
+        return "cleared"
+    return "other"
+
+
+def is_publisher_rank() -> bool:
+    """True on the rank that owns the tree's events and the extension (pp 0, attn-tp 0, attn-cp 0)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    return par.pp_rank == 0 and par.attn_tp_rank == 0 and par.attn_cp_rank == 0
+
+
+# ------------------------------------------------------------------------------------------------ scheduler
+class SchedulerView:
+    """The handles of one live scheduler the agent needs, with the SGLang names kept in here."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.server_args = scheduler.server_args
+        self.tree_cache = scheduler.tree_cache
+        self.allocator = scheduler.token_to_kv_pool_allocator
+        self.pool = self.allocator.get_kvcache()
+        self.page_size = int(self.server_args.page_size or 1)
+
+    # -------------------------------------------------------------------------------------------- radix tree
+    @staticmethod
+    def key(token_ids, namespace: str):
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        return RadixKey(array("q", token_ids), extra_key=None, cache_salt=namespace or None)
+
+    def match(self, token_ids, namespace: str) -> tuple[int, Any]:
+        """Returns (device prefix length, last device node id)."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+        res = self.tree_cache.match_prefix(MatchPrefixParams(key=self.key(token_ids, namespace)))
+        return int(res.device_prefix_len), res.last_device_node
+
+    def lock(self, node_id):
+        return self.tree_cache.lock(node_id)
+
+    def unlock(self, lock) -> None:
+        self.tree_cache.unlock(lock)
+
+    def path_slots(self, node_id) -> torch.Tensor:
+        return self.tree_cache.path_device_indices(node_id)
+
+    def alloc_slots(self, num_tokens: int) -> torch.Tensor:
+        """Page-aligned slots, evicting by the cache's policy if needed. Raises RuntimeError when out of memory."""
+        from sglang.srt.mem_cache.allocation import alloc_token_slots
+
+        return alloc_token_slots(self.tree_cache, num_tokens)
+
+    def free_slots(self, slots: torch.Tensor) -> None:
+        self.allocator.free(slots)
+
+    def insert(self, token_ids, namespace: str, slots: torch.Tensor, priority: int) -> int:
+        """Insert an externally written prefix. Returns the tokens that were already present (their slots in
+        `slots` are freed by the cache itself, per UnifiedRadixCache's insert semantics)."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+        res = self.tree_cache.insert(InsertParams(key=self.key(token_ids, namespace), value=slots.to(torch.int64),
+                                                  prev_prefix_len=0, priority=priority))
+        return int(res.prefix_len)
+
+    def evict(self, num_tokens: int) -> int:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        return int(self.tree_cache.evict(EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
+
+    # ------------------------------------------------------------------------------------------------- load
+    def available_tokens(self) -> int:
+        return int(self.allocator.available_size())
+
+    def evictable_tokens(self) -> int:
+        return int(self.tree_cache.evictable_size())
+
+    def load(self) -> dict[str, int]:
+        s = self.scheduler
+        waiting = list(getattr(s, "waiting_queue", []) or [])
+        running = getattr(s, "running_batch", None)
+        return {
+            "num_running_reqs": len(running.reqs) if running is not None else 0,
+            "num_waiting_reqs": len(waiting),
+            "num_waiting_tokens": sum(len(getattr(r, "origin_input_ids", ()) or ()) for r in waiting),
+            "available_tokens": self.available_tokens(),
+            "evictable_tokens": self.evictable_tokens(),
+        }
+
+    def pool_capacity_tokens(self) -> int:
+        return int(getattr(self.scheduler, "max_total_num_tokens", 0) or self.pool.size)
+
+    def add_idle_wakeup(self, socket) -> None:
+        """Make `--sleep-on-idle` wake up when `socket` is readable (the agent's command doorbell)."""
+        sleeper = getattr(self.scheduler, "idle_sleeper", None)
+        poller = getattr(sleeper, "poller", None)
+        if poller is not None:
+            poller.register(socket, 1)  # zmq.POLLIN
+
+    # ------------------------------------------------------------------------------------------------ pool
+    def kv_buffers(self) -> tuple[list[torch.Tensor], Optional[list[torch.Tensor]], str]:
+        """(K buffers, V buffers or None for MLA, layout "NHD"|"HND")."""
+        pool = self.pool
+        if hasattr(pool, "k_buffer") and pool.k_buffer is not None:
+            layout = "HND" if getattr(pool, "use_hnd", False) else "NHD"
+            return list(pool.k_buffer), list(pool.v_buffer), layout
+        if hasattr(pool, "kv_buffer"):
+            return list(pool.kv_buffer), None, "NHD"
+        raise RuntimeError(f"unsupported KV pool {type(pool).__name__}")
+
+    def fingerprint_fields(self) -> dict[str, str]:
+        """Everything two workers must share for one's KV pages to be valid on the other."""
+        sa = self.server_args
+        pool = self.pool
+        model_path = Path(str(sa.model_path))
+        config_text = ""
+        weights = []
+        if model_path.is_dir():
+            cfg = model_path / "config.json"
+            if cfg.exists():
+                config_text = json.dumps(json.loads(cfg.read_text()), sort_keys=True)
+            weights = sorted((f.name, f.stat().st_size) for f in model_path.glob("*.safetensors"))
+        import hashlib
+
+        model_id = hashlib.sha256((config_text + repr(weights)).encode()).hexdigest()[:16]
+        k_bufs, v_bufs, layout = self.kv_buffers()
+        geometry = tuple(k_bufs[0].shape[1:]) if k_bufs else ()
+        return {
+            "model": str(sa.served_model_name or sa.model_path),
+            "model_config_and_weights": model_id,
+            "weight_version": str(getattr(sa, "weight_version", "")),
+            "dtype": str(getattr(pool, "dtype", "")),
+            "kv_store_dtype": str(getattr(pool, "store_dtype", "")),
+            "kv_cache_dtype": str(sa.kv_cache_dtype),
+            "page_size": str(self.page_size),
+            "num_layers": str(len(k_bufs)),
+            "kv_geometry": str(geometry),
+            "mla": str(v_bufs is None),
+            "layout": layout,
+            "tp_size": str(sa.tp_size),
+            "pp_size": str(sa.pp_size),
+            "sglang": sglang_version(),
+        }

@@ -1,0 +1,202 @@
+"""Start and stop real processes of a local cluster: SGLang CPU workers with the plugin, and the coordinator.
+
+Used by the integration tests, the demo and the measurement scripts. Every process is started in its own
+session and stopped by its PID's process group, so nothing is left behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("KVREP_LOCAL_CACHE", ROOT / ".cache"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepared() -> dict:
+    """Local models and the libcuda stand-in (built on first use)."""
+    from sglang_kvrep.devtools.prepare import prepare
+
+    return prepare(CACHE)
+
+
+def server_env(extra: Optional[dict] = None) -> dict:
+    env = dict(os.environ)
+    info = prepared()
+    env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if info["libcuda_dir"]:
+        env["LD_LIBRARY_PATH"] = info["libcuda_dir"] + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+    env.update(extra or {})
+    return env
+
+
+def model_path(name: str) -> str:
+    if os.path.isdir(name):
+        return name
+    return prepared()["models"][name]
+
+
+def http_json(url: str, body: Optional[dict] = None, timeout: float = 60.0, method: Optional[str] = None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except json.JSONDecodeError:
+            return exc.code, {"error": raw.decode(errors="replace")}
+
+
+class Proc:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: Optional[dict] = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
+                                      start_new_session=True, cwd=str(ROOT))
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (SGLang spawns a scheduler and a detokenizer)."""
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.alive():
+            self.kill(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill(signal.SIGKILL)  # stragglers in the group
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+    def tail(self, num_lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        except OSError:
+            return ""
+
+
+class Worker(Proc):
+    def __init__(self, name: str, model: str, log_dir: Path, *, port: Optional[int] = None,
+                 coordinator: Optional[str] = None, page_size: int = 16, max_total_tokens: int = 16384,
+                 extra_args: tuple[str, ...] = (), kvrep: bool = True) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.worker_id = f"127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path(model), "--device", "cpu",
+                "--host", "127.0.0.1", "--port", str(self.port), "--attention-backend", "torch_native",
+                "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size), "--sleep-on-idle",
+                "--enable-metrics", "--skip-server-warmup", "--random-seed", "0", *extra_args]
+        if kvrep:
+            argv += ["--enable-kv-replication", "--kvrep-coordinator", coordinator or "tcp://127.0.0.1:5600"]
+        super().__init__(name, argv, log_dir / f"{name}.log", server_env())
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"worker {self.name} exited:\n{self.tail()}")
+            try:
+                status, _ = http_json(self.url + "/health", timeout=2)
+                if status == 200:
+                    return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"worker {self.name} not healthy after {timeout_s}s:\n{self.tail()}")
+
+    def generate(self, input_ids: list[int], max_new_tokens: int = 8, cache_salt: Optional[str] = None,
+                 timeout: float = 120.0) -> dict:
+        body = {"input_ids": input_ids,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        status, out = http_json(self.url + "/generate", body, timeout=timeout)
+        if status != 200:
+            raise RuntimeError(f"/generate on {self.name} failed: {status} {out}")
+        return out
+
+
+class Coordinator(Proc):
+    def __init__(self, log_dir: Path, *, extra_args: tuple[str, ...] = (), name: str = "coordinator",
+                 port: Optional[int] = None, admin_port: Optional[int] = None) -> None:
+        self.zmq_port = port or free_port()
+        self.admin_port = admin_port or free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.zmq_port}"
+        self.admin = f"http://127.0.0.1:{self.admin_port}"
+        argv = [sys.executable, "-m", "radix_sync.cli", "coordinator", "--bind", self.endpoint,
+                "--admin-port", str(self.admin_port), *extra_args]
+        super().__init__(name, argv, log_dir / f"{name}.log")
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"coordinator exited:\n{self.tail()}")
+            try:
+                if http_json(self.admin + "/health", timeout=2)[0] == 200:
+                    return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"coordinator not ready:\n{self.tail()}")
+
+    def get(self, path: str):
+        return http_json(self.admin + path)
+
+    def post(self, path: str, body: dict):
+        return http_json(self.admin + path, body)
+
+    def workers(self) -> dict[str, dict]:
+        return {w["id"]: w for w in self.get("/workers")[1]}
+
+    def wait_workers(self, ids: list[str], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if set(ids) <= set(self.workers()):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"workers {ids} never said hello; known: {list(self.workers())}")
+
+    def wait_replication(self, rep_id: str, timeout_s: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for rep in self.get("/replications")[1]:
+                if rep["id"] == rep_id and rep["state"] in ("done", "failed"):
+                    return rep
+            time.sleep(0.1)
+        raise TimeoutError(f"replication {rep_id} did not finish in {timeout_s}s")

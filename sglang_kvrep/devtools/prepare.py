@@ -1,0 +1,131 @@
+"""Builds what a GPU-less host needs to run real SGLang servers, without any download.
+
+- `models/tiny` and `models/small`: Llama-architecture models with seeded random weights and a byte-level BPE
+  tokenizer trained on the Python standard library's sources (see ../shared/docs/sglang-on-cpu.md).
+- `libcuda/libcuda.so.1`: a stand-in that lets the CUDA-only `sgl_kernel` wheel import on a host without an
+  NVIDIA driver (only built there). Every function returns CUDA_ERROR_NO_DEVICE.
+
+Usage: `python -m sglang_kvrep.devtools.prepare <cache dir>`; idempotent (a marker file per artefact).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+MODELS = {
+    # name: (hidden, layers, heads, kv_heads, intermediate)
+    "tiny": (128, 2, 4, 2, 352),
+    "small": (512, 8, 8, 4, 1408),
+}
+VOCAB_SIZE = 4096
+MAX_POSITIONS = 32768
+_STUB_C = r"""
+typedef int CUresult;
+CUresult cuPointerGetAttribute(void *d, int a, unsigned long long p) { return 100; }
+CUresult cuInit(unsigned int f) { return 100; }
+CUresult cuDriverGetVersion(int *v) { if (v) *v = 0; return 100; }
+CUresult cuDeviceGetCount(int *c) { if (c) *c = 0; return 100; }
+CUresult cuGetProcAddress(const char *s, void **p, int v, unsigned long long f) { if (p) *p = 0; return 100; }
+CUresult cuGetProcAddress_v2(const char *s, void **p, int v, unsigned long long f, void *st) { if (p) *p = 0; return 100; }
+"""
+
+
+def has_nvidia_driver() -> bool:
+    if os.path.exists("/proc/driver/nvidia/version"):
+        return True
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "libcuda.so.1" in out
+
+
+def build_libcuda_stub(out_dir: Path) -> Path | None:
+    """Returns the folder to put on LD_LIBRARY_PATH, or None on hosts with a driver."""
+    if has_nvidia_driver():
+        return None
+    target = out_dir / "libcuda.so.1"
+    if target.exists():
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "stub.c"
+        src.write_text(_STUB_C)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(target), str(src)],
+                       check=True)
+    return out_dir
+
+
+def _train_tokenizer(out_dir: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(glob.glob(str(stdlib / "*.py")))[:120]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|bos|>", "<|eos|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train(files, trainer)
+    chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>", chat_template=chat_template)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_model(name: str, out_dir: Path, tokenizer_dir: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, layers, heads, kv_heads, inter = MODELS[name]
+    torch.manual_seed(1234)
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=inter,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, bos_token_id=0, eos_token_id=1,
+                         pad_token_id=2, tie_word_embeddings=False, torch_dtype="bfloat16")
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    tmp = out_dir.with_suffix(".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, tmp / f.name)
+    (tmp / "kvrep_model.json").write_text(json.dumps({"name": name, "seed": 1234, "note": "random weights"}))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+
+
+def prepare(cache_dir: Path) -> dict:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    out = {"libcuda_dir": None, "models": {}}
+    stub = build_libcuda_stub(cache_dir / "libcuda")
+    out["libcuda_dir"] = str(stub) if stub else None
+    models_dir = cache_dir / "models"
+    tok_dir = models_dir / "_tokenizer"
+    for name in MODELS:
+        model_dir = models_dir / name
+        if not (model_dir / "kvrep_model.json").exists():
+            if not (tok_dir / "tokenizer.json").exists():
+                tok_dir.mkdir(parents=True, exist_ok=True)
+                _train_tokenizer(tok_dir)
+            print(f"[prepare] building local model {name} in {model_dir}", flush=True)
+            build_model(name, model_dir, tok_dir)
+        out["models"][name] = str(model_dir)
+    return out
+
+
+if __name__ == "__main__":
+    cache = Path(sys.argv[1] if len(sys.argv) > 1 else ".cache").resolve()
+    print(json.dumps(prepare(cache)))

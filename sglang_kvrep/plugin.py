@@ -1,0 +1,143 @@
+"""The SGLang plugin entry point (`sglang.srt.plugins` group): adds the flags, arranges what the extension needs
+from SGLang (the `priority` eviction policy, KV events routed to our publisher) and starts a `WorkerAgent` in the
+scheduler process.
+
+Without `--enable-kv-replication` every hook returns straight away: no agent, no thread, no socket, and SGLang
+behaves exactly as without the plugin. Nothing here may raise into SGLang's scheduler loop: agent errors are
+logged and the agent disables itself, leaving a plain SGLang worker.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+from sglang_kvrep import compat
+from sglang_kvrep.config import KvrepConfig, add_cli_args, from_namespace
+
+log = logging.getLogger("kvrep.plugin")
+
+CONFIG_ATTR = "_kvrep_config"
+INNER_PUBLISHER_ENV = "KVREP_INNER_KV_EVENTS"
+_agent = None  # the WorkerAgent of this scheduler process, if any
+
+
+class KvrepFlagConflict(SystemExit):
+    """Raised at start-up when the user's flags cannot work together with --enable-kv-replication."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"error: --enable-kv-replication: {message}")
+
+
+def register() -> None:
+    compat.register_hook(compat.ADD_CLI_ARGS, _after_add_cli_args, "AFTER")
+    compat.register_hook(compat.FROM_CLI_ARGS, _before_from_cli_args, "BEFORE")
+    compat.register_hook(compat.FROM_CLI_ARGS, _after_from_cli_args, "AFTER")
+    compat.register_hook(compat.SCHEDULER_INIT, _after_scheduler_init, "AFTER")
+    compat.register_hook(compat.SCHEDULER_INGEST, _around_ingest, "AROUND")
+    compat.register_hook(compat.CACHE_MATCH_PREFIX, _after_match_prefix, "AFTER")
+    from sglang_kvrep.events import KvrepEventPublisher
+
+    compat.register_event_publisher("kvrep", KvrepEventPublisher)
+
+
+# ------------------------------------------------------------------------------------------- launcher side
+def _after_add_cli_args(result, parser, *args, **kwargs):
+    add_cli_args(parser)
+    return result
+
+
+def _namespace_in(args) -> argparse.Namespace | None:
+    return next((a for a in args if isinstance(a, argparse.Namespace)), None)
+
+
+def arrange_server_flags(ns: argparse.Namespace) -> KvrepConfig:
+    """Check the user's flags and set what the extension needs. Mutates `ns`.
+
+    Raises:
+        KvrepFlagConflict: a flag the user set explicitly conflicts with replication.
+        ValueError: a bad --kvrep-* value.
+    """
+    if getattr(ns, "disable_radix_cache", False):
+        raise KvrepFlagConflict("--disable-radix-cache leaves nothing to replicate")
+    if getattr(ns, "enable_priority_scheduling", False):
+        raise KvrepFlagConflict("--enable-priority-scheduling gives requests priorities below the replicas' "
+                                "eviction priority; run without it")
+    for flag, attr in (("--tp-size", "tp_size"), ("--pp-size", "pp_size"), ("--dp-size", "dp_size")):
+        if (getattr(ns, attr, 1) or 1) > 1:
+            raise KvrepFlagConflict(f"{flag} > 1 is not supported yet (replica inserts must be mirrored per rank)")
+    policy = getattr(ns, "radix_eviction_policy", "lru")
+    if policy != "priority":
+        if getattr(ns, "_radix_eviction_policy_explicitly_set", False):
+            raise KvrepFlagConflict(f"--radix-eviction-policy {policy} cannot evict replicas first; use priority "
+                                    "(or leave the flag out and the extension sets it)")
+        ns.radix_eviction_policy = "priority"
+    user_events = getattr(ns, "kv_events_config", None)
+    events = {"publisher": "kvrep"}
+    if user_events:
+        try:
+            cfg = json.loads(user_events)
+        except json.JSONDecodeError as exc:
+            raise KvrepFlagConflict(f"--kv-events-config is not JSON: {exc}") from None
+        if cfg.get("format", "default") != "default":
+            raise KvrepFlagConflict("--kv-events-config format must be 'default' (the directory uses SGLang's "
+                                    "default page hashes)")
+        if cfg.get("publisher", "null") not in ("null", "kvrep"):
+            # Keep the user's publisher: ours forwards every batch to it.
+            os.environ[INNER_PUBLISHER_ENV] = json.dumps(cfg)
+        events = {**cfg, "publisher": "kvrep"}
+    ns.kv_events_config = json.dumps(events)
+    return from_namespace(ns)
+
+
+def _before_from_cli_args(*args, **kwargs):
+    ns = _namespace_in(args)
+    if ns is not None and getattr(ns, "enable_kv_replication", False):
+        try:
+            ns._kvrep_config_json = arrange_server_flags(ns).to_json()
+        except ValueError as exc:
+            raise KvrepFlagConflict(str(exc)) from None
+    return None
+
+
+def _after_from_cli_args(server_args, *args, **kwargs):
+    ns = _namespace_in(args)
+    text = getattr(ns, "_kvrep_config_json", None) if ns is not None else None
+    if text:
+        setattr(server_args, CONFIG_ATTR, text)
+    return server_args
+
+
+# ------------------------------------------------------------------------------------------ scheduler side
+def _after_scheduler_init(result, scheduler, *args, **kwargs):
+    global _agent
+    text = getattr(scheduler.server_args, CONFIG_ATTR, None)
+    if not text or _agent is not None:
+        return result
+    try:
+        if not compat.is_publisher_rank():
+            return result
+        from sglang_kvrep.agent import WorkerAgent
+
+        _agent = WorkerAgent(compat.SchedulerView(scheduler), KvrepConfig.from_json(text))
+        _agent.start()
+    except Exception:
+        log.exception("kvrep: could not start the worker agent; serving as plain SGLang")
+        _agent = None
+    return result
+
+
+def _around_ingest(original, scheduler, *args, **kwargs):
+    result = original(scheduler, *args, **kwargs)
+    agent = _agent
+    if agent is not None and agent.view.scheduler is scheduler:
+        agent.on_iteration_safe()
+    return result
+
+
+def _after_match_prefix(result, cache, params, *args, **kwargs):
+    agent = _agent
+    if agent is not None and getattr(params, "req", None) is not None:
+        agent.on_request_match_safe(params, result)
+    return result

@@ -1,0 +1,118 @@
+"""Triton page-copy kernel vs the torch reference, bit-exact, through Triton's interpreter on the CPU.
+
+The kernel is decorated while ``TRITON_INTERPRET=1`` is set (a module fixture reloads
+`kvrep_kernels.triton_copy` under the variable and reloads it again without it afterwards), so the
+interpreter covers these tests only and no other module's Triton kernels. The CUDA test at the end runs the
+compiled kernel and is skipped only where no CUDA device exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+import kvrep_kernels as kk
+from kvrep_kernels import plan as plan_mod
+from kvrep_kernels.testing import bits_equal, make_pool, oracle_gather, page_list, zeros_like_pool
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.uint8]
+CASES = [  # (pool kind, buffer layout); non-matching pairs exercise the kernel's transposing (non-FLAT) path
+    ("separate", "NHD"), ("separate", "HND"), ("fused", "NHD"), ("hnd_pool", "HND"), ("hnd_pool", "NHD"),
+    ("mla", "NHD"),
+]
+
+
+@pytest.fixture(scope="module")
+def triton_copy():
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    from kvrep_kernels import triton_copy as module
+    module = importlib.reload(module)
+    from triton.runtime.interpreter import InterpretedFunction
+    assert isinstance(module._copy_pages_kernel, InterpretedFunction)
+    yield module
+    if old is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+    importlib.reload(module)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("kind,layout", CASES)
+def test_triton_matches_reference(triton_copy, kind, layout, page_size, dtype):
+    # MLA gets a head_dim whose page is not a power of two (masked tail of the last block).
+    pool = make_pool(kind, dtype, page_size, num_pages=10, head_dim=24 if kind == "mla" else 8, seed=page_size)
+    ids = torch.tensor(page_list(pool.num_pages, gen_seed=5))
+    ref = kk.gather_pages(pool.k, pool.v, ids, page_size, layout=layout, backend="torch")
+    got = kk.gather_pages(pool.k, pool.v, ids, page_size, layout=layout, backend="triton")
+    assert bits_equal(got, ref)
+    assert bits_equal(got, oracle_gather(pool, ids.tolist(), layout))
+
+    dst_ref, dst_tri = zeros_like_pool(pool), zeros_like_pool(pool)
+    kk.scatter_pages(ref, dst_ref.k, dst_ref.v, ids, page_size, layout=layout, backend="torch")
+    kk.scatter_pages(ref, dst_tri.k, dst_tri.v, ids, page_size, layout=layout, backend="triton")
+    assert all(bits_equal(a, b) for a, b in zip(dst_ref.tensors, dst_tri.tensors))
+
+
+def test_long_runs_are_split_into_chunks(triton_copy, monkeypatch):
+    pool = make_pool("fused", torch.bfloat16, 4, num_pages=30, seed=9)
+    ids = torch.tensor(list(range(3, 13)) + [20, 1] + list(range(22, 29)))
+    plan = plan_mod.make_plan(pool.k, pool.v, ids, 4, "NHD")
+    assert [t.tolist() for t in triton_copy._chunks(plan, 3)] == [
+        [3, 6, 9, 12, 20, 1, 22, 25, 28],  # pool start page of each chunk
+        [0, 3, 6, 9, 10, 11, 12, 15, 18],  # buffer start page
+        [3, 3, 3, 1, 1, 1, 3, 3, 1],       # pages
+    ]
+    page_bytes = 4 * 2 * 8 * 2
+    monkeypatch.setattr(triton_copy, "CHUNK_BYTES", 3 * page_bytes)  # the launch above: 3 pages per program
+    got = kk.gather_pages(pool.k, pool.v, ids, 4, backend="triton")
+    assert bits_equal(got, oracle_gather(pool, ids.tolist(), "NHD"))
+    dst = zeros_like_pool(pool)
+    kk.scatter_pages(got, dst.k, dst.v, ids, 4, backend="triton")
+    assert bits_equal(oracle_gather(dst, ids.tolist(), "NHD"), got)
+
+
+def test_triton_float8_pool_and_repeats(triton_copy):
+    pool = make_pool("separate", torch.float8_e4m3fn, 16, num_pages=6, seed=2)
+    ids = torch.tensor([4, 4, 1, 5])
+    got = kk.gather_pages(pool.k, pool.v, ids, 16, backend="triton")
+    assert bits_equal(got, oracle_gather(pool, ids.tolist(), "NHD"))
+
+
+def test_triton_checks_bounds_before_launch(triton_copy):
+    pool = make_pool("separate", torch.float16, 16, num_pages=6)
+    buf = kk.gather_pages(pool.k, pool.v, torch.tensor([1, 2]), 16, backend="triton")
+    before = [t.clone() for t in pool.tensors]
+    with pytest.raises(IndexError, match="page id 6 at position 1"):
+        kk.scatter_pages(torch.zeros_like(buf), pool.k, pool.v, torch.tensor([1, 6]), 16, backend="triton")
+    with pytest.raises(IndexError, match="page id 0 at position 0"):
+        kk.gather_pages(pool.k, pool.v, torch.tensor([0, 2]), 16, backend="triton")
+    assert all(bits_equal(a, b) for a, b in zip(before, pool.tensors))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind,layout", CASES)
+def test_cuda_matches_cpu_reference_on_a_side_stream(kind, layout):
+    importlib.reload(importlib.import_module("kvrep_kernels.triton_copy"))  # compiled, not interpreted
+    pool = make_pool(kind, torch.bfloat16, 16, num_pages=40, head_dim=24 if kind == "mla" else 128, seed=1)
+    ids = torch.tensor(page_list(pool.num_pages, gen_seed=8))
+    ref = kk.gather_pages(pool.k, pool.v, ids, 16, layout=layout)
+    k = [t.cuda() for t in pool.k]
+    v = None if pool.v is None else [t.cuda() for t in pool.v]
+    side = torch.cuda.Stream()
+    ready = torch.cuda.Event()
+    ready.record()  # stands in for SGLang's forward stream having written the pages
+    got = kk.gather_pages(k, v, ids, 16, layout=layout, stream=side, wait_event=ready)
+    side.synchronize()
+    assert bits_equal(got.cpu(), ref)
+    assert kk.payload_checksum(got) == kk.payload_checksum(ref, "sum64")
+    dst_k = [torch.zeros_like(t) for t in k]
+    dst_v = None if v is None else [torch.zeros_like(t) for t in v]
+    kk.scatter_pages(got, dst_k, dst_v, ids, 16, layout=layout)
+    again = kk.gather_pages(dst_k, dst_v, ids, 16, layout=layout)
+    assert bits_equal(again.cpu(), ref)

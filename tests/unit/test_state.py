@@ -1,0 +1,120 @@
+import pytest
+
+from radix_sync import protocol as p
+from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig
+from radix_sync.hashing import page_hashes
+
+PS = 4
+
+
+def hello(wid, fp="f", ps=PS):
+    return p.Hello(worker_id=wid, http_url=f"http://{wid}", data_endpoint=f"tcp://{wid}:1", fingerprint=fp,
+                   fingerprint_fields={"fp": fp, "page_size": str(ps)}, page_size=ps, pool_capacity_tokens=1000,
+                   replica_budget_tokens=250)
+
+
+def stored(wid, seq, tokens, ns=""):
+    hashes = page_hashes(tokens, PS, ns)
+    blocks = [p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+              for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
+    return p.PagesStored(worker_id=wid, seq=seq, namespace=ns, blocks=blocks)
+
+
+@pytest.fixture
+def st():
+    s = ClusterState(StateConfig(worker_timeout_s=5.0, replication_timeout_s=10.0))
+    assert isinstance(s.handle(b"A", hello("a"), 0.0)[0][1], p.HelloAck)
+    assert isinstance(s.handle(b"B", hello("b"), 0.0)[0][1], p.HelloAck)
+    return s
+
+
+def test_facts_build_the_directory(st):
+    toks = list(range(12))
+    assert st.handle(b"A", stored("a", 1, toks), 1.0) == []
+    assert st.lookup(toks + [99], "") == {"a": 12, "b": 0}
+    st.handle(b"A", p.PagesRemoved(worker_id="a", seq=2, block_hashes=page_hashes(toks, PS)[1:]), 2.0)
+    assert st.lookup(toks, "") == {"a": 4, "b": 0}
+    st.check_integrity()
+
+
+def test_unknown_sender_and_sequence_gap_ask_for_resync(st):
+    toks = list(range(8))
+    reply = st.handle(b"X", stored("x", 1, toks), 1.0)
+    assert isinstance(reply[0][1], p.ResyncRequested)
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    reply = st.handle(b"A", stored("a", 5, toks), 1.0)   # seq 2..4 lost
+    assert isinstance(reply[0][1], p.ResyncRequested) and "gap" in reply[0][1].reason
+    assert st.lookup(toks, "") == {"a": 0, "b": 0}       # forgotten until the resync
+    st.check_integrity()
+
+
+def test_replication_lifecycle(st):
+    toks = list(range(10))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    rep, rid, cmd = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0)
+    assert rid == b"A" and cmd.token_ids == toks[:8] and rep.num_tokens == 8 and rep.state == "pending"
+    st.handle(b"A", p.SourceSent(worker_id="a", seq=2, replication_id=rep.id, num_tokens=8, num_bytes=64,
+                                 gather_s=0.1, send_s=0.2), 2.1)
+    assert rep.state == "running"
+    st.handle(b"B", p.ReplicaStored(worker_id="b", seq=1, replication_id=rep.id, namespace="",
+                                    block_hashes=page_hashes(toks, PS), inserted_len=8, expires_in_s=30.0,
+                                    num_bytes=64, receive_s=0.1, scatter_s=0.1, insert_s=0.1), 2.5)
+    assert rep.state == "done" and rep.to_json()["total_s"] == pytest.approx(0.5)
+    assert st.lookup(toks, "") == {"a": 8, "b": 8}
+    assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}
+    st.handle(b"B", p.ReplicaExpired(worker_id="b", seq=2, replication_id=rep.id, num_evicted_tokens=8), 40.0)
+    assert st.lookup(toks, "") == {"a": 8, "b": 0}
+    st.check_integrity()
+
+
+def test_admin_refusals(st):
+    st.handle(b"C", hello("c", fp="other"), 0.0)
+    with pytest.raises(AdminError, match="fingerprint mismatch"):
+        st.request_replication("a", "c", list(range(8)), "", 1.0, 0.0)
+    with pytest.raises(AdminError, match="unknown worker"):
+        st.request_replication("a", "zz", list(range(8)), "", 1.0, 0.0)
+    with pytest.raises(AdminError, match="same worker"):
+        st.request_replication("a", "a", list(range(8)), "", 1.0, 0.0)
+    with pytest.raises(AdminError, match="shorter than one page"):
+        st.request_replication("a", "b", [1, 2], "", 1.0, 0.0)
+    with pytest.raises(AdminError, match="non-negative"):
+        st.request_replication("a", "b", [1, -2, 3, 4], "", 1.0, 0.0)
+    assert st.replications == {}
+
+
+def test_silent_worker_is_dropped_and_its_replications_fail(st):
+    toks = list(range(8))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    rep, _, _ = st.request_replication("a", "b", toks, "", 30.0, now_s=1.0)
+    st.handle(b"B", p.LoadReported(worker_id="b", seq=1, num_running_reqs=0, num_waiting_reqs=0,
+                                   num_waiting_tokens=0, available_tokens=10, evictable_tokens=0,
+                                   replica_tokens=0), 5.5)
+    st.tick(7.0)   # a silent since 1.0
+    assert set(st.workers) == {"b"} and rep.state == "failed" and "silent" in rep.error
+    assert st.lookup(toks, "") == {"b": 0}
+    st.check_integrity()
+
+
+def test_replication_timeout(st):
+    toks = list(range(8))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    rep, _, _ = st.request_replication("a", "b", toks, "", 30.0, now_s=1.0)
+    for t in (2.0, 4.0, 6.0, 8.0, 10.0):
+        for wid, rid in (("a", b"A"), ("b", b"B")):
+            st.handle(rid, p.LoadReported(worker_id=wid, seq=st.workers[wid].last_seq + 1, num_running_reqs=0,
+                                          num_waiting_reqs=0, num_waiting_tokens=0, available_tokens=0,
+                                          evictable_tokens=0, replica_tokens=0), t)
+    st.tick(11.5)
+    assert rep.state == "failed" and "timed out" in rep.error
+
+
+def test_protocol_version_and_rehello(st):
+    bad = hello("z")
+    bad.protocol_version = 99
+    assert isinstance(st.handle(b"Z", bad, 0.0)[0][1], p.Error)
+    toks = list(range(8))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    st.handle(b"A2", hello("a"), 2.0)  # restarted worker, new socket identity
+    assert st.lookup(toks, "") == {"a": 0, "b": 0}
+    assert st.handle(b"A2", stored("a", 1, toks), 2.0) == []
+    st.check_integrity()
