@@ -71,7 +71,7 @@ def _add_demo(sub) -> None:
     p.add_argument("--model", default="small", help="tiny | small | a model directory")
     p.add_argument("--prompt-len", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--logs", default="logs/demo")
+    p.add_argument("--logs", default="logs/demo", help="folder for per-process logs")
     p.set_defaults(func=_run_demo)
 
 

@@ -11,8 +11,9 @@ Stream ordering on the GPU: the copy is enqueued on ``stream`` (default: the cur
 ``stream.wait_event(wait_event)`` when an event is given. The caller typically records an event on SGLang's
 forward stream after the forward that wrote (gather) or before the forward that reads (scatter) the pages,
 passes it as ``wait_event``, and records its own event on ``stream`` after the call to learn when the copy
-is done. Tensors created here are kept alive for ``stream`` with ``record_stream``; the caller keeps the
-pool, ``out``/``buffer`` and ``page_ids`` alive until its event completes.
+is done. Tensors created here (index tables, and ``out`` when not given) are allocated on ``stream`` itself,
+so the caching allocator orders their reuse after the copy; the caller keeps the pool, ``out``/``buffer`` and
+``page_ids`` alive until its event completes.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import triton.language as tl
 
 from .plan import CopyPlan
 
-_BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _TL_BITS = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 CHUNK_BYTES = 64 * 1024  # bytes one program copies at most (per tensor); ~1e4 programs for a 32K prefix
 MAX_BLOCK = 4096

@@ -113,7 +113,7 @@ class Proc:
 class Worker(Proc):
     def __init__(self, name: str, model: str, log_dir: Path, *, port: Optional[int] = None,
                  coordinator: Optional[str] = None, page_size: int = 16, max_total_tokens: int = 16384,
-                 extra_args: tuple[str, ...] = (), kvrep: bool = True) -> None:
+                 extra_args: tuple[str, ...] = (), kvrep: bool = True, env: Optional[dict] = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.worker_id = f"127.0.0.1:{self.port}"
@@ -123,7 +123,7 @@ class Worker(Proc):
                 "--enable-metrics", "--skip-server-warmup", "--random-seed", "0", *extra_args]
         if kvrep:
             argv += ["--enable-kv-replication", "--kvrep-coordinator", coordinator or "tcp://127.0.0.1:5600"]
-        super().__init__(name, argv, log_dir / f"{name}.log", server_env())
+        super().__init__(name, argv, log_dir / f"{name}.log", server_env(env))
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,107 @@
+"""The coordinator as a real process over real sockets: bad input gets an error and the coordinator keeps serving."""
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from radix_sync import protocol as p
+from radix_sync.hashing import page_hashes
+from sglang_kvrep.devtools.cluster import Coordinator
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory):
+    c = Coordinator(tmp_path_factory.mktemp("coord"), extra_args=("--policy", "none", "--worker-timeout-s", "30"))
+    try:
+        c.wait_ready()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def dealer(coord):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(coord.endpoint)
+    yield sock
+    sock.close()
+
+
+def reply(sock, timeout_ms=5000):
+    assert sock.poll(timeout_ms), "no reply from the coordinator"
+    return p.decode_for_worker(sock.recv())
+
+
+def hello(wid):
+    return p.Hello(worker_id=wid, http_url=f"http://{wid}", data_endpoint="tcp://127.0.0.1:1", fingerprint="f",
+                   fingerprint_fields={}, page_size=4, pool_capacity_tokens=100, replica_budget_tokens=25)
+
+
+@pytest.mark.parametrize("raw", [b"\xc1\x00garbage", msgspec.msgpack.encode({"type": "Hello", "worker_id": 1}),
+                                 msgspec.msgpack.encode({"type": "ReplicatePages"}), b""])
+def test_malformed_message_gets_error_and_coordinator_keeps_serving(coord, dealer, raw):
+    before = coord.get("/status")[1]["num_protocol_errors"]
+    dealer.send(raw)
+    msg = reply(dealer)
+    assert isinstance(msg, p.Error) and "malformed" in msg.error
+    status = coord.get("/status")[1]
+    assert status["num_protocol_errors"] == before + 1
+    # still serving: a proper hello is acknowledged and shows up in /workers
+    dealer.send(p.encode(hello("w-after-garbage")))
+    assert isinstance(reply(dealer), p.HelloAck)
+    assert "w-after-garbage" in coord.workers()
+
+
+def test_multiframe_message_is_refused(coord, dealer):
+    dealer.send_multipart([b"a", b"b"])
+    assert isinstance(reply(dealer), p.Error)
+
+
+def test_facts_flow_to_lookup_over_real_sockets(coord, dealer):
+    dealer.send(p.encode(hello("w1")))
+    assert isinstance(reply(dealer), p.HelloAck)
+    toks = list(range(40, 52))
+    hashes = page_hashes(toks, 4)
+    blocks = [p.BlockFact(h, par, toks[i * 4:(i + 1) * 4])
+              for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
+    dealer.send(p.encode(p.PagesStored(worker_id="w1", seq=1, namespace="", blocks=blocks)))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        status, body = coord.post("/directory/lookup", {"input_ids": toks + [1]})
+        if body["matched"].get("w1") == 12:
+            break
+        time.sleep(0.05)
+    assert body["matched"]["w1"] == 12
+    status, body = coord.get("/directory/lookup?input_ids=" + ",".join(map(str, toks)))
+    assert status == 200 and body["matched"]["w1"] == 12
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"source": "nope", "target": "w1", "input_ids": [1, 2, 3, 4]}, 404, "unknown worker"),
+    ({"target": "w1", "input_ids": [1]}, 400, "missing field"),
+    ({"source": "w1", "target": "w1", "input_ids": [1, 2, 3, 4]}, 400, "same worker"),
+    ({"source": "w1", "target": "w2", "input_ids": "abc"}, 400, "input_ids"),
+])
+def test_admin_errors_are_clear_json(coord, dealer, body, status, needle):
+    for wid in ("w1", "w2"):
+        d = zmq.Context.instance().socket(zmq.DEALER)
+        d.connect(coord.endpoint)
+        d.send(p.encode(hello(wid)))
+        reply(d)
+        d.close(0)
+    got_status, got = coord.post("/replicate", body)
+    assert got_status == status and needle in got["error"]
+    assert coord.get("/health")[0] == 200
+
+
+def test_bad_json_body_and_unknown_endpoint(coord):
+    import urllib.request
+    req = urllib.request.Request(coord.admin + "/replicate", data=b"{not json", method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        raise AssertionError("expected an HTTP error")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 400 and b"not JSON" in exc.read()
+    assert coord.get("/nope")[0] == 404

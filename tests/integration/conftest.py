@@ -1,0 +1,80 @@
+"""Real CPU SGLang servers with the plugin, and a real coordinator process, shared across the integration tests.
+
+Session-wide: one coordinator and workers A and B (tiny local model, page size 16). Tests that need another
+server (another page size, a plain SGLang, a source to kill) start it in their own module and stop it after.
+"""
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_kvrep.devtools.cluster import Coordinator, Worker
+
+ROOT = Path(__file__).resolve().parents[2]
+LOGS = ROOT / "logs" / "tests"
+PAGE_SIZE = 16
+WORKER_ARGS = ("--max-running-requests", "2")
+RULES = ("--policy", "rules", "--rule-min-prefix-len", "256", "--rule-min-hits", "3", "--rule-window-s", "60",
+         "--rule-max-queue", "0", "--rule-ttl-s", "120", "--worker-timeout-s", "5")
+
+
+def wait_until(fn, timeout_s=30.0, interval_s=0.1, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}")
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 4000) for _ in range(length)]
+
+
+class Cluster:
+    def __init__(self, coord: Coordinator, a: Worker, b: Worker) -> None:
+        self.coord, self.a, self.b = coord, a, b
+
+    def load(self, worker: Worker) -> dict:
+        return self.coord.workers()[worker.worker_id]["load"]
+
+    def free_plus_evictable(self, worker: Worker) -> int:
+        time.sleep(1.5)  # let an idle scheduler report a fresh load
+        load = self.load(worker)
+        return load["available_tokens"] + load["evictable_tokens"]
+
+    def replicate(self, src: Worker, dst: Worker, input_ids, **extra) -> dict:
+        status, rep = self.coord.post("/replicate", {"source": src.worker_id, "target": dst.worker_id,
+                                                     "input_ids": input_ids, **extra})
+        assert status == 200, rep
+        return self.coord.wait_replication(rep["id"])
+
+    def lookup(self, input_ids, cache_salt="") -> dict:
+        status, body = self.coord.post("/directory/lookup", {"input_ids": input_ids, "cache_salt": cache_salt})
+        assert status == 200, body
+        return body["matched"]
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    LOGS.mkdir(parents=True, exist_ok=True)
+    coord = Coordinator(LOGS, extra_args=RULES)
+    procs = [coord]
+    try:
+        coord.wait_ready()
+        a = Worker("A", "tiny", LOGS, coordinator=coord.endpoint, page_size=PAGE_SIZE, extra_args=WORKER_ARGS)
+        procs.append(a)
+        b = Worker("B", "tiny", LOGS, coordinator=coord.endpoint, page_size=PAGE_SIZE,
+                   extra_args=WORKER_ARGS + ("--kvrep-transfer-timeout-s", "4"))
+        procs.append(b)
+        a.wait_ready()
+        b.wait_ready()
+        coord.wait_workers([a.worker_id, b.worker_id])
+        yield Cluster(coord, a, b)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
