@@ -123,6 +123,14 @@ class ReplicaExpired(_Msg, tag="ReplicaExpired"):
     num_evicted_tokens: int
 
 
+class ReplicaExpected(_Msg, tag="ReplicaExpected"):
+    """Target side: ready to accept the transfer the coordinator announced with `ExpectReplica`."""
+
+    worker_id: str
+    seq: int
+    replication_id: str
+
+
 class ReplicationFailed(_Msg, tag="ReplicationFailed"):
     """Either side: a replication could not complete. Nothing was written on the target."""
 
@@ -155,10 +163,27 @@ class ResyncRequested(_Msg, tag="ResyncRequested"):
     reason: str
 
 
-class ReplicatePages(_Msg, tag="ReplicatePages"):
-    """To the source: send the first `num_tokens` of `token_ids` (in `namespace`) to the target's data endpoint."""
+class ExpectReplica(_Msg, tag="ExpectReplica"):
+    """To the target, before the source is told anything: the one transfer it may accept for this replication.
+
+    The target refuses any transfer that does not carry `auth_token`, comes from another source, another
+    namespace, or token ids whose page hashes are not a prefix of `block_hashes`.
+    """
 
     replication_id: str
+    source_id: str
+    namespace: str
+    page_size: int
+    block_hashes: list[int]
+    auth_token: str
+    expires_in_s: float
+
+
+class ReplicatePages(_Msg, tag="ReplicatePages"):
+    """To the source: send the cached part of `token_ids` (in `namespace`) to the target's data endpoint."""
+
+    replication_id: str
+    auth_token: str
     token_ids: list[int]
     namespace: str
     target_id: str
@@ -184,6 +209,7 @@ class TransferHeader(_Msg, tag="TransferHeader"):
 
     transfer_id: str
     replication_id: str
+    auth_token: str
     source_id: str
     fingerprint: str
     namespace: str
@@ -225,9 +251,9 @@ class TransferRefused(_Msg, tag="TransferRefused"):
 
 WorkerToCoordinator = Union[
     Hello, PagesStored, PagesRemoved, AllPagesCleared, PrefixHit, LoadReported, ReplicaStored, ReplicaPromoted,
-    ReplicaExpired, ReplicationFailed, SourceSent,
+    ReplicaExpired, ReplicaExpected, ReplicationFailed, SourceSent,
 ]
-CoordinatorToWorker = Union[HelloAck, ResyncRequested, ReplicatePages, DropReplica, Error]
+CoordinatorToWorker = Union[HelloAck, ResyncRequested, ExpectReplica, ReplicatePages, DropReplica, Error]
 DataPlane = Union[TransferHeader, TransferChunk, TransferEnd, TransferAccepted, TransferRefused]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -8,8 +8,9 @@ Llama-3.1-8B on one rank (32 layers, 8 KV heads, head_dim 128, bf16, page size 1
           1-byte ack. No checksum, no framing: the loopback ceiling.
   kvrep   the data plane as it is: source = `_IoLoop.start_send` + `pump_sends` (``payload_digest``, header,
           `Outgoing.frames_for` sent zero-copy, `TransferEnd`); target = `_IoLoop.on_data` (poll, drain up to
-          256 ``recv_multipart(copy=False)``, decode, `check_header`, ``torch.empty`` staging,
-          `Incoming.add_chunk` per chunk, `Incoming.finish` incl. xxh64), then `TransferAccepted`.
+          256 ``recv_multipart(copy=False)``, decode, auth-token compare, `check_header`, ``torch.empty``
+          staging, `Incoming.add_chunk` per chunk, `Incoming.finish` incl. xxh64, page hashes of the token
+          ids), then `TransferAccepted`. The scheduler-side install (scatter into the pool) is not included.
 
 Variants of the kvrep path (``--variants``, features joined with ``+``) prototype possible changes:
   stream    target hashes each in-order chunk right after staging it (cache-hot); `finish` skips its pass
@@ -17,18 +18,23 @@ Variants of the kvrep path (``--variants``, features joined with ``+``) prototyp
   recv_into target reads each payload frame straight into the staging slice (``Socket.recv_into``)
   tailsum   source hashes chunk by chunk while sending and sends the checksum after the last chunk (needs a
             checksum field on `TransferEnd`: a protocol change); implies stream on the target
+  xxh3      XXH3-64 instead of XXH64 on both sides (a new `checksum_kind` in kvrep_kernels.checksum)
   nosum     no checksum on either side (a lower bound, not a proposal)
 
-Every (size, chunk) case runs raw and each variant round-robin ``--repeats`` times; the best (least disturbed)
-run of each is reported, with its time breakdown. Nothing here asserts a speed.
+Every (size, chunk) case runs raw and each variant round-robin ``--repeats`` times after one warm-up; the best
+(least disturbed) run of each is reported. Breakdown: source ``digest`` (checksum) and ``send-calls`` (time in
+the zero-copy send calls: enqueueing, not the wire); target ``alloc``, ``copy`` (`add_chunk`), ``checksum``,
+``decode``, ``wait`` (idle, waiting for libzmq) and ``faults`` (minor page faults of the whole target process
+during the transfer). Results and their reading: docs/transport.md. Nothing here asserts a speed.
 
     PYTHONPATH=/work/main:/work/main/kernels .venv/bin/python scripts/bench_transport.py --sizes 64M,1G \\
-        --chunk-bytes 4M --repeats 3 --variants kvrep,stream,pool+stream
+        --chunk-bytes 4M --repeats 3 --variants kvrep,pool,pool+stream,pool+xxh3,pool+tailsum+xxh3,pool+nosum
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import hmac
 import multiprocessing as mp
 import resource
 import shlex
@@ -44,13 +50,15 @@ import zmq
 
 from kvrep_kernels import payload_checksum, payload_digest
 from radix_sync import protocol as p
+from radix_sync.hashing import page_hashes
 from sglang_kvrep.dataplane import Incoming, LocalGeometry, Outgoing, check_header, payload_view
 
 PAGE_SIZE, NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 16, 32, 8, 128
 GEOMETRY = LocalGeometry(fingerprint="bench", page_size=PAGE_SIZE, dtype="torch.bfloat16", layout="NHD",
                          page_shape=(2, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM), num_layers=NUM_LAYERS, itemsize=2)
+AUTH_TOKEN = "bench-token"
 PAGE_BYTES = GEOMETRY.num_bytes(1)  # 2 MiB: every size must be a whole number of pages
-FEATURES = {"stream", "pool", "recv_into", "tailsum", "nosum"}
+FEATURES = {"stream", "pool", "recv_into", "tailsum", "xxh3", "nosum"}
 
 
 def parse_bytes(text: str) -> int:
@@ -64,6 +72,16 @@ def fmt_bytes(n: int) -> str:
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
     return str(n)
+
+
+def new_hasher(feats: frozenset[str]):
+    return xxhash.xxh3_64() if "xxh3" in feats else xxhash.xxh64()
+
+
+def one_shot_checksum(buf: torch.Tensor, feats: frozenset[str]) -> int:
+    if "xxh3" in feats:
+        return xxhash.xxh3_64_intdigest(memoryview(buf.reshape(-1).view(torch.uint8).numpy()))
+    return payload_checksum(buf, "xxh64")
 
 
 def parse_variant(name: str) -> frozenset[str]:
@@ -83,14 +101,16 @@ class RecvStats:
     busy_s: float = 0.0
     first_s: float = 0.0
     last_s: float = 0.0
+    minor_faults: int = 0
+    """Page faults of the whole target process (all threads, libzmq's included) during the transfer."""
     error: str = ""
 
 
 @dataclass
 class Stream:
-    """Streaming xxh64 over in-order chunks; `pos` is how far the hash has got."""
+    """A streaming hash (xxh64 or xxh3_64) over in-order chunks; `pos` is how far it has got."""
 
-    hasher: "xxhash.xxh64" = field(default_factory=xxhash.xxh64)
+    hasher: object
     pos: int = 0
 
     def update(self, buf: torch.Tensor, offset: int, num_bytes: int) -> bool:
@@ -115,7 +135,12 @@ class Target:
         self.prealloc: torch.Tensor | None = None
 
     def buffer(self, num_bytes: int) -> torch.Tensor:
-        """The preallocated, pre-faulted buffer (raw baseline and the `pool` variant share it)."""
+        """The preallocated, pre-faulted buffer (raw baseline and the `pool` variant share it).
+
+        NOTE: it is dropped before a variant that stages into a fresh tensor, so that the target never holds
+        both (1G payload: ~1 GiB staging + up to ~1 GiB queued in libzmq is the peak). (Re)allocation happens
+        before the target says "ready", outside the timed region.
+        """
         if self.prealloc is None or self.prealloc.numel() != num_bytes:
             self.prealloc = None
             gc.collect()
@@ -130,18 +155,23 @@ class Target:
             cmd = self.conn.recv()
             if cmd[0] == "quit":
                 break
-            if cmd[0] == "raw":
-                self.conn.send(self.serve_raw(cmd[1]))
-            elif cmd[0] == "zmq":
-                self.conn.send(self.serve_zmq(parse_variant(cmd[1]), cmd[2]))
+            if cmd[0] in ("raw", "zmq"):
+                st = self.serve_raw(cmd[1]) if cmd[0] == "raw" else self.serve_zmq(parse_variant(cmd[1]), cmd[2])
+                st.minor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults_at_ready
+                self.conn.send(st)
             elif cmd[0] == "free":
                 self.prealloc = None
                 gc.collect()
                 self.conn.send(("freed", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
         self.conn.send(("peak_rss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
 
+    def ready(self) -> None:
+        self.faults_at_ready = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.conn.send("ready")
+
     def serve_raw(self, num_bytes: int) -> RecvStats:
         view = memoryview(self.buffer(num_bytes).numpy())
+        self.ready()
         st = RecvStats()
         got = self.tcp.recv_into(view, num_bytes)
         st.first_s = time.perf_counter()
@@ -163,6 +193,10 @@ class Target:
         self.done = False
         if "pool" in feats:
             self.buffer(num_bytes)
+        else:
+            self.prealloc = None
+            gc.collect()
+        self.ready()
         while not self.done:
             if not self.router.poll(1000):
                 continue
@@ -211,14 +245,15 @@ class Target:
             self.on_end(peer, msg, feats, st, checksum)
 
     def on_header(self, peer, msg: p.TransferHeader, feats: frozenset[str], st: RecvStats) -> None:
-        err = check_header(msg, GEOMETRY, free_replica_tokens=1 << 40)
+        ok = hmac.compare_digest(AUTH_TOKEN, msg.auth_token)  # the grant lookup of `on_data`
+        err = check_header(msg, GEOMETRY, free_replica_tokens=1 << 40) if ok else "not authorized"
         if err is not None:
             return self.reply(peer, p.TransferRefused(transfer_id=msg.transfer_id, error=err), st)
         t0 = time.perf_counter()
         buf = self.prealloc if "pool" in feats else torch.empty(msg.num_bytes, dtype=torch.uint8)
         st.alloc_s += time.perf_counter() - t0
         self.incoming[msg.transfer_id] = Incoming(msg, peer, buf, time.monotonic(), time.monotonic())
-        self.streams[msg.transfer_id] = Stream()
+        self.streams[msg.transfer_id] = Stream(new_hasher(feats))
 
     def after_chunk(self, msg: p.TransferChunk, feats: frozenset[str], st: RecvStats) -> None:
         if "stream" in feats and "nosum" not in feats:
@@ -237,11 +272,12 @@ class Target:
         elif "stream" in feats and stream.pos == h.num_bytes:
             ok = len(inc.chunks) == h.num_chunks and stream.hasher.intdigest() == expected
             err = None if ok else "incomplete or checksum mismatch"
-        elif checksum is not None:
-            err = None if payload_checksum(inc.buffer, "xxh64") == expected else "checksum mismatch"
+        elif checksum is not None or "xxh3" in feats:
+            err = None if one_shot_checksum(inc.buffer, feats) == expected else "checksum mismatch"
         else:
             err = inc.finish()
         st.checksum_s += time.perf_counter() - t0
+        page_hashes(h.token_ids, h.page_size, h.namespace)  # `on_data` checks them against the grant
         reply = (p.TransferAccepted(transfer_id=h.transfer_id, inserted_len=len(h.token_ids)) if err is None
                  else p.TransferRefused(transfer_id=h.transfer_id, error=err))
         self.reply(peer, reply, st)
@@ -296,27 +332,29 @@ class Result:
     recv: RecvStats = field(default_factory=RecvStats)
 
 
-def header_for(buffer: torch.Tensor, chunk_bytes: int, checksum: int) -> p.TransferHeader:
+def header_for(buffer: torch.Tensor, chunk_bytes: int, checksum: int, kind: str) -> p.TransferHeader:
     """The header `_IoLoop.start_send` builds."""
     num_bytes = buffer.numel() * buffer.element_size()
     tokens = list(range(buffer.shape[1] * PAGE_SIZE))
     return p.TransferHeader(
-        transfer_id=uuid.uuid4().hex[:16], replication_id="bench", source_id="src", fingerprint="bench",
-        namespace="", token_ids=tokens, page_size=PAGE_SIZE, num_pages=buffer.shape[1], dtype=str(buffer.dtype),
+        transfer_id=uuid.uuid4().hex[:16], replication_id="bench", auth_token=AUTH_TOKEN, source_id="src",
+        fingerprint="bench", namespace="", token_ids=tokens, page_size=PAGE_SIZE, num_pages=buffer.shape[1], dtype=str(buffer.dtype),
         layout="NHD", buffer_shape=list(buffer.shape), num_bytes=num_bytes,
-        num_chunks=max(1, -(-num_bytes // chunk_bytes)), checksum=checksum, checksum_kind="xxh64", ttl_s=60.0)
+        num_chunks=max(1, -(-num_bytes // chunk_bytes)), checksum=checksum, checksum_kind=kind, ttl_s=60.0)
 
 
 def send_kvrep(sock: zmq.Socket, conn, buffer: torch.Tensor, chunk_bytes: int, variant: str) -> Result:
     feats = parse_variant(variant)
     conn.send(("zmq", variant, buffer.numel() * buffer.element_size()))
+    assert conn.recv() == "ready"
     t_start = time.perf_counter()
-    digest = 0 if feats & {"nosum", "tailsum"} else payload_digest(buffer).value
+    digest = 0 if feats & {"nosum", "tailsum"} else (
+        one_shot_checksum(buffer, feats) if "xxh3" in feats else payload_digest(buffer).value)
     digest_s = time.perf_counter() - t_start
-    header = header_for(buffer, chunk_bytes, digest)
+    header = header_for(buffer, chunk_bytes, digest, "xxh3_64" if "xxh3" in feats else "xxh64")
     sock.send(p.encode(header))
     out = Outgoing(header, "bench", payload_view(buffer), buffer, chunk_bytes, time.monotonic(), 0.0)
-    hasher = xxhash.xxh64()
+    hasher = new_hasher(feats)
     hash_s = 0.0
     for i in range(header.num_chunks):  # pump_sends with an unlimited TokenBucket
         frames = out.frames_for(i)
@@ -341,6 +379,7 @@ def send_kvrep(sock: zmq.Socket, conn, buffer: torch.Tensor, chunk_bytes: int, v
 def send_raw(tcp: socket.socket, conn, buffer: torch.Tensor) -> Result:
     view = payload_view(buffer)
     conn.send(("raw", len(view)))
+    assert conn.recv() == "ready"
     t0 = time.perf_counter()
     tcp.sendall(view)
     t1 = time.perf_counter()
@@ -351,8 +390,8 @@ def send_raw(tcp: socket.socket, conn, buffer: torch.Tensor) -> Result:
 
 
 def standalone_costs(buffer: torch.Tensor) -> dict[str, float]:
-    """Single-core GB/s of the receive path's CPU steps, on this payload, outside any transfer."""
-    src = buffer.view(torch.uint8).reshape(-1)
+    """Single-core GB/s of the receive path's CPU steps, outside any transfer (on at most 256 MiB of it)."""
+    src = buffer.view(torch.uint8).reshape(-1)[:256 << 20]
     dst = torch.empty_like(src)
     t0 = time.perf_counter()
     dst.copy_(src)  # first touch: page faults included (what a fresh torch.empty staging pays)
@@ -361,19 +400,22 @@ def standalone_costs(buffer: torch.Tensor) -> dict[str, float]:
     t2 = time.perf_counter()
     payload_checksum(src, "xxh64")
     t3 = time.perf_counter()
+    one_shot_checksum(src, frozenset({"xxh3"}))
+    t4 = time.perf_counter()
     n = src.numel() / 1e9
     del dst
-    return {"copy, fresh dst": n / (t1 - t0), "copy, faulted dst": n / (t2 - t1), "xxh64": n / (t3 - t2)}
+    return {"copy, fresh dst": n / (t1 - t0), "copy, faulted dst": n / (t2 - t1), "xxh64": n / (t3 - t2),
+            "xxh3_64": n / (t4 - t3)}
 
 
 def fmt_row(name: str, r: Result, num_bytes: int, raw_gbps: float) -> str:
     gbps = num_bytes / r.total_s / 1e9
     rs = r.recv
     wait = rs.last_s - rs.first_s - rs.busy_s if rs.busy_s else 0.0
-    return (f"  {name:<24} {gbps:6.2f} GB/s  x{gbps / raw_gbps:4.2f}  total {r.total_s * 1e3:7.1f} ms | src: "
+    return (f"  {name:<26} {gbps:6.2f} GB/s  x{gbps / raw_gbps:4.2f}  total {r.total_s * 1e3:7.1f} ms | src: "
             f"digest {r.digest_s * 1e3:6.1f} send-calls {r.send_calls_s * 1e3:6.1f} | dst: alloc "
             f"{rs.alloc_s * 1e3:5.1f} copy {rs.copy_s * 1e3:6.1f} checksum {rs.checksum_s * 1e3:6.1f} decode "
-            f"{rs.decode_s * 1e3:4.1f} wait {wait * 1e3:6.1f}")
+            f"{rs.decode_s * 1e3:4.1f} wait {wait * 1e3:6.1f} | faults {rs.minor_faults / 1e3:5.1f}k")
 
 
 def bench_case(num_bytes: int, chunk_bytes: int, args, sock, tcp, conn) -> None:

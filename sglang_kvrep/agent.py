@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import hmac
 import logging
 import os
 import queue
@@ -255,6 +256,7 @@ class _IoLoop:
         self.replica_blocks: dict[str, tuple[str, list[int], bool]] = {}
         self.replica_facts: dict[str, p.ReplicaStored] = {}
         self.incoming: dict[str, Incoming] = {}
+        self.expected: dict[str, tuple[p.ExpectReplica, float]] = {}  # replication id -> (grant, deadline)
         self.outgoing: dict[str, Outgoing] = {}
         self.send_queue: collections.deque[str] = collections.deque()
         self.bucket = TokenBucket(self.cfg.send_rate_mbps * 1e6, self.cfg.chunk_bytes)
@@ -306,6 +308,9 @@ class _IoLoop:
         if isinstance(msg, p.ResyncRequested):
             log.info("kvrep: coordinator asks for a resync (%s)", msg.reason)
             self.hello()
+        elif isinstance(msg, p.ExpectReplica):
+            self.expected[msg.replication_id] = (msg, time.monotonic() + msg.expires_in_s)
+            self.send_coord(p.ReplicaExpected(worker_id=self.cfg.worker_id, seq=0, replication_id=msg.replication_id))
         elif isinstance(msg, (p.ReplicatePages, p.DropReplica)):
             kind = "replicate" if isinstance(msg, p.ReplicatePages) else "drop"
             self.to_sched((kind, msg if kind == "replicate" else msg.replication_id))
@@ -370,7 +375,12 @@ class _IoLoop:
             return
         now = time.monotonic()
         if isinstance(msg, p.TransferHeader):
-            err = check_header(msg, self.a.geometry, self.a._free_replica_tokens)
+            entry = self.expected.get(msg.replication_id)
+            if entry is None or not hmac.compare_digest(entry[0].auth_token, msg.auth_token):
+                # not reported: a stranger must not be able to fail someone else's replication
+                return self.refuse(peer, msg.transfer_id, msg.replication_id, "transfer not authorized by the "
+                                   "coordinator (unknown replication or bad token)", report=False)
+            err = self.check_grant(msg, entry[0]) or check_header(msg, self.a.geometry, self.a._free_replica_tokens)
             if err is None and msg.transfer_id in self.incoming:
                 err = "duplicate transfer id"
             if err is not None:
@@ -397,14 +407,32 @@ class _IoLoop:
             if err is not None:
                 return self.refuse(peer, msg.transfer_id, inc.header.replication_id, err)
             h = inc.header
+            grant = self.expected.pop(h.replication_id, (None,))[0]
+            hashes = page_hashes(h.token_ids, h.page_size, h.namespace)
+            if grant is None or hashes != grant.block_hashes[:len(hashes)]:
+                return self.refuse(peer, msg.transfer_id, h.replication_id,
+                                   "token ids are not the prefix the coordinator authorized")
             inc.last_progress_s = now
-            self.to_sched(("install", inc, page_hashes(h.token_ids, h.page_size, h.namespace)))
+            self.to_sched(("install", inc, hashes))
         elif isinstance(msg, (p.TransferAccepted, p.TransferRefused)):
             pass  # replies arrive on the peer DEALERs, not here
 
-    def refuse(self, peer: bytes, transfer_id: str, replication_id: str, error: str) -> None:
+    @staticmethod
+    def check_grant(h: p.TransferHeader, grant: p.ExpectReplica) -> Optional[str]:
+        """Does this authenticated transfer stay within what the coordinator authorized?"""
+        if h.source_id != grant.source_id or h.namespace != grant.namespace or h.page_size != grant.page_size:
+            return "transfer does not match its authorization (source, namespace or page size)"
+        if h.num_pages > len(grant.block_hashes):
+            return f"transfer of {h.num_pages} pages exceeds the {len(grant.block_hashes)} authorized"
+        return None
+
+    def refuse(self, peer: bytes, transfer_id: str, replication_id: str, error: str, report: bool = True) -> None:
+        """Answer the sender; for an authorized transfer also consume its grant and tell the coordinator."""
         log.warning("kvrep: refused transfer %s: %s", transfer_id, error)
         self.data.send_multipart([peer, p.encode(p.TransferRefused(transfer_id=transfer_id, error=error))])
+        if not report:
+            return
+        self.expected.pop(replication_id, None)
         self.send_coord(p.ReplicationFailed(worker_id=self.cfg.worker_id, seq=0, replication_id=replication_id,
                                             role="target", error=error))
 
@@ -430,7 +458,8 @@ class _IoLoop:
         num_bytes = buffer.numel() * buffer.element_size()
         chunk = self.cfg.chunk_bytes
         header = p.TransferHeader(
-            transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, source_id=self.cfg.worker_id,
+            transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
+            source_id=self.cfg.worker_id,
             fingerprint=self.a.fingerprint, namespace=cmd.namespace, token_ids=tokens, page_size=ps,
             num_pages=len(tokens) // ps, dtype=str(buffer.dtype), layout=self.a.geometry.layout,
             buffer_shape=list(buffer.shape), num_bytes=num_bytes, num_chunks=max(1, -(-num_bytes // chunk)),
@@ -488,6 +517,9 @@ class _IoLoop:
 
     def check_timeouts(self, now: float) -> None:
         limit = self.cfg.transfer_timeout_s
+        for rid, (_, deadline) in list(self.expected.items()):
+            if now > deadline:
+                del self.expected[rid]
         for tid, inc in list(self.incoming.items()):
             if now - inc.last_progress_s > limit:
                 del self.incoming[tid]

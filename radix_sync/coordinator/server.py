@@ -168,13 +168,13 @@ class Coordinator:
                 if tokens is None:
                     continue
                 try:
-                    _, rid, cmd = self.state.request_replication(d.source, d.target, tokens, d.namespace, d.ttl_s,
-                                                                 now, origin=self.policy.name,
-                                                                 block_hash=d.block_hash)
+                    _, target_rid, expect = self.state.request_replication(
+                        d.source, d.target, tokens, d.namespace, d.ttl_s, now, origin=self.policy.name,
+                        block_hash=d.block_hash)
                 except AdminError as exc:
                     log.info("policy decision refused: %s", exc)
                     continue
-                self._outbox.put((rid, cmd))
+                self._outbox.put((target_rid, expect))
 
     # --------------------------------------------------------------------------------------------- admin API
     def admin_replicate(self, body: dict) -> dict:
@@ -187,13 +187,16 @@ class Coordinator:
         namespace = body.get("cache_salt") or ""
         if not isinstance(namespace, str):
             raise AdminError("cache_salt must be a string")
-        ttl_s = float(body.get("ttl_s", self.config.rules.ttl_s))
+        try:
+            ttl_s = float(body.get("ttl_s", self.config.rules.ttl_s))
+        except (TypeError, ValueError):
+            raise AdminError(f"ttl_s must be a number, got {body.get('ttl_s')!r}") from None
         now = time.monotonic()
         with self.lock:
-            rep, rid, cmd = self.state.request_replication(str(body["source"]), str(body["target"]), token_ids,
-                                                           namespace, ttl_s, now)
+            rep, target_rid, expect = self.state.request_replication(str(body["source"]), str(body["target"]),
+                                                                     token_ids, namespace, ttl_s, now)
             out = rep.to_json()
-        self.send(rid, cmd)
+        self.send(target_rid, expect)
         return out
 
 
@@ -260,7 +263,12 @@ def _make_handler(coord: Coordinator):
             if method == "GET" and path == "/status":
                 with coord.lock:
                     st = coord.state
-                    return {"coordinator_id": st.coordinator_id, "endpoint": coord.endpoint,
+                    try:
+                        st.check_integrity()
+                        integrity = "ok"
+                    except AssertionError as exc:
+                        integrity = f"violated: {exc}"
+                    return {"integrity": integrity, "coordinator_id": st.coordinator_id, "endpoint": coord.endpoint,
                             "policy": coord.config.policy, "mode": coord.config.mode,
                             "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
                             "num_protocol_errors": st.num_protocol_errors,

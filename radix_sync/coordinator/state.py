@@ -7,6 +7,7 @@ state machine is tested without sockets or sleeps. The server (`server.py`) owns
 from __future__ import annotations
 
 import itertools
+import secrets
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -119,6 +120,8 @@ class ClusterState:
         self.replications: dict[str, Replication] = {}
         self.hits: deque[HitRecord] = deque()
         self.num_protocol_errors = 0
+        # replication id -> (source routing id, command), held until the target says it expects the transfer
+        self._awaiting_target: dict[str, tuple[bytes, p.ReplicatePages]] = {}
         self._ids = itertools.count(1)
 
     # ------------------------------------------------------------------------------------------ worker messages
@@ -140,8 +143,7 @@ class ClusterState:
             self._forget_worker(worker_id, reason)
             return [(routing_id, p.ResyncRequested(reason=reason))]
         record.last_seq = msg.seq
-        self._apply_fact(record, msg, now_s)
-        return []
+        return self._apply_fact(record, msg, now_s)
 
     def _on_hello(self, routing_id: bytes, hello: p.Hello, now_s: float) -> list[tuple[bytes, p._Msg]]:
         if hello.protocol_version != p.PROTOCOL_VERSION:
@@ -158,10 +160,15 @@ class ClusterState:
         self._by_routing[routing_id] = hello.worker_id
         return [(routing_id, p.HelloAck(coordinator_id=self.coordinator_id))]
 
-    def _apply_fact(self, record: WorkerRecord, msg, now_s: float) -> None:
+    def _apply_fact(self, record: WorkerRecord, msg, now_s: float) -> list[tuple[bytes, p._Msg]]:
         wid = record.worker_id
         d = self.directory
-        if isinstance(msg, p.PagesStored):
+        if isinstance(msg, p.ReplicaExpected):
+            pending = self._awaiting_target.pop(msg.replication_id, None)
+            rep = self.replications.get(msg.replication_id)
+            if pending is not None and rep is not None and rep.state == PENDING and rep.target == wid:
+                return [pending]
+        elif isinstance(msg, p.PagesStored):
             if msg.medium == "GPU":
                 d.add_pages(wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks))
         elif isinstance(msg, p.PagesRemoved):
@@ -196,9 +203,11 @@ class ClusterState:
             d.remove_replica(wid, msg.replication_id)
         elif isinstance(msg, p.ReplicationFailed):
             self._fail(msg.replication_id, f"{msg.role} {wid}: {msg.error}", now_s)
+        return []
 
     def _fail(self, replication_id: str, error: str, now_s: float) -> None:
         rep = self.replications.get(replication_id)
+        self._awaiting_target.pop(replication_id, None)
         if rep is not None and rep.state in (PENDING, RUNNING):
             rep.state, rep.error, rep.finished_s = FAILED, error, now_s
 
@@ -231,11 +240,14 @@ class ClusterState:
     # ------------------------------------------------------------------------------------------------- admin
     def request_replication(self, source: str, target: str, token_ids: list[int], namespace: str, ttl_s: float,
                             now_s: float, origin: str = "admin",
-                            block_hash: Optional[int] = None) -> tuple[Replication, bytes, p.ReplicatePages]:
+                            block_hash: Optional[int] = None) -> tuple[Replication, bytes, p.ExpectReplica]:
         """Validate a replication and create its record.
 
+        The target is told first (`ExpectReplica`, with a one-time token); the source gets `ReplicatePages` only
+        once the target has answered `ReplicaExpected`, so a target never sees a transfer it was not told about.
+
         Returns:
-            the record, the source's routing id and the command to send it.
+            the record, the target's routing id and the message to send it.
         Raises:
             AdminError: unknown worker, same worker, incompatible fingerprints, empty or unheld prefix.
         """
@@ -263,10 +275,16 @@ class ClusterState:
                           created_s=now_s, block_hash=block_hash)
         rep.started_s = now_s
         self.replications[rep.id] = rep
-        cmd = p.ReplicatePages(replication_id=rep.id, token_ids=list(token_ids[:num_tokens]), namespace=namespace,
+        prefix = list(token_ids[:num_tokens])
+        auth_token = secrets.token_hex(16)
+        cmd = p.ReplicatePages(replication_id=rep.id, auth_token=auth_token, token_ids=prefix, namespace=namespace,
                                target_id=target, target_endpoint=dst.data_endpoint,
                                target_fingerprint=dst.fingerprint, ttl_s=ttl_s)
-        return rep, self.workers[source].routing_id, cmd
+        self._awaiting_target[rep.id] = (self.workers[source].routing_id, cmd)
+        expect = p.ExpectReplica(replication_id=rep.id, source_id=source, namespace=namespace, page_size=page_size,
+                                 block_hashes=page_hashes(prefix, page_size, namespace), auth_token=auth_token,
+                                 expires_in_s=self.config.replication_timeout_s)
+        return rep, self.workers[target].routing_id, expect
 
     def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
         """Tokens of `token_ids` each worker holds (as owner or replica), per the directory."""

@@ -51,6 +51,18 @@ class WaitForecast:
         self._times[worker_id].insert(i, at_s)
         self._work[worker_id].insert(i, work_s)
 
+    def remove_work(self, worker_id: int, at_s: float, work_s: float) -> None:
+        """Removes one entry registered with `add_work` (same arguments)."""
+        times, work = self._times[worker_id], self._work[worker_id]
+        i = bisect.bisect_left(times, at_s)
+        while i < len(times) and times[i] == at_s:
+            if work[i] == work_s:
+                del times[i]
+                del work[i]
+                return
+            i += 1
+        raise ValueError(f"no work {work_s!r} at {at_s!r} on worker {worker_id}")
+
     def wait_at(self, worker_id: int, t: float) -> float:
         """Expected wait (s) of a request arriving at `worker_id` at time `t`.
 

@@ -120,14 +120,13 @@ class KvrepPlanner:
             best = min(best, max(wait, pull) + svc)
         return best, full
 
-    def expected_ttft_s(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...],
-                        kv_bytes: int) -> float:
-        """Mean TTFT of the node's expected requests, spread greedily over the workers (each further request on
-        a worker waits for the previous one's prefill)."""
-        opts = [self._option_s(np_, w, fc, workers, kv_bytes) for w in range(len(workers))]
-        count = np_.demand.expected_count
+    def _spread_s(self, opts: list[tuple[float, float]], count: float) -> float:
+        """Mean TTFT of `count` requests spread greedily over per-worker options (first TTFT, service time):
+        each further request on a worker waits for the previous one's prefill."""
         k = max(1, min(self.cfg.max_spread, math.ceil(count - 1e-9)))
-        heap = [(first, svc) for first, svc in opts]
+        if k == 1:
+            return min(o[0] for o in opts)
+        heap = list(opts)
         heapq.heapify(heap)
         total = 0.0
         for _ in range(k):
@@ -135,6 +134,12 @@ class KvrepPlanner:
             total += t
             heapq.heappush(heap, (t + svc, svc))
         return total / k
+
+    def expected_ttft_s(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...],
+                        kv_bytes: int) -> float:
+        """Mean TTFT of the node's expected requests given its current holders."""
+        opts = [self._option_s(np_, w, fc, workers, kv_bytes) for w in range(len(workers))]
+        return self._spread_s(opts, np_.demand.expected_count)
 
     # ---- planning ----
     def _node_plans(self, snap: ClusterSnapshot, now: float) -> list[_NodePlan]:
@@ -189,10 +194,12 @@ class KvrepPlanner:
         fc = WaitForecast(self.cost, workers, now)
         plans = self._node_plans(snap, now)
         # Predicted work of every node lands on its best current option (its primary holder).
+        own: dict[int, tuple[int, float, float]] = {}
         for np_ in plans:
             w = min(np_.depth, key=lambda i: (fc.base_s[i], i))
-            fc.add_work(w, np_.demand.arrival_s,
-                        np_.demand.expected_count * self.cost.prefill_s(np_.new_len, np_.node.token_len))
+            work = np_.demand.expected_count * self.cost.prefill_s(np_.new_len, np_.node.token_len)
+            fc.add_work(w, np_.demand.arrival_s, work)
+            own[id(np_)] = (w, np_.demand.arrival_s, work)
         egress = [w.egress_busy_until_s for w in workers]
         ingress = [w.ingress_busy_until_s for w in workers]
         budget = [w.replica_budget_tokens for w in workers]
@@ -202,23 +209,41 @@ class KvrepPlanner:
         for np_ in sorted(plans, key=lambda p: (p.demand.arrival_s, p.node.node_id)):
             if len(out) >= cfg.max_copies_per_tick:
                 break
-            # Cheap bound: even an idle target cannot beat the holder by more than its wait.
-            holder_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in np_.depth)
-            if (holder_wait - min_wait) * np_.demand.expected_count < cfg.min_gain_s:
-                continue
-            while len(out) < cfg.max_copies_per_tick:
-                best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, now)
-                if best is None:
-                    break
-                gain, target, depth, start, land = best
-                src = np_.source
-                egress[src] = ingress[target] = land
-                budget[target] -= depth - np_.depth.get(target, 0)
-                free[target] = max(0, free[target] - (depth - np_.depth.get(target, 0)))
-                np_.depth[target] = depth
-                np_.eta[target] = land
-                out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain))
+            # A node's own predicted work must not count against itself.
+            fc.remove_work(*own[id(np_)])
+            try:
+                self._plan_node(np_, fc, workers, kvb, egress, ingress, budget, free, min_wait, now, out)
+            finally:
+                fc.add_work(*own[id(np_)])
         return out
+
+    def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
+                   egress: list[float], ingress: list[float], budget: list[int], free: list[int], min_wait: float,
+                   now: float, out: list[Replicate]) -> None:
+        """Adds copies of one node while the marginal gain of one more holder clears the bar."""
+        cfg = self.cfg
+        count = np_.demand.expected_count
+        if cfg.allow_pull:
+            # With copies on the critical path available, a pre-copy saves at most the copy's time per request.
+            src = workers[np_.source]
+            if count * self.cost.transfer_s(np_.node.token_len * kvb, src.nic_bandwidth_bytes_per_s) < cfg.min_gain_s:
+                return
+        # Cheap bound: even an idle target cannot beat the holder by more than its wait.
+        holder_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in np_.depth)
+        if (holder_wait - min_wait) * np_.demand.expected_count < cfg.min_gain_s:
+            return
+        while len(out) < cfg.max_copies_per_tick:
+            best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, now)
+            if best is None:
+                break
+            gain, target, depth, start, land = best
+            src = np_.source
+            egress[src] = ingress[target] = land
+            budget[target] -= depth - np_.depth.get(target, 0)
+            free[target] = max(0, free[target] - (depth - np_.depth.get(target, 0)))
+            np_.depth[target] = depth
+            np_.eta[target] = land
+            out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain))
 
     def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
                         egress: list[float], ingress: list[float], budget: list[int], free: list[int],
@@ -226,18 +251,22 @@ class KvrepPlanner:
         cfg, L, src = self.cfg, np_.node.token_len, np_.source
         if egress[src] > now + cfg.max_link_backlog_s:
             return None
-        base = self.expected_ttft_s(np_, fc, workers, kvb)
+        opts = [self._option_s(np_, w, fc, workers, kvb) for w in range(len(workers))]
         count = np_.demand.expected_count
+        base = self._spread_s(opts, count)
         fp = workers[src].fingerprint
         best: Optional[tuple[float, int, int, float, float]] = None
         best_ratio = 0.0
         page = self._page_len
+        t_a = np_.demand.arrival_s
         for w in workers:
             t = w.worker_id
             held = np_.depth.get(t, 0)
             if (t == src or w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0
                     or ingress[t] > now + cfg.max_link_backlog_s):
                 continue
+            wait_t = fc.wait_at(t, t_a)
+            target_best = None
             for frac in cfg.depth_fractions:
                 depth = int(L * frac)
                 depth -= depth % page
@@ -251,23 +280,21 @@ class KvrepPlanner:
                 xfer = self.cost.transfer_s(nbytes, bw)
                 start = max(now, egress[src], ingress[t])
                 land = start + xfer
-                old_d, old_e = np_.depth.get(t), np_.eta.get(t)
-                np_.depth[t], np_.eta[t] = depth, land
-                with_s = self.expected_ttft_s(np_, fc, workers, kvb)
-                if old_d is None:
-                    del np_.depth[t]
-                else:
-                    np_.depth[t] = old_d
-                if old_e is None:
-                    np_.eta.pop(t, None)
-                else:
-                    np_.eta[t] = old_e
+                svc = self.cost.prefill_s(np_.new_len + L - depth, depth)
+                new_opt = (max(wait_t, land - t_a) + svc, svc)
+                if new_opt[0] >= opts[t][0]:
+                    continue
+                saved, opts[t] = opts[t], new_opt
+                with_s = self._spread_s(opts, count)
+                opts[t] = saved
                 displaced = max(0, tokens - free[t])
                 mem_cost = cfg.displaced_reuse_prob * self.cost.prefill_s(displaced, 0) if displaced else 0.0
                 gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost
-                if gain < cfg.min_gain_s:
-                    continue
-                ratio = gain / nbytes
+                # depth by marginal gain: the deepest copy wins unless a shallower one nets more
+                if gain >= cfg.min_gain_s and (target_best is None or gain > target_best[0]):
+                    target_best = (gain, t, depth, start, land, nbytes)
+            if target_best is not None:
+                ratio = target_best[0] / target_best[5]
                 if ratio > best_ratio:
-                    best, best_ratio = (gain, t, depth, start, land), ratio
+                    best, best_ratio = target_best[:5], ratio
         return best

@@ -121,15 +121,15 @@ class GapModel:
         return self._cum[i] + frac * (self._cum[i + 1] - self._cum[i])
 
     def quantile(self, q: float) -> float:
-        """Smallest gap g (s) with cdf(g) >= q, by bisection on the log scale."""
-        lo, hi = math.log(self.edges_s[0]), math.log(self.edges_s[-1])
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            if self.cdf(math.exp(mid)) >= q:
-                hi = mid
-            else:
-                lo = mid
-        return math.exp(hi)
+        """Smallest gap g (s) with cdf(g) >= q (inverse of the log-linear interpolation)."""
+        self.cdf(self.edges_s[0] * 2.0)  # builds the cumulative table
+        cum, e = self._cum, self.edges_s
+        q = min(max(q, 0.0), 1.0)
+        i = bisect.bisect_left(cum, q) - 1
+        i = min(max(i, 0), len(e) - 2)
+        lo, hi = cum[i], cum[i + 1]
+        frac = 0.0 if hi <= lo else (q - lo) / (hi - lo)
+        return e[i] * (e[i + 1] / e[i]) ** frac
 
 
 def _is_tool(stop: Optional[str]) -> bool:

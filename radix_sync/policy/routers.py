@@ -26,6 +26,8 @@ class RouterPolicy:
     """Interface: `route` one request; `on_finished` when a request it routed has finished."""
 
     uses_cached_len = False
+    uses_worker_views = True
+    """False: `route` only needs `len(workers)` (the caller may pass placeholders)."""
 
     def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
         """Picks a worker.
@@ -51,6 +53,8 @@ def _load(w: WorkerView) -> int:
 class RoundRobinRouter(RouterPolicy):
     """Cyclic assignment: worker (k mod N) for the k-th request (sgl-model-gateway `round_robin`,
     https://github.com/sgl-project/sglang/tree/main/sgl-model-gateway)."""
+
+    uses_worker_views = False
 
     def __init__(self, **_: object) -> None:
         self._next = 0

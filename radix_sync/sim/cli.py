@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="arrival process of sessions / generated requests")
     parser.add_argument("--max-turns", type=int, default=None, help="cap requests per trace session")
     parser.add_argument("--fanout-k", type=int, default=8, help="branches per tree (fanout generator)")
-    parser.add_argument("--tick-s", type=float, default=0.5, help="planner period, s")
+    parser.add_argument("--tick-s", type=float, default=1.0, help="planner period, s")
     parser.add_argument("--out", help="write results JSON here")
     parser.add_argument("--plot", help="write a PNG of the TTFT CDFs here (needs matplotlib)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from radix_sync.policy.cost import CostProfile
+from radix_sync.policy.forecast import queue_wait_s
 from radix_sync.policy.snapshot import (OWNER, REPLICA, ClusterSnapshot, HolderView, PrefixView, RequestView,
                                         Route, WorkerView)
 from radix_sync.sim.cache import Directory, WorkerCache
@@ -34,7 +35,7 @@ class EngineConfig:
     """Workers in the cluster."""
     duration_s: float = 600.0
     """No request is issued after this time (in-flight ones complete), s."""
-    tick_s: float = 0.5
+    tick_s: float = 1.0
     """Planner period, s."""
     replica_budget_frac: float = 0.25
     """Largest share of a worker's KV pool that replicas may take."""
@@ -74,6 +75,7 @@ class Engine:
         self.now = 0.0
         self._progress = progress
         self._needs_cached = policy.router.uses_cached_len or policy.planner is not None
+        self._no_views = (None,) * cfg.num_workers
 
     # ---- events ----
     def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
@@ -132,7 +134,7 @@ class Engine:
             if self.inflight:
                 n = len(req.pages)
                 inflight = tuple(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s) for x in self.inflight
-                                 if x.kind == "replica" and x.hi <= n and req.pages[x.hi - 1] == x.pages[x.hi - 1])
+                                 if x.hi <= n and req.pages[x.hi - 1] == x.pages[x.hi - 1])
             req.global_match_len = max(cached) // page if cached else 0
             if self.tracker is not None:
                 node = self.tracker.on_arrival(req.pages, req.global_match_len, req.class_key, req.namespace,
@@ -141,7 +143,8 @@ class Engine:
                     self._shadow_hit(node.node_id, now)
         view = RequestView(req.rid, req.prompt_len, req.output_len, req.namespace, req.pages, cached, inflight,
                            req.class_key)
-        route = self.policy.router.route(view, self.worker_views(now), now)
+        views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
+        route = self.policy.router.route(view, views, now)
         self._execute_route(req, route, now)
 
     def _execute_route(self, req: SimRequest, route: Route, now: float) -> None:
@@ -158,7 +161,7 @@ class Engine:
         elif route.wait_inflight:
             best = None
             for x in self.inflight:
-                if (x.dst == route.worker_id and x.kind == "replica" and x.hi <= len(req.pages)
+                if (x.dst == route.worker_id and x.hi <= len(req.pages)
                         and req.pages[x.hi - 1] == x.pages[x.hi - 1]):
                     if best is None or x.hi > best.hi:
                         best = x
@@ -200,6 +203,8 @@ class Engine:
         if self.tracker is not None:
             self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, req.hint_fanout,
                                    req.hint_delay_s)
+            if req.hint_fanout:
+                self._tick(now)  # an explicit hint triggers a planning pass at once, as the coordinator does
         s = req.session
         if s is None:
             return
@@ -269,14 +274,26 @@ class Engine:
             max(0, budget_cap - w.cache.tree.num_replica_pages * page), net.egress_free_s[w.wid],
             net.ingress_free_s[w.wid], bw) for w in self.workers)
 
-    def _prefix_views(self, now: float) -> tuple[PrefixView, ...]:
+    def _prefix_views(self, views: tuple[WorkerView, ...], now: float) -> tuple[PrefixView, ...]:
+        """The candidate nodes: those with a fan-out hint, a recent popularity signal, or whose every full
+        holder is busy (queue wait above the least-loaded worker's by the planner's minimum gain). The live
+        coordinator selects the same way; the planner's load forecast only sees these nodes' demand."""
         page = self.page_len
+        planner = self.policy.planner
+        waits = [queue_wait_s(planner.cost, v, now) for v in views]
+        floor = min(waits) + planner.cfg.min_gain_s
+        busy_mask = 0
+        for i, wt in enumerate(waits):
+            if wt >= floor:
+                busy_mask |= 1 << i
         holders_of = self.directory.holders
         ewma = self.tracker.new_len_ewma
         out = []
         for n in self.tracker.nodes.values():
             last = n.pages[n.num_pages - 1]
             bits = holders_of.get(last, 0)
+            if not (n.fanout_hint or len(n.hit_times_s) >= 2 or (bits and not bits & ~busy_mask)):
+                continue
             hs = []
             i = 0
             while bits:
@@ -304,7 +321,8 @@ class Engine:
         self.tracker.prune(now)
         if not self.tracker.nodes:
             return
-        snap = ClusterSnapshot(self.worker_views(now), self._prefix_views(now), (), self.page_len,
+        views = self.worker_views(now)
+        snap = ClusterSnapshot(views, self._prefix_views(views, now), (), self.page_len,
                                self.p.kv_bytes_per_token)
         for d in self.policy.planner.plan(snap, now):
             n = self.tracker.nodes.get(d.node_id)

@@ -106,12 +106,20 @@ class RunStats:
             "bytes_per_prefill_s_saved": self.copy_bytes / self.prefill_s_saved if self.prefill_s_saved else None,
             "failed": self.num_copy_failed,
         }
+        kinds = {}
+        for r in self.copy_records:
+            k = kinds.setdefault(r.kind, {"landed": 0, "bytes": 0, "useful_bytes": 0})
+            k["landed"] += 1
+            k["bytes"] += r.num_bytes
+            k["useful_bytes"] += r.num_bytes if r.num_hits else 0
+        rep["by_kind"] = kinds
         if self.shadow_count:
             rep["shadow"] = {"count": self.shadow_count, "bytes": self.shadow_bytes,
                              "useful_bytes_frac": self.shadow_useful_bytes / self.shadow_bytes}
         return {
             "policy": self.policy,
             "num_requests": n,
+            "num_arrived": self.num_arrived,
             "num_rejected": self.num_rejected,
             "ttft_s": summarize(self.ttft_s),
             "tpot_s": summarize(self.tpot_s),

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from radix_sync.policy.cost import CostModel, CostProfile
@@ -50,6 +50,15 @@ def _kvrep(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerC
     ctx = _ctx(profile, page_len, seed)
     planner = KvrepPlanner(ctx["cost"], DemandPredictor(), planner_cfg)
     return PolicyBundle("kvrep", make_router("expected_ttft", allow_pull=planner_cfg.allow_pull, **ctx), planner)
+
+
+@POLICIES.register("kvrep_nopull")
+def _kvrep_nopull(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: `kvrep` whose router never copies on the critical path (only planned copies move KV)."""
+    ctx = _ctx(profile, page_len, seed)
+    cfg = replace(planner_cfg, allow_pull=False)
+    planner = KvrepPlanner(ctx["cost"], DemandPredictor(), cfg)
+    return PolicyBundle("kvrep_nopull", make_router("expected_ttft", allow_pull=False, **ctx), planner)
 
 
 @POLICIES.register("kvrep_shadow")

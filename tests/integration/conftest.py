@@ -51,7 +51,9 @@ class Cluster:
         status, rep = self.coord.post("/replicate", {"source": src.worker_id, "target": dst.worker_id,
                                                      "input_ids": input_ids, **extra})
         assert status == 200, rep
-        return self.coord.wait_replication(rep["id"])
+        done = self.coord.wait_replication(rep["id"])
+        assert self.coord.get("/status")[1]["integrity"] == "ok"
+        return done
 
     def lookup(self, input_ids, cache_salt="") -> dict:
         status, body = self.coord.post("/directory/lookup", {"input_ids": input_ids, "cache_salt": cache_salt})

@@ -1,34 +1,54 @@
-"""Workers with different compatibility fingerprints never exchange pages."""
+"""Page size 1 workers: replication works between them, and never with the page-size-16 workers (another
+compatibility fingerprint)."""
 import pytest
 
 from sglang_kvrep.devtools.cluster import Worker
-from tests.integration.conftest import LOGS, WORKER_ARGS, prompt
+from tests.integration.conftest import LOGS, WORKER_ARGS, prompt, wait_until
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def other_page_size(cluster):
-    c = Worker("C-page8", "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=8, extra_args=WORKER_ARGS)
+def page1(cluster):
+    procs = []
     try:
-        c.wait_ready()
-        cluster.coord.wait_workers([c.worker_id])
-        yield c
+        for name in ("C-page1", "C2-page1"):
+            procs.append(Worker(name, "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=1,
+                                extra_args=WORKER_ARGS))
+        for proc in procs:
+            proc.wait_ready()
+        cluster.coord.wait_workers([w.worker_id for w in procs])
+        yield procs
     finally:
-        c.stop()
+        for proc in procs:
+            proc.stop()
 
 
-def test_replication_across_fingerprints_is_refused(cluster, other_page_size):
-    a, c, coord = cluster.a, other_page_size, cluster.coord
+def test_replication_across_fingerprints_is_refused(cluster, page1):
+    a, c, coord = cluster.a, page1[0], cluster.coord
     workers = coord.workers()
     assert workers[a.worker_id]["fingerprint"] != workers[c.worker_id]["fingerprint"]
     P = prompt(50, 600)
     a.generate(P, 2)
+    c.generate(P, 2)
     before = cluster.free_plus_evictable(c)
     for src, dst in ((a, c), (c, a)):
         status, body = coord.post("/replicate", {"source": src.worker_id, "target": dst.worker_id, "input_ids": P})
         assert status == 400, body
         assert "fingerprint mismatch" in body["error"] and "page_size" in body["error"]
-    assert cluster.lookup(P)[c.worker_id] == 0
     assert cluster.free_plus_evictable(c) == before
-    assert c.generate(P + prompt(51, 8), 2)["meta_info"]["cached_tokens"] == 0
+    assert not [r for r in coord.get("/replications")[1] if c.worker_id in (r["source"], r["target"])]
+
+
+def test_page_size_1_replication_gives_identical_output(cluster, page1):
+    c, c2 = page1
+    P = prompt(52, 1000)
+    c.generate(P, 2)
+    rep = cluster.replicate(c, c2, P, ttl_s=120)
+    assert rep["state"] == "done", rep
+    assert rep["inserted_len"] == len(P)
+    query = P + prompt(53, 16)
+    out_c, out_c2 = c.generate(query, 24), c2.generate(query, 24)
+    assert out_c2["meta_info"]["cached_tokens"] >= len(P) - 1
+    assert out_c2["output_ids"] == out_c["output_ids"]
+    wait_until(lambda: cluster.lookup(P)[c2.worker_id] == len(P), 10, what="the directory to list C2")

@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 import xxhash
+import zmq
 
 from radix_sync import protocol as p
 from sglang_kvrep.dataplane import send_transfer
@@ -75,57 +76,123 @@ def test_replica_visible_only_in_its_namespace(cluster):
     assert b.generate(query, 2, cache_salt="tenant-a")["meta_info"]["cached_tokens"] >= len(P) - PAGE_SIZE
 
 
-def _header_for(worker_info: dict, num_pages: int, payload: bytes, *, fingerprint=None, checksum=None) -> p.TransferHeader:
-    fields = worker_info["fingerprint_fields"]
-    heads, dim = eval(fields["kv_geometry"])  # "(H, D)" as written by the worker
-    layers = int(fields["num_layers"])
-    tokens = prompt(hash(payload[:16]) % 10_000, num_pages * PAGE_SIZE)
-    return p.TransferHeader(
-        transfer_id=uuid.uuid4().hex[:12], replication_id="test-" + uuid.uuid4().hex[:6], source_id="test",
-        fingerprint=fingerprint or worker_info["fingerprint"], namespace="garbage-" + uuid.uuid4().hex[:6],
-        token_ids=tokens, page_size=PAGE_SIZE, num_pages=num_pages, dtype="torch.bfloat16", layout="NHD",
-        buffer_shape=[layers, num_pages, 2, PAGE_SIZE, heads, dim], num_bytes=len(payload), num_chunks=4,
-        checksum=checksum if checksum is not None else xxhash.xxh64_intdigest(payload), checksum_kind="xxh64",
-        ttl_s=3.0)
+class FakeSource:
+    """The test plays a (buggy or hostile) source worker: it says hello with the target's fingerprint, asks the
+    coordinator for a replication from itself, and receives the authorized `ReplicatePages` command."""
+
+    def __init__(self, cluster, like: dict) -> None:
+        self.worker_id = "fake-" + uuid.uuid4().hex[:6]
+        self.like = like
+        self.cluster = cluster
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(cluster.coord.endpoint)
+        self.sock.send(p.encode(p.Hello(
+            worker_id=self.worker_id, http_url="http://127.0.0.1:9", data_endpoint="tcp://127.0.0.1:9",
+            fingerprint=like["fingerprint"], fingerprint_fields=like["fingerprint_fields"], page_size=PAGE_SIZE,
+            pool_capacity_tokens=1000, replica_budget_tokens=1000)))
+        assert isinstance(self.recv(), p.HelloAck)
+
+    def recv(self):
+        assert self.sock.poll(10_000), "nothing from the coordinator"
+        return p.decode_for_worker(self.sock.recv())
+
+    def request(self, target_id: str, token_ids: list[int]) -> p.ReplicatePages:
+        status, rep = self.cluster.coord.post("/replicate", {"source": self.worker_id, "target": target_id,
+                                                             "input_ids": token_ids, "ttl_s": 3})
+        assert status == 200, rep
+        msg = self.recv()
+        assert isinstance(msg, p.ReplicatePages), msg
+        return msg
+
+    def geometry(self) -> tuple[int, int, int]:
+        fields = self.like["fingerprint_fields"]
+        heads, dim = (int(x) for x in fields["kv_geometry"].strip("()").split(","))
+        return int(fields["num_layers"]), heads, dim
+
+    def header(self, cmd: p.ReplicatePages, payload: bytes, **overrides) -> p.TransferHeader:
+        layers, heads, dim = self.geometry()
+        num_pages = len(cmd.token_ids) // PAGE_SIZE
+        fields = dict(
+            transfer_id=uuid.uuid4().hex[:12], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
+            source_id=self.worker_id, fingerprint=self.like["fingerprint"], namespace=cmd.namespace,
+            token_ids=cmd.token_ids, page_size=PAGE_SIZE, num_pages=num_pages, dtype="torch.bfloat16",
+            layout="NHD", buffer_shape=[layers, num_pages, 2, PAGE_SIZE, heads, dim], num_bytes=len(payload),
+            num_chunks=4, checksum=xxhash.xxh64_intdigest(payload), checksum_kind="xxh64", ttl_s=cmd.ttl_s)
+        fields.update(overrides)
+        return p.TransferHeader(**fields)
+
+    def payload(self, num_pages: int) -> bytes:
+        layers, heads, dim = self.geometry()
+        size = layers * num_pages * 2 * PAGE_SIZE * heads * dim * 2
+        return bytes((i * 7) % 251 for i in range(size))
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-def _payload(worker_info: dict, num_pages: int) -> bytes:
-    fields = worker_info["fingerprint_fields"]
-    heads, dim = eval(fields["kv_geometry"])
-    size = int(fields["num_layers"]) * num_pages * 2 * PAGE_SIZE * heads * dim * 2
-    return bytes((i * 7) % 251 for i in range(size))
+FAULTS = {
+    "unauthorized": ("not authorized", dict(auth_token="0" * 32)),
+    "fingerprint": ("fingerprint mismatch", dict(fingerprint="0" * 24)),
+    "checksum": ("checksum mismatch", None),
+    "truncated": ("incomplete", None),
+    "other_tokens": ("not the prefix the coordinator authorized", None),
+    "other_namespace": ("does not match its authorization", dict(namespace="someone-else")),
+}
 
 
-@pytest.mark.parametrize("fault", ["fingerprint", "checksum", "truncated"])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_bad_transfer_is_refused_and_nothing_is_written(cluster, fault):
     b, coord = cluster.b, cluster.coord
-    info = coord.workers()[b.worker_id]
-    payload = _payload(info, 4)
-    before = cluster.free_plus_evictable(b)
-    header = _header_for(info, 4, payload,
-                         fingerprint="0" * 24 if fault == "fingerprint" else None,
-                         checksum=(xxhash.xxh64_intdigest(payload) ^ 1) if fault == "checksum" else None)
-    if fault == "truncated":
-        payload = payload[:-100]
-    reply = send_transfer(info["data_endpoint"], header, payload, chunk_bytes=-(-len(payload) // 4))
-    assert isinstance(reply, p.TransferRefused), reply
-    needle = {"fingerprint": "fingerprint mismatch", "checksum": "checksum mismatch", "truncated": "incomplete"}
-    assert needle[fault] in reply.error
-    assert cluster.lookup(header.token_ids, header.namespace)[b.worker_id] == 0
-    assert cluster.free_plus_evictable(b) == before
-    assert b.generate(prompt(99, 40), 2)["meta_info"]["prompt_tokens"] == 40  # still serving
+    fake = FakeSource(cluster, coord.workers()[b.worker_id])
+    try:
+        tokens = prompt(500 + sorted(FAULTS).index(fault), 4 * PAGE_SIZE)
+        before = cluster.free_plus_evictable(b)
+        cmd = fake.request(b.worker_id, tokens)
+        payload = fake.payload(4)
+        needle, overrides = FAULTS[fault]
+        header = fake.header(cmd, payload, **(overrides or {}))
+        if fault == "checksum":
+            header.checksum ^= 1
+        if fault == "truncated":
+            payload = payload[:-100]
+        if fault == "other_tokens":
+            header.token_ids = prompt(700, 4 * PAGE_SIZE)
+        reply = send_transfer(coord.workers()[b.worker_id]["data_endpoint"], header, payload,
+                              chunk_bytes=-(-len(payload) // 4))
+        assert isinstance(reply, p.TransferRefused), reply
+        assert needle in reply.error, reply.error
+        for ns in {cmd.namespace, header.namespace}:
+            assert cluster.lookup(header.token_ids, ns)[b.worker_id] == 0
+            assert cluster.lookup(tokens, ns)[b.worker_id] == 0
+        assert cluster.free_plus_evictable(b) == before
+        rep = next(r for r in coord.get("/replications")[1] if r["id"] == cmd.replication_id)
+        if fault == "unauthorized":
+            assert rep["state"] == "pending"  # a stranger cannot fail someone else's replication
+        else:
+            assert rep["state"] == "failed" and needle in rep["error"], rep
+        assert b.generate(prompt(600, 40), 2)["meta_info"]["prompt_tokens"] == 40  # still serving
+    finally:
+        fake.close()
 
 
-def test_well_formed_transfer_from_outside_is_accepted(cluster):
-    """The positive control for the refusals above: the same path with a correct header is written."""
+def test_authorized_transfer_from_outside_is_accepted(cluster):
+    """The positive control for the refusals above: the same path with nothing wrong writes a replica."""
     b, coord = cluster.b, cluster.coord
-    info = coord.workers()[b.worker_id]
-    payload = _payload(info, 4)
-    header = _header_for(info, 4, payload)
-    reply = send_transfer(info["data_endpoint"], header, payload, chunk_bytes=-(-len(payload) // 4))
-    assert isinstance(reply, p.TransferAccepted) and reply.inserted_len == 4 * PAGE_SIZE, reply
-    wait_until(lambda: cluster.lookup(header.token_ids, header.namespace)[b.worker_id] == 4 * PAGE_SIZE, 10,
-               what="the directory to see the accepted replica")
+    fake = FakeSource(cluster, coord.workers()[b.worker_id])
+    try:
+        tokens = prompt(98, 4 * PAGE_SIZE)
+        cmd = fake.request(b.worker_id, tokens)
+        payload = fake.payload(4)
+        reply = send_transfer(coord.workers()[b.worker_id]["data_endpoint"], fake.header(cmd, payload), payload,
+                              chunk_bytes=-(-len(payload) // 4))
+        assert isinstance(reply, p.TransferAccepted) and reply.inserted_len == 4 * PAGE_SIZE, reply
+        wait_until(lambda: cluster.lookup(tokens)[b.worker_id] == 4 * PAGE_SIZE, 10,
+                   what="the directory to see the accepted replica")
+        rep = next(r for r in coord.get("/replications")[1] if r["id"] == cmd.replication_id)
+        assert rep["state"] == "done", rep
+    finally:
+        fake.close()
 
 
 def test_automatic_rule_replicates_hot_prefix_under_load(cluster):

@@ -12,7 +12,7 @@ def test_roundtrip_each_direction():
     stored = p.PagesStored(worker_id="w", seq=3, namespace="t", blocks=[p.BlockFact(1, None, [1, 2]),
                                                                           p.BlockFact(2, 1, [3, 4])])
     assert p.decode_for_coordinator(p.encode(stored)) == stored
-    cmd = p.ReplicatePages(replication_id="r", token_ids=[1, 2], namespace="", target_id="b",
+    cmd = p.ReplicatePages(replication_id="r", auth_token="t", token_ids=[1, 2], namespace="", target_id="b",
                            target_endpoint="tcp://b:1", target_fingerprint="f", ttl_s=5.0)
     assert p.decode_for_worker(p.encode(cmd)) == cmd
     chunk = p.TransferChunk(transfer_id="t", index=0, offset=0, num_bytes=8)

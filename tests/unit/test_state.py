@@ -51,18 +51,25 @@ def test_unknown_sender_and_sequence_gap_ask_for_resync(st):
 def test_replication_lifecycle(st):
     toks = list(range(10))
     st.handle(b"A", stored("a", 1, toks), 1.0)
-    rep, rid, cmd = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0)
-    assert rid == b"A" and cmd.token_ids == toks[:8] and rep.num_tokens == 8 and rep.state == "pending"
+    rep, rid, expect = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0)
+    # the target is told first, with the page hashes it may accept and a one-time token
+    assert rid == b"B" and isinstance(expect, p.ExpectReplica) and rep.num_tokens == 8 and rep.state == "pending"
+    assert expect.block_hashes == page_hashes(toks[:8], PS) and expect.source_id == "a" and len(expect.auth_token) == 32
+    # only once it says it expects the transfer does the source get the command, with the same token
+    [(src_rid, cmd)] = st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=1, replication_id=rep.id), 2.05)
+    assert src_rid == b"A" and isinstance(cmd, p.ReplicatePages) and cmd.token_ids == toks[:8]
+    assert cmd.auth_token == expect.auth_token
+    assert st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=2, replication_id=rep.id), 2.06) == []  # once
     st.handle(b"A", p.SourceSent(worker_id="a", seq=2, replication_id=rep.id, num_tokens=8, num_bytes=64,
                                  gather_s=0.1, send_s=0.2), 2.1)
     assert rep.state == "running"
-    st.handle(b"B", p.ReplicaStored(worker_id="b", seq=1, replication_id=rep.id, namespace="",
+    st.handle(b"B", p.ReplicaStored(worker_id="b", seq=3, replication_id=rep.id, namespace="",
                                     block_hashes=page_hashes(toks, PS), inserted_len=8, expires_in_s=30.0,
                                     num_bytes=64, receive_s=0.1, scatter_s=0.1, insert_s=0.1), 2.5)
     assert rep.state == "done" and rep.to_json()["total_s"] == pytest.approx(0.5)
     assert st.lookup(toks, "") == {"a": 8, "b": 8}
     assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}
-    st.handle(b"B", p.ReplicaExpired(worker_id="b", seq=2, replication_id=rep.id, num_evicted_tokens=8), 40.0)
+    st.handle(b"B", p.ReplicaExpired(worker_id="b", seq=4, replication_id=rep.id, num_evicted_tokens=8), 40.0)
     assert st.lookup(toks, "") == {"a": 8, "b": 0}
     st.check_integrity()
 

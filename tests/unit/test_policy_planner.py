@@ -1,0 +1,82 @@
+"""Pins the planner's decisions (what, where, how deep, how long) on hand-computed cases."""
+
+from dataclasses import replace
+
+import pytest
+
+from radix_sync.policy.cost import CostModel, CostProfile
+from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
+from radix_sync.policy.predictor import DemandPredictor
+from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, Replicate, WorkerView
+
+# 10 ms per prompt token, no attention term or overheads, 1000 B/s links, 1 byte of KV per token.
+PROFILE = CostProfile(name="t", kv_bytes_per_token=1, kv_capacity_tokens=10_000, max_context_len=10_000,
+                      chunked_prefill_len=10_000, max_running_requests=64, prefill_overhead_s=0.0,
+                      prefill_s_per_token=0.01, prefill_s_per_token_pair=0.0, decode_step_s=0.01,
+                      decode_s_per_request=0.0, decode_s_per_ctx_token=0.0, nic_bandwidth_bytes_per_s=1000.0,
+                      transfer_latency_s=0.0)
+
+
+def snapshot(holder_waiting_tokens=2000, budget=10_000, hint_at=1.0, fanout=1):
+    ws = tuple(WorkerView(i, free_tokens=10_000, replica_budget_tokens=budget, nic_bandwidth_bytes_per_s=1000.0)
+               for i in range(2))
+    ws = (replace(ws[0], num_waiting=1, waiting_new_tokens=holder_waiting_tokens),) + ws[1:]
+    node = PrefixView(node_id=7, token_len=100, holders=(HolderView(0, depth_len=100),), expected_new_len=10,
+                      fanout_hint=fanout, hint_at_s=hint_at)
+    return ClusterSnapshot(ws, (node,), (), page_len=1, kv_bytes_per_token=1)
+
+
+def planner(**kw):
+    return KvrepPlanner(CostModel(PROFILE), DemandPredictor(), PlannerConfig(**kw))
+
+
+def test_copies_a_hinted_prefix_off_a_busy_holder():
+    # Holder w0: 20 s of queue. Request expected at t=1. Without a copy the best option is pulling at route time
+    # on w1: max(0, 100 B / 1000 B/s) + pf(10) = 0.1 + 0.1 = 0.2 s. With a replica landing at 0.1 s: 0.1 s.
+    # gain = 1 x (0.2 - 0.1) - 0.05 x 0.1 s link = 0.095 s. Half depth (50) would give max(..) + pf(60) = 0.6: worse.
+    # TTL: hint -> until max(1.0, 0) + min_ttl 5 = 6.0, minus landing 0.1 = 5.9 s.
+    out = planner(allow_pull=True).plan(snapshot(), 0.0)
+    assert len(out) == 1
+    d = out[0]
+    assert (d.node_id, d.source, d.target, d.depth_len) == (7, 0, 1, 100)
+    assert d.ttl_s == pytest.approx(5.9)
+    assert d.gain_s == pytest.approx(0.095)
+
+
+def test_without_pull_the_copy_saves_the_recompute():
+    # Without pulling, w1 must recompute 110 tokens: 1.1 s; gain = 1.1 - 0.1 - 0.005 = 0.995 s.
+    out = planner(allow_pull=False).plan(snapshot(), 0.0)
+    assert out[0].gain_s == pytest.approx(0.995)
+
+
+@pytest.mark.parametrize("allow_pull", [False, True])
+def test_inert_when_the_holder_is_idle(allow_pull):
+    assert planner(allow_pull=allow_pull).plan(snapshot(holder_waiting_tokens=0), 0.0) == []
+
+
+@pytest.mark.parametrize("allow_pull", [False, True])
+def test_inert_when_the_backlog_drains_before_the_request(allow_pull):
+    # 20 s backlog, hinted request at t=25: the holder is idle again by then.
+    assert planner(allow_pull=allow_pull).plan(snapshot(hint_at=25.0), 0.0) == []
+
+
+def test_respects_the_replica_budget():
+    assert planner().plan(snapshot(budget=99), 0.0) == []
+
+
+def test_fanout_spreads_over_more_holders_by_marginal_gain():
+    # 8 branches, 3 workers: each extra replica takes a share of the branches off the busy holder.
+    snap = snapshot(fanout=8)
+    ws = snap.workers + (WorkerView(2, free_tokens=10_000, replica_budget_tokens=10_000,
+                                    nic_bandwidth_bytes_per_s=1000.0),)
+    snap = replace(snap, workers=ws)
+    out = planner().plan(snap, 0.0)
+    assert sorted(d.target for d in out) == [1, 2]
+    assert all(d.source == 0 and d.depth_len == 100 for d in out)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="horizon_s"):
+        PlannerConfig(horizon_s=0)
+    with pytest.raises(ValueError, match="depth_fractions"):
+        PlannerConfig(depth_fractions=(1.5,))

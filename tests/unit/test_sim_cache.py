@@ -1,0 +1,59 @@
+"""Exact eviction order, locks and replica handling of the page tree and the worker cache."""
+
+from radix_sync.policy.pagetree import PageTree
+from radix_sync.sim.cache import Directory, WorkerCache
+
+
+def evicted_in_order(tree, n):
+    out = []
+    tree.evict(n, out.append)
+    return out
+
+
+def test_lru_leaves_first_parent_inherits_child_time():
+    t = PageTree()
+    t.insert([1, 2, 3], 3, 0.0)
+    t.insert([1, 4], 2, 1.0)
+    assert t.match_len([1, 2, 3, 9]) == 3
+    assert t.match_len([1, 4, 5]) == 2
+    assert evicted_in_order(t, 4) == [3, 2, 4, 1]
+    t.check_integrity()
+
+
+def test_replicas_go_first_and_locks_protect_the_path():
+    t = PageTree()
+    t.insert([1, 2, 3], 3, 0.0)
+    t.insert([10, 11], 2, 5.0, replica=True)
+    t.lock(3)
+    assert evicted_in_order(t, 10) == [11, 10]
+    assert len(t) == 3
+    t.unlock(3)
+    assert evicted_in_order(t, 1) == [3]
+
+
+def test_promote_and_drop_replica_chain():
+    t = PageTree()
+    t.insert([1, 2], 2, 0.0)
+    t.insert([1, 2, 3, 4], 4, 1.0, replica=True)
+    assert t.num_replica_pages == 2
+    t2 = PageTree()
+    t2.insert([1, 2], 2, 0.0)
+    t2.insert([1, 2, 3, 4], 4, 1.0, replica=True)
+    assert t2.drop_replica_chain(4) == 2 and len(t2) == 2  # stops at the ordinary page 2
+    assert t.promote(4) == 2 and t.num_replica_pages == 0
+    assert t.drop_replica_chain(4) == 0
+    t.check_integrity()
+
+
+def test_worker_cache_conservation_and_directory():
+    d = Directory()
+    c = WorkerCache(0, capacity_tokens=40, page_len=10, directory=d)
+    c.insert([1, 2, 3], 3, 0.0)
+    assert c.free_tokens == 10
+    c.reserved_tokens = 10
+    assert c.free_tokens == 0
+    assert c.make_room(20)  # evicts pages 3 then 2
+    assert 3 not in d.holders and 2 not in d.holders and d.holders[1] == 1
+    assert c.free_tokens == 20 and len(c.tree) == 1
+    assert not c.make_room(31)  # only 30 could ever be freed
+    c.check_integrity()

@@ -1,0 +1,79 @@
+"""The simulator's timing on one worker, computed by hand."""
+
+import pytest
+
+from radix_sync.policy.cost import CostProfile
+from radix_sync.sim.engine import Engine, EngineConfig
+from radix_sync.sim.policies import build_policy
+from radix_sync.sim.workload import SimRequest, Workload
+
+# prefill: 10 ms per iteration + 1 ms per token (+ 1 us per token pair when set); decode: 20 ms per step.
+PROFILE = CostProfile(name="t", kv_bytes_per_token=1, kv_capacity_tokens=100_000, max_context_len=100_000,
+                      chunked_prefill_len=1000, max_running_requests=64, prefill_overhead_s=0.01,
+                      prefill_s_per_token=0.001, prefill_s_per_token_pair=0.0, decode_step_s=0.02,
+                      decode_s_per_request=0.0, decode_s_per_ctx_token=0.0, nic_bandwidth_bytes_per_s=1e9,
+                      transfer_latency_s=0.0)
+
+
+class Fixed(Workload):
+    page_len = 10
+
+    def __init__(self, specs):
+        super().__init__()
+        for t, prompt, out, pages in specs:
+            self.open_requests.append(SimRequest(self.new_rid(), prompt, out, pages, arrival_s=t))
+
+
+def run(specs, profile=PROFILE, policy="round_robin"):
+    wl = Fixed(specs)
+    eng = Engine(profile, wl, build_policy(policy, profile, wl.page_len, 0), EngineConfig(num_workers=1,
+                                                                                          duration_s=100.0))
+    eng.run()
+    for w in eng.workers:
+        w.cache.check_integrity()
+        assert w.cache.reserved_tokens == 0
+    return {r.rid: r for r in wl.open_requests}
+
+
+def test_prefill_decode_and_a_prefix_hit():
+    # A: prefill 0.01 + 100 x 0.001 = 0.11 s -> first token at 0.11; 2 decode steps -> finish 0.15, TPOT 0.02.
+    # B (same prompt, at 1.0): 100 tokens cached but the last one is recomputed: 0.01 + 0.001 = 0.011 s.
+    pages = list(range(1, 11))
+    r = run([(0.0, 100, 3, pages), (1.0, 100, 3, pages)])
+    assert r[0].first_token_s == pytest.approx(0.11)
+    assert r[0].finish_s == pytest.approx(0.15)
+    assert r[1].cached_len == 99
+    assert r[1].first_token_s - 1.0 == pytest.approx(0.011)
+
+
+def test_chunked_prefill():
+    # 2500 tokens in chunks of 1000: 3 iterations x 10 ms + 2.5 s.
+    r = run([(0.0, 2500, 1, list(range(1, 251)))])
+    assert r[0].first_token_s == pytest.approx(2.53)
+
+
+def test_attention_term():
+    # one chunk of 100 tokens after nothing cached: pairs = 100 x 101 / 2 = 5050 -> +5.05 ms
+    prof = CostProfile(**{**PROFILE.__dict__, "prefill_s_per_token_pair": 1e-6})
+    r = run([(0.0, 100, 1, [])], profile=prof)
+    assert r[0].first_token_s == pytest.approx(0.11 + 0.00505)
+
+
+def test_arrival_cuts_a_decode_stretch_at_the_next_step():
+    # A: prefill 0.02, then 10 decode steps (would end 0.22). B arrives at 0.05, mid-step (steps end at 0.04,
+    # 0.06): B's prefill runs 0.06-0.08 (TTFT 0.03). B decodes 1 step with A (0.08-0.10); A then needs
+    # 10 - 2 - 1 = 7 more steps: 0.10 + 0.14 = 0.24.
+    r = run([(0.0, 10, 11, [1]), (0.05, 10, 2, [2])])
+    assert r[0].first_token_s == pytest.approx(0.02)
+    assert r[1].first_token_s == pytest.approx(0.08)
+    assert r[1].finish_s == pytest.approx(0.10)
+    assert r[0].finish_s == pytest.approx(0.24)
+
+
+def test_requests_arriving_during_an_iteration_are_batched_in_the_next():
+    # A (10 tokens) prefills 0-0.02. B (10) and C (20) arrive at 0.01 and share the next prefill iteration:
+    # 0.01 + 0.03 = 0.04 s, so both get their first token at 0.06.
+    r = run([(0.0, 10, 1, [1]), (0.01, 10, 1, [5]), (0.01, 20, 1, [3, 4])])
+    assert r[0].first_token_s == pytest.approx(0.02)
+    assert r[1].first_token_s == pytest.approx(0.06)
+    assert r[2].first_token_s == pytest.approx(0.06)
