@@ -38,7 +38,8 @@ from radix_sync.hashing import page_hashes
 from sglang_kvrep import events
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.config import KvrepConfig
-from sglang_kvrep.dataplane import (Incoming, LocalGeometry, Outgoing, TokenBucket, check_header, payload_view)
+from sglang_kvrep.dataplane import (Incoming, LocalGeometry, Outgoing, StagingPool, TokenBucket, check_header,
+                                    payload_view)
 from sglang_kvrep.replicas import ReplicaTable
 
 log = logging.getLogger("kvrep.agent")
@@ -238,6 +239,7 @@ class _IoLoop:
         self.coord.connect(self.cfg.coordinator)
         self.data = self.ctx.socket(zmq.ROUTER)
         self.data.setsockopt(zmq.LINGER, 0)
+        self.data.setsockopt(zmq.RCVHWM, 64)  # bound what libzmq buffers ahead of staging (TCP pushes back)
         addr = f"tcp://{self.cfg.data_host}"
         if self.cfg.data_port:
             self.data.bind(f"{addr}:{self.cfg.data_port}")
@@ -256,6 +258,7 @@ class _IoLoop:
         self.replica_blocks: dict[str, tuple[str, list[int], bool]] = {}
         self.replica_facts: dict[str, p.ReplicaStored] = {}
         self.incoming: dict[str, Incoming] = {}
+        self.staging = StagingPool(self.cfg.staging_bytes)
         self.expected: dict[str, tuple[p.ExpectReplica, float]] = {}  # replication id -> (grant, deadline)
         self.outgoing: dict[str, Outgoing] = {}
         self.send_queue: collections.deque[str] = collections.deque()
@@ -385,8 +388,7 @@ class _IoLoop:
                 err = "duplicate transfer id"
             if err is not None:
                 return self.refuse(peer, msg.transfer_id, msg.replication_id, err)
-            self.incoming[msg.transfer_id] = Incoming(msg, peer, torch.empty(msg.num_bytes, dtype=torch.uint8),
-                                                      now, now)
+            self.incoming[msg.transfer_id] = Incoming(msg, peer, self.staging.acquire(msg.num_bytes), now, now)
         elif isinstance(msg, p.TransferChunk):
             inc = self.incoming.get(msg.transfer_id)
             if inc is None:
@@ -398,6 +400,7 @@ class _IoLoop:
                 err = inc.add_chunk(msg, payload, now)
             if err is not None:
                 del self.incoming[msg.transfer_id]
+                self.staging.release(inc.storage)
                 self.refuse(peer, msg.transfer_id, inc.header.replication_id, err)
         elif isinstance(msg, p.TransferEnd):
             inc = self.incoming.pop(msg.transfer_id, None)
@@ -405,11 +408,13 @@ class _IoLoop:
                 return
             err = inc.finish()
             if err is not None:
+                self.staging.release(inc.storage)
                 return self.refuse(peer, msg.transfer_id, inc.header.replication_id, err)
             h = inc.header
             grant = self.expected.pop(h.replication_id, (None,))[0]
             hashes = page_hashes(h.token_ids, h.page_size, h.namespace)
             if grant is None or hashes != grant.block_hashes[:len(hashes)]:
+                self.staging.release(inc.storage)
                 return self.refuse(peer, msg.transfer_id, h.replication_id,
                                    "token ids are not the prefix the coordinator authorized")
             inc.last_progress_s = now
@@ -438,6 +443,7 @@ class _IoLoop:
 
     def install_done(self, inc: Incoming, res, error: Optional[str], block_hashes: list[int]) -> None:
         h = inc.header
+        self.staging.release(inc.storage)  # the scheduler thread is done with it
         if error is not None:
             return self.refuse(inc.peer, h.transfer_id, h.replication_id, error)
         self.data.send_multipart([inc.peer, p.encode(p.TransferAccepted(transfer_id=h.transfer_id,
@@ -468,10 +474,11 @@ class _IoLoop:
         if sock is None:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            # a short send queue keeps the wire honest: `send_s` then measures the link, not queueing in libzmq
+            sock.setsockopt(zmq.SNDHWM, 16)
             sock.connect(cmd.target_endpoint)
             self.peers[cmd.target_endpoint] = sock
             self.poller.register(sock, zmq.POLLIN)
-        sock.send(p.encode(header))
         out = Outgoing(header, cmd.target_endpoint, payload_view(buffer), buffer, chunk, time.monotonic(), gather_s)
         self.outgoing[header.transfer_id] = out
         self.send_queue.append(header.transfer_id)
@@ -485,14 +492,23 @@ class _IoLoop:
                 self.send_queue.popleft()
                 continue
             sock = self.peers[out.endpoint]
+            if not out.header_sent:
+                if not sock.poll(0, zmq.POLLOUT):
+                    return 0.005
+                sock.send(p.encode(out.header))
+                out.header_sent = True
             if out.next_chunk < out.header.num_chunks:
                 size = min(out.chunk_bytes, out.header.num_bytes - out.next_chunk * out.chunk_bytes)
+                if not sock.poll(0, zmq.POLLOUT):
+                    return 0.005  # the peer's queue is full: come back when it drains
                 wait = self.bucket.wait_s(size, now)
                 if wait > 0:
                     return wait
                 sock.send_multipart(out.frames_for(out.next_chunk), copy=False)
                 out.next_chunk += 1
                 continue
+            if not sock.poll(0, zmq.POLLOUT):
+                return 0.005
             sock.send(p.encode(p.TransferEnd(transfer_id=tid)))
             out.end_sent_s = now
             self.send_queue.popleft()
@@ -523,6 +539,7 @@ class _IoLoop:
         for tid, inc in list(self.incoming.items()):
             if now - inc.last_progress_s > limit:
                 del self.incoming[tid]
+                self.staging.release(inc.storage)
                 log.warning("kvrep: transfer %s timed out after %.1fs without progress", tid, limit)
                 self.send_coord(p.ReplicationFailed(
                     worker_id=self.cfg.worker_id, seq=0, replication_id=inc.header.replication_id, role="target",

@@ -26,7 +26,9 @@ class KvrepConfig:
     transfer_timeout_s: float = 30.0
     """A transfer with no progress for this long is dropped (nothing is written)."""
     chunk_bytes: int = 4 << 20
-    """Payload frame size on the wire."""
+    """Payload frame size on the wire (at most 16 MiB: larger frames fault inside libzmq's buffers)."""
+    staging_bytes: int = 256 << 20
+    """Receive buffers kept for reuse between transfers."""
     send_rate_mbps: float = 0.0
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
     load_interval_s: float = 0.2
@@ -44,8 +46,10 @@ class KvrepConfig:
         for name in ("default_ttl_s", "transfer_timeout_s", "load_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.chunk_bytes < 4096:
-            raise ValueError(f"--kvrep-chunk-bytes must be >= 4096, got {self.chunk_bytes}")
+        if not 4096 <= self.chunk_bytes <= 16 << 20:
+            raise ValueError(f"--kvrep-chunk-bytes must be in [4096, 16 MiB], got {self.chunk_bytes}")
+        if self.staging_bytes < 0:
+            raise ValueError(f"--kvrep-staging-bytes must be >= 0, got {self.staging_bytes}")
         if self.send_rate_mbps < 0:
             raise ValueError(f"--kvrep-send-rate-mbps must be >= 0, got {self.send_rate_mbps}")
 
@@ -73,6 +77,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kvrep-default-ttl-s", type=float, default=KvrepConfig.default_ttl_s)
     g.add_argument("--kvrep-transfer-timeout-s", type=float, default=KvrepConfig.transfer_timeout_s)
     g.add_argument("--kvrep-chunk-bytes", type=int, default=KvrepConfig.chunk_bytes)
+    g.add_argument("--kvrep-staging-bytes", type=int, default=KvrepConfig.staging_bytes,
+                   help="receive buffers kept for reuse")
     g.add_argument("--kvrep-send-rate-mbps", type=float, default=0.0, help="cap on outgoing replication MB/s")
     g.add_argument("--kvrep-shadow", action="store_true", help="publish facts, never copy pages")
 
@@ -92,6 +98,7 @@ def from_namespace(ns: argparse.Namespace) -> KvrepConfig:
         default_ttl_s=ns.kvrep_default_ttl_s,
         transfer_timeout_s=ns.kvrep_transfer_timeout_s,
         chunk_bytes=ns.kvrep_chunk_bytes,
+        staging_bytes=ns.kvrep_staging_bytes,
         send_rate_mbps=ns.kvrep_send_rate_mbps,
         shadow=ns.kvrep_shadow,
     )

@@ -60,7 +60,7 @@ def check_header(h: p.TransferHeader, local: LocalGeometry, free_replica_tokens:
         return f"buffer shape {list(h.buffer_shape)} != expected {local.buffer_shape(h.num_pages)}"
     if h.num_bytes != local.num_bytes(h.num_pages):
         return f"payload size {h.num_bytes} != expected {local.num_bytes(h.num_pages)}"
-    if not 1 <= h.num_chunks <= max(1, h.num_bytes // 4096 + 1):
+    if not 1 <= h.num_chunks <= h.num_bytes // 1024 + 1:  # chunks of at least 1 KiB, but the last
         return f"bad chunk count {h.num_chunks}"
     if not h.ttl_s > 0:
         return f"bad ttl {h.ttl_s}"
@@ -69,17 +69,51 @@ def check_header(h: p.TransferHeader, local: LocalGeometry, free_replica_tokens:
     return None
 
 
+class StagingPool:
+    """Reused receive buffers. A fresh multi-MB tensor per transfer costs a page fault per 4 KiB on first touch
+    (measured in docs/transport.md: it dominated receive time); buffers returned here are reused, best fit first,
+    up to `max_bytes` cached in total. I/O thread only."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._free: list[torch.Tensor] = []
+
+    def cached_bytes(self) -> int:
+        return sum(b.numel() for b in self._free)
+
+    def acquire(self, num_bytes: int) -> torch.Tensor:
+        fits = [b for b in self._free if b.numel() >= num_bytes]
+        if fits:
+            buf = min(fits, key=lambda b: b.numel())
+            self._free = [b for b in self._free if b is not buf]
+            return buf
+        return torch.empty(num_bytes, dtype=torch.uint8)
+
+    def release(self, buf: torch.Tensor) -> None:
+        if buf.numel() > self.max_bytes:
+            return
+        self._free.append(buf)
+        while self.cached_bytes() > self.max_bytes:
+            smallest = min(self._free, key=lambda b: b.numel())
+            self._free = [b for b in self._free if b is not smallest]
+
+
 @dataclass
 class Incoming:
     """A transfer being received: staged bytes plus bookkeeping."""
 
     header: p.TransferHeader
     peer: bytes
-    buffer: torch.Tensor
+    storage: torch.Tensor
+    """The staging buffer (may be larger than the payload; see `buffer`)."""
     started_s: float
     last_progress_s: float
     chunks: set[int] = field(default_factory=set)
     received_bytes: int = 0
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        return self.storage[:self.header.num_bytes]
 
     def add_chunk(self, chunk: p.TransferChunk, payload: memoryview, now_s: float) -> Optional[str]:
         h = self.header
@@ -133,6 +167,7 @@ class Outgoing:
     chunk_bytes: int
     started_s: float
     gather_s: float
+    header_sent: bool = False
     next_chunk: int = 0
     end_sent_s: Optional[float] = None
 

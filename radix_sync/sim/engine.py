@@ -270,7 +270,7 @@ class Engine:
         net = self.net
         return tuple(WorkerView(
             w.wid, "", w.num_running, w.num_waiting, w.waiting_new_tokens, w.waiting_cached_tokens,
-            w.waiting_attn_pairs, w.sum_ctx, w.iter_end_s if w.state else now, w.cache.free_tokens,
+            w.waiting_attn_pairs, w.sum_ctx, w.busy_until_s(now), w.cache.free_tokens,
             max(0, budget_cap - w.cache.tree.num_replica_pages * page), net.egress_free_s[w.wid],
             net.ingress_free_s[w.wid], bw) for w in self.workers)
 

@@ -247,6 +247,16 @@ class SimWorker:
         self.engine.on_finish(req, now)
 
     # ---- views ----
+    def busy_until_s(self, now: float) -> float:
+        """When a request arriving now could start: the end of the prefill iteration in progress, or of the
+        decode step in progress (a decode stretch is cut at the next step boundary); `now` when idle."""
+        if self.state == PREFILL:
+            return self.iter_end_s
+        if self.state == DECODE and now < self.iter_end_s:
+            k = self._steps_done_by(now)
+            return self.iter_start_s + self.p.decode_steps_s(k, self._macro_b, self._macro_ctx)
+        return now
+
     @property
     def num_waiting(self) -> int:
         return len(self.waiting) - self.num_admitted
