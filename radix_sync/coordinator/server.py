@@ -257,6 +257,21 @@ def _make_handler(coord: Coordinator):
                     return {"matched": coord.state.lookup(token_ids, namespace)}
             if method == "POST" and path == "/replicate":
                 return coord.admin_replicate(self._body())
+            if method == "POST" and path == "/arrivals":
+                body = self._body()
+                items = body.get("arrivals")
+                if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                    raise AdminError('body must be {"arrivals": [{"input_ids", "cache_salt"?, "worker"?, ...}]}')
+                now = time.monotonic()
+                with coord.lock:
+                    for item in items:
+                        coord.state.record_arrival(item, now)
+                return {"recorded": len(items)}
+            if method == "POST" and path == "/hints":
+                now = time.monotonic()
+                with coord.lock:
+                    rec = coord.state.record_hint(self._body(), now)
+                return {"recorded": 1, "kind": rec.kind, "prefix_len": rec.prefix_len}
             if method == "GET" and path == "/replications":
                 with coord.lock:
                     return [r.to_json() for r in coord.state.replications.values()]
@@ -272,6 +287,7 @@ def _make_handler(coord: Coordinator):
                             "policy": coord.config.policy, "mode": coord.config.mode,
                             "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
                             "num_protocol_errors": st.num_protocol_errors,
+                            "num_recent_arrivals": len(st.arrivals), "num_live_hints": len(st.hints),
                             "replicas": [{"worker": w, "replication_id": r, **v}
                                          for (w, r), v in st.directory.replicas().items()],
                             "shadow_decisions": coord.shadow_decisions[-100:]}

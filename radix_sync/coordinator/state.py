@@ -86,6 +86,33 @@ class Replication:
         }
 
 
+@dataclass(frozen=True)
+class ArrivalRecord:
+    """A request the router saw (the earliest demand signal): where it went and what prefix it carried."""
+
+    time_s: float
+    namespace: str
+    block_hash: Optional[int]
+    """Hash of the prompt's last full page (names the whole prefix); None for a prompt shorter than a page."""
+    prompt_len: int
+    worker_id: str
+    session_id: str = ""
+
+
+@dataclass(frozen=True)
+class HintRecord:
+    """An explicit demand hint: `fanout` (k branches will extend this prefix) or `keepalive` (a session's next
+    turn is expected within ttl_s)."""
+
+    time_s: float
+    kind: str
+    namespace: str
+    block_hash: Optional[int]
+    prefix_len: int
+    k: int
+    ttl_s: float
+
+
 class AdminError(ValueError):
     """An admin request the coordinator refuses; the message says why (HTTP 400/404)."""
 
@@ -119,6 +146,8 @@ class ClusterState:
         self._by_routing: dict[bytes, str] = {}
         self.replications: dict[str, Replication] = {}
         self.hits: deque[HitRecord] = deque()
+        self.arrivals: deque[ArrivalRecord] = deque()
+        self.hints: deque[HintRecord] = deque()
         self.num_protocol_errors = 0
         # replication id -> (source routing id, command), held until the target says it expects the transfer
         self._awaiting_target: dict[str, tuple[bytes, p.ReplicatePages]] = {}
@@ -231,8 +260,11 @@ class ClusterState:
         for rep in self.replications.values():
             if rep.state in (PENDING, RUNNING) and now_s - rep.created_s > self.config.replication_timeout_s:
                 self._fail(rep.id, f"timed out after {self.config.replication_timeout_s:g}s", now_s)
-        while self.hits and now_s - self.hits[0].time_s > self.config.hit_window_s:
-            self.hits.popleft()
+        for log in (self.hits, self.arrivals):
+            while log and now_s - log[0].time_s > self.config.hit_window_s:
+                log.popleft()
+        while self.hints and now_s - self.hints[0].time_s > max(self.hints[0].ttl_s, self.config.hit_window_s):
+            self.hints.popleft()
         while len(self.replications) > self.config.max_replications_kept:
             oldest = next(iter(self.replications))
             del self.replications[oldest]
@@ -286,6 +318,39 @@ class ClusterState:
                                  expires_in_s=self.config.replication_timeout_s)
         return rep, self.workers[target].routing_id, expect
 
+    def _prefix_hash(self, token_ids: list[int], namespace: str, page_size: Optional[int]) -> tuple[Optional[int], int]:
+        if page_size is None:
+            sizes = {w.hello.page_size for w in self.workers.values()}
+            page_size = min(sizes) if sizes else 1
+        hashes = page_hashes(token_ids, page_size, namespace)
+        return (hashes[-1] if hashes else None), len(hashes) * page_size
+
+    def record_arrival(self, body: dict, now_s: float) -> ArrivalRecord:
+        """Raises AdminError on a malformed arrival."""
+        token_ids, namespace = _token_ids(body), _namespace(body)
+        worker_id = str(body.get("worker", ""))
+        page_size = self.workers[worker_id].hello.page_size if worker_id in self.workers else None
+        block_hash, _ = self._prefix_hash(token_ids, namespace, page_size)
+        rec = ArrivalRecord(now_s, namespace, block_hash, len(token_ids), worker_id, str(body.get("session_id", "")))
+        self.arrivals.append(rec)
+        return rec
+
+    def record_hint(self, body: dict, now_s: float) -> HintRecord:
+        kind = body.get("kind")
+        if kind not in ("fanout", "keepalive"):
+            raise AdminError(f"hint kind must be fanout or keepalive, got {kind!r}")
+        token_ids, namespace = _token_ids(body), _namespace(body)
+        try:
+            k, ttl_s = int(body.get("k", 1)), float(body.get("ttl_s", 60.0))
+        except (TypeError, ValueError):
+            raise AdminError("k must be an integer and ttl_s a number") from None
+        if k < 1 or not ttl_s > 0:
+            raise AdminError(f"need k >= 1 and ttl_s > 0, got k={k} ttl_s={ttl_s}")
+        block_hash, prefix_len = self._prefix_hash(token_ids, namespace, None)
+        rec = HintRecord(now_s, kind, namespace, block_hash, prefix_len, k, ttl_s)
+        self.hints.append(rec)
+        return rec
+
     def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
         """Tokens of `token_ids` each worker holds (as owner or replica), per the directory."""
         out: dict[str, int] = {wid: 0 for wid in self.workers}
@@ -326,3 +391,17 @@ class ClusterState:
         assert len(self._by_routing) == len(self.workers)
         for wid in self.directory.workers():
             assert wid in self.workers, f"directory holds pages of unknown worker {wid}"
+
+
+def _token_ids(body: dict) -> list[int]:
+    token_ids = body.get("input_ids")
+    if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
+        raise AdminError("input_ids must be a list of non-negative integers")
+    return token_ids
+
+
+def _namespace(body: dict) -> str:
+    namespace = body.get("cache_salt") or ""
+    if not isinstance(namespace, str):
+        raise AdminError("cache_salt must be a string")
+    return namespace

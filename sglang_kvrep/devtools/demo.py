@@ -2,7 +2,7 @@
 
 For each of `--repeats` fresh prompts P (`--prompt-len` tokens): worker A serves P; `POST /replicate` copies P's
 KV pages from A to B; then B serves P + a new suffix (a replica hit) and, for comparison, a cold prompt of the
-same length it has never seen. It checks that B's greedy output equals A's, and prints the replication time
+same length it has never seen. TTFT is the server's `first_token_latency` of a one-token request. It checks that B's greedy output equals A's, and prints the replication time
 (with its breakdown) and B's time-to-first-token warm vs cold, as medians.
 """
 from __future__ import annotations
@@ -38,15 +38,15 @@ def run_demo(args) -> int:
         procs.append(coord)
         coord.wait_ready()
         _progress(f"starting two CPU SGLang workers with model '{args.model}' (~30-60 s)")
-        a = Worker("worker-A", args.model, logs, coordinator=coord.endpoint, max_total_tokens=32768)
+        a = Worker("worker-A", args.model, logs, coordinator=coord.endpoint, max_total_tokens=65536)
         procs.append(a)
-        b = Worker("worker-B", args.model, logs, coordinator=coord.endpoint, max_total_tokens=32768)
+        b = Worker("worker-B", args.model, logs, coordinator=coord.endpoint, max_total_tokens=65536)
         procs.append(b)
         a.wait_ready()
         b.wait_ready()
         coord.wait_workers([a.worker_id, b.worker_id])
         _progress(f"cluster up: coordinator admin {coord.admin}, workers {a.url} {b.url}")
-        warm = [_ttft(b, [rng.randrange(10, 4000) for _ in range(64)])]  # warm up both workers' code paths
+        _ttft(b, [rng.randrange(10, 4000) for _ in range(64)])  # warm up both workers' code paths
         _ttft(a, [rng.randrange(10, 4000) for _ in range(64)])
         rows = []
         for i in range(args.repeats):
@@ -60,9 +60,10 @@ def run_demo(args) -> int:
             rep = coord.wait_replication(rep["id"])
             if rep["state"] != "done":
                 raise RuntimeError(f"replication failed: {rep}")
+            # the replica hit first: a cold prompt first could evict it (replicas are evicted before anything else)
+            warm_s, warm_out = _ttft(b, P + suffix)
             cold_ids = [rng.randrange(10, 4000) for _ in range(args.prompt_len + len(suffix))]
             cold_s, _ = _ttft(b, cold_ids)
-            warm_s, warm_out = _ttft(b, P + suffix)
             same = b.generate(P + suffix, 16)["output_ids"] == a.generate(P + suffix, 16)["output_ids"]
             rows.append({"replication_s": rep["total_s"], "bytes": rep["bytes"], **rep["timings_s"],
                          "cold_ttft_s": cold_s, "replica_ttft_s": warm_s,

@@ -105,3 +105,16 @@ def test_bad_json_body_and_unknown_endpoint(coord):
     except urllib.error.HTTPError as exc:
         assert exc.code == 400 and b"not JSON" in exc.read()
     assert coord.get("/nope")[0] == 404
+
+
+def test_arrivals_and_hints_are_recorded_and_validated(coord):
+    status, body = coord.post("/arrivals", {"arrivals": [{"input_ids": list(range(9)), "worker": "w1"},
+                                                         {"input_ids": [1, 2], "cache_salt": "t"}]})
+    assert status == 200 and body == {"recorded": 2}
+    status, body = coord.post("/hints", {"kind": "fanout", "input_ids": list(range(16)), "k": 8})
+    assert status == 200 and body["kind"] == "fanout"
+    status_after = coord.get("/status")[1]
+    assert status_after["num_recent_arrivals"] >= 2 and status_after["num_live_hints"] >= 1
+    assert coord.post("/arrivals", {"arrivals": [{"input_ids": "x"}]})[0] == 400
+    assert coord.post("/hints", {"kind": "prefetch", "input_ids": [1]})[0] == 400
+    assert coord.post("/hints", {"kind": "keepalive", "input_ids": [1], "ttl_s": -1})[0] == 400
