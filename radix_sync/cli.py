@@ -1,4 +1,4 @@
-"""The `kvrep` command line: `kvrep coordinator`, `kvrep sim`, `kvrep demo`.
+"""The `kvrep` command line: `kvrep coordinator`, `kvrep router`, `kvrep sim`, `kvrep demo`.
 
 Subcommands import their modules lazily so `kvrep coordinator` never pays for torch or sglang imports.
 """
@@ -15,7 +15,9 @@ def _add_coordinator(sub) -> None:
     p.add_argument("--bind", default="tcp://127.0.0.1:5600", help="ZMQ endpoint for worker agents")
     p.add_argument("--admin-host", default="127.0.0.1")
     p.add_argument("--admin-port", type=int, default=5680, help="JSON admin API port (0: any free port)")
-    p.add_argument("--policy", default="rules", choices=["rules", "none"])
+    p.add_argument("--policy", default="rules", choices=["kvrep", "rules", "none"],
+                   help="kvrep: the predictive planner; rules: the rule-based baseline; none: admin calls only")
+    p.add_argument("--profile", default="cpu-local", help="cost profile of the kvrep planner (name or JSON path)")
     p.add_argument("--mode", default="active", choices=["active", "shadow"])
     p.add_argument("--tick-s", type=float, default=0.25)
     p.add_argument("--worker-timeout-s", type=float, default=5.0)
@@ -39,6 +41,7 @@ def _run_coordinator(args) -> int:
     try:
         config = CoordinatorConfig(
             bind=args.bind, admin_host=args.admin_host, admin_port=args.admin_port, policy=args.policy,
+            profile=args.profile,
             mode=args.mode, tick_s=args.tick_s,
             rules=RuleConfig(args.rule_min_prefix_len, args.rule_min_hits, args.rule_window_s, args.rule_max_queue,
                              args.rule_ttl_s),
@@ -53,6 +56,64 @@ def _run_coordinator(args) -> int:
     print(f"kvrep coordinator: workers -> {coord.endpoint}  admin -> http://{args.admin_host}:{coord.admin_port}",
           flush=True)
     coord.serve_forever()
+    return 0
+
+
+def _add_router(sub) -> None:
+    p = sub.add_parser("router", help="run the cache-aware HTTP router in front of the workers")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
+    p.add_argument("--coordinator", default=None, help="coordinator admin URL, e.g. http://127.0.0.1:5680")
+    p.add_argument("--worker", action="append", default=[], help="worker URL (repeatable; static workers)")
+    p.add_argument("--tenants", default=None, help="JSON or TOML file: api keys -> tenant -> namespace")
+    p.add_argument("--tokenizer", default="auto",
+                   help="the workers' model dir or tokenizer id; 'auto': ask a worker's /model_info; 'none'")
+    p.add_argument("--page-size", type=int, default=16, help="page size when no worker reported one")
+    p.add_argument("--prefill-s-per-token", type=float, default=5e-5)
+    p.add_argument("--queue-s-per-request", type=float, default=0.005)
+    p.add_argument("--kv-bytes-per-token", type=int, default=131072)
+    p.add_argument("--link-gbps", type=float, default=80.0, help="worker-to-worker copy bandwidth, Gbit/s")
+    p.add_argument("--connect-timeout-s", type=float, default=2.0)
+    p.add_argument("--read-timeout-s", type=float, default=600.0)
+    p.add_argument("--max-connections-per-worker", type=int, default=256)
+    p.add_argument("--shutdown-timeout-s", type=float, default=30.0)
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_run_router)
+
+
+def _run_router(args) -> int:
+    import asyncio
+
+    from radix_sync.router.config import RouterConfig
+    from radix_sync.router.policy import RouterCosts
+    from radix_sync.router.server import serve
+    from radix_sync.router.tokenize import PromptTokenizer
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        costs = RouterCosts(prefill_s_per_token=args.prefill_s_per_token, queue_s_per_request=args.queue_s_per_request,
+                            kv_bytes_per_token=args.kv_bytes_per_token, link_bytes_per_s=args.link_gbps * 1e9 / 8)
+        tokenizer = None if args.tokenizer in ("auto", "none") else args.tokenizer
+        config = RouterConfig(host=args.host, port=args.port, coordinator_url=args.coordinator,
+                              worker_urls=tuple(args.worker), tenants_path=args.tenants,
+                              tokenizer=None if args.tokenizer == "none" else args.tokenizer,
+                              page_size=args.page_size, costs=costs, connect_timeout_s=args.connect_timeout_s,
+                              read_timeout_s=args.read_timeout_s,
+                              max_connections_per_worker=args.max_connections_per_worker,
+                              shutdown_timeout_s=args.shutdown_timeout_s)
+        if config.tenants_path:
+            from radix_sync.router.tenants import TenantTable
+            TenantTable.load(config.tenants_path)  # fail fast on a bad file
+    except ValueError as exc:
+        print(f"kvrep router: {exc}", file=sys.stderr)
+        return 2
+    prompt_tokenizer = PromptTokenizer.from_pretrained(tokenizer) if tokenizer else None
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(config, prompt_tokenizer))
     return 0
 
 
@@ -85,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvrep", description="predictive speculative KV replication for SGLang")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_coordinator(sub)
+    _add_router(sub)
     _add_sim(sub)
     _add_demo(sub)
     args = parser.parse_args(argv)

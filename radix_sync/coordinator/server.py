@@ -24,6 +24,7 @@ from radix_sync.coordinator.rules import RuleBasedPolicy, RuleConfig
 from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig
 
 log = logging.getLogger("kvrep.coordinator")
+POLICIES = ("kvrep", "rules", "none")
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class CoordinatorConfig:
     admin_port: int = 5680
     """Port of the JSON admin API (0 picks a free one)."""
     policy: str = "rules"
-    """`rules` (the baseline) or `none` (admin-driven only)."""
+    """`kvrep` (the predictive planner), `rules` (the rule-based baseline) or `none` (admin-driven only)."""
+    profile: str = "cpu-local"
+    """Cost profile the `kvrep` planner starts from (a name in radix_sync/profiles/ or a JSON path)."""
     mode: str = "active"
     """`active` sends the policy's commands; `shadow` only records them."""
     tick_s: float = 0.25
@@ -43,8 +46,8 @@ class CoordinatorConfig:
     state: StateConfig = StateConfig()
 
     def __post_init__(self) -> None:
-        if self.policy not in ("rules", "none"):
-            raise ValueError(f"unknown policy {self.policy!r} (choose rules or none)")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (choose one of {', '.join(POLICIES)})")
         if self.mode not in ("active", "shadow"):
             raise ValueError(f"mode must be active or shadow, got {self.mode!r}")
         if not self.tick_s > 0:
@@ -56,7 +59,8 @@ class Coordinator:
         self.config = config
         self.state = ClusterState(config.state)
         self.lock = threading.Lock()
-        self.policy = RuleBasedPolicy(config.rules) if config.policy == "rules" else None
+        self.mode = config.mode
+        self.policy = self._make_policy(config.policy)
         self.shadow_decisions: list[dict] = []
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
@@ -70,6 +74,35 @@ class Coordinator:
         self._http = ThreadingHTTPServer((config.admin_host, config.admin_port), _make_handler(self))
         self._http.daemon_threads = True
         self.admin_port = self._http.server_address[1]
+
+    def _make_policy(self, name: str):
+        if name == "rules":
+            return RuleBasedPolicy(self.config.rules)
+        if name == "kvrep":
+            from radix_sync.coordinator.live_planner import LivePlanner
+
+            return LivePlanner(self.config.profile)
+        return None
+
+    def set_policy(self, name: str, mode: str) -> None:
+        """Switch policy and mode at run time (admin `POST /policy`). Caller holds the lock."""
+        if name not in POLICIES:
+            raise AdminError(f"unknown policy {name!r} (choose one of {', '.join(POLICIES)})")
+        if mode not in ("active", "shadow"):
+            raise AdminError(f"mode must be active or shadow, got {mode!r}")
+        if self.policy is None or self.policy.name != name:
+            self.policy = self._make_policy(name)
+        self.mode = mode
+
+    def _decisions(self, now: float) -> list[tuple[str, str, str, int, int, float]]:
+        """(source, target, namespace, block hash, prefix tokens, ttl) from whichever policy runs."""
+        if self.policy is None:
+            return []
+        if self.policy.name == "kvrep":
+            return [(d.source, d.target, d.namespace, d.block_hash, d.depth_len, d.ttl_s)
+                    for d in self.policy.decide(self.state, now)]
+        return [(d.source, d.target, d.namespace, d.block_hash, d.prefix_len, d.ttl_s)
+                for d in self.policy.decide(self.state.rule_snapshot(now), now)]
 
     # ------------------------------------------------------------------------------------------------- running
     def serve_forever(self) -> None:
@@ -156,21 +189,20 @@ class Coordinator:
         now = time.monotonic()
         with self.lock:
             self.state.tick(now)
-            if self.policy is None:
-                return
-            decisions = self.policy.decide(self.state.rule_snapshot(now), now)
-            for d in decisions:
-                if self.config.mode == "shadow":
-                    self.shadow_decisions.append({"time_s": now, "source": d.source, "target": d.target,
-                                                  "namespace": d.namespace, "prefix_len": d.prefix_len})
+            for source, target, namespace, block_hash, prefix_len, ttl_s in self._decisions(now):
+                if self.mode == "shadow":
+                    self.shadow_decisions.append({"time_s": now, "policy": self.policy.name, "source": source,
+                                                  "target": target, "namespace": namespace,
+                                                  "prefix_len": prefix_len})
+                    del self.shadow_decisions[:-1000]
                     continue
-                tokens = self.state.directory.prefix_tokens(d.block_hash)
+                tokens = self.state.directory.prefix_tokens(block_hash)
                 if tokens is None:
                     continue
                 try:
                     _, target_rid, expect = self.state.request_replication(
-                        d.source, d.target, tokens, d.namespace, d.ttl_s, now, origin=self.policy.name,
-                        block_hash=d.block_hash)
+                        source, target, tokens[:prefix_len], namespace, ttl_s, now, origin=self.policy.name,
+                        block_hash=block_hash)
                 except AdminError as exc:
                     log.info("policy decision refused: %s", exc)
                     continue
@@ -272,6 +304,11 @@ def _make_handler(coord: Coordinator):
                 with coord.lock:
                     rec = coord.state.record_hint(self._body(), now)
                 return {"recorded": 1, "kind": rec.kind, "prefix_len": rec.prefix_len}
+            if method == "POST" and path == "/policy":
+                body = self._body()
+                with coord.lock:
+                    coord.set_policy(str(body.get("policy", "")), str(body.get("mode", coord.mode)))
+                    return {"policy": coord.policy.name if coord.policy else "none", "mode": coord.mode}
             if method == "GET" and path == "/replications":
                 with coord.lock:
                     return [r.to_json() for r in coord.state.replications.values()]
@@ -284,7 +321,7 @@ def _make_handler(coord: Coordinator):
                     except AssertionError as exc:
                         integrity = f"violated: {exc}"
                     return {"integrity": integrity, "coordinator_id": st.coordinator_id, "endpoint": coord.endpoint,
-                            "policy": coord.config.policy, "mode": coord.config.mode,
+                            "policy": coord.policy.name if coord.policy else "none", "mode": coord.mode,
                             "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
                             "num_protocol_errors": st.num_protocol_errors,
                             "num_recent_arrivals": len(st.arrivals), "num_live_hints": len(st.hints),

@@ -10,8 +10,15 @@ recomputing elsewhere, with queue waits taken from a per-worker forecast at the 
 current backlog draining, plus the predicted work of other prefixes). Several expected requests (a fan-out hint,
 a hot prefix) are spread over the holders, each one waiting behind the previous. Candidates are taken greedily by
 gain per byte under per-link backlog and per-worker replica budgets; after each accepted copy the prefix's
-candidates are re-scored (the marginal gain of one more holder). Depth is chosen among a few page-aligned
-fractions by net gain; the TTL covers the predicted reuse window.
+candidates are re-scored (the marginal gain of one more holder). Copies are chained: every holder is a source,
+including one whose copy (or the prefill of the prefix itself) is still in flight, from its arrival on, so a
+fan-out spreads as a broadcast tree instead of queueing on the first holder's link:
+
+    t=0      holder 0 ──▶ 1
+    t=x      0 ──▶ 2     1 ──▶ 3                 (x: one copy's time; k rounds reach 2^k holders)
+    t=2x     0 ──▶ 4     1 ──▶ 5    2 ──▶ 6    3 ──▶ 7
+
+Depth is chosen among a few page-aligned fractions by net gain; the TTL covers the predicted reuse window.
 
 Pure: `plan(snapshot, now)` reads nothing else than the snapshot, `now` and the learned gap models.
 """
@@ -49,7 +56,7 @@ class PlannerConfig:
     """Skip sources/targets whose link is booked further than this ahead, s."""
     max_copies_per_tick: int = 16
     """Most copies one planning pass may issue."""
-    max_spread: int = 8
+    max_spread: int = 32
     """Most requests of one prefix modelled individually when spreading them over holders."""
     min_ttl_s: float = 5.0
     """Shortest replica TTL, s."""
@@ -57,11 +64,13 @@ class PlannerConfig:
     """Longest replica TTL, s."""
     ttl_quantile: float = 0.9
     """TTL covers the predicted arrival up to this quantile of the gap distribution."""
+    hint_ttl_s: float = 15.0
+    """TTL after the hinted arrival time, s (a hint's time is an estimate; a hit promotes the replica anyway)."""
     allow_pull: bool = True
     """Whether the router may copy on the critical path (then a pre-copy saves only the copy's wait)."""
 
     def __post_init__(self) -> None:
-        for name in ("horizon_s", "min_ttl_s", "max_ttl_s", "max_link_backlog_s"):
+        for name in ("horizon_s", "min_ttl_s", "max_ttl_s", "max_link_backlog_s", "hint_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
         if self.min_ttl_s > self.max_ttl_s:
@@ -86,7 +95,7 @@ class _NodePlan:
     new_len: int
     depth: dict[int, int]  # worker -> tokens held (landed or in flight)
     eta: dict[int, float]  # worker -> when its copy lands (absent: landed)
-    source: int
+    source: int  # the deepest holder that is ready first (for pull estimates)
 
 
 class KvrepPlanner:
@@ -151,7 +160,6 @@ class KvrepPlanner:
             if demand.expected_count <= 0.0:
                 continue
             depth, eta = {}, {}
-            source, source_depth = -1, 0
             for h in node.holders:
                 if h.depth_len > depth.get(h.worker_id, 0):
                     depth[h.worker_id] = h.depth_len
@@ -159,10 +167,9 @@ class KvrepPlanner:
                         eta[h.worker_id] = h.eta_s
                     else:
                         eta.pop(h.worker_id, None)
-                if h.eta_s is None and h.depth_len > source_depth:
-                    source, source_depth = h.worker_id, h.depth_len
-            if source < 0:
+            if not depth:
                 continue
+            source = min(depth, key=lambda w: (-depth[w], eta.get(w, now), w))
             new_len = node.expected_new_len or self.cfg.default_new_len
             plans.append(_NodePlan(node, demand, new_len, depth, eta, source))
         return plans
@@ -175,7 +182,7 @@ class KvrepPlanner:
             q = f0 + self.cfg.ttl_quantile * (1.0 - f0)
             until = node.last_finish_s + m.quantile(min(q, 0.999))
         else:
-            until = max(d.arrival_s, now) + (self.cfg.min_ttl_s if d.source == "hint" else self.cfg.horizon_s)
+            until = max(d.arrival_s, now) + (self.cfg.hint_ttl_s if d.source == "hint" else self.cfg.horizon_s)
         return min(self.cfg.max_ttl_s, max(self.cfg.min_ttl_s, until - land_s))
 
     def plan(self, snap: ClusterSnapshot, now: float) -> list[Replicate]:
@@ -228,16 +235,18 @@ class KvrepPlanner:
             src = workers[np_.source]
             if count * self.cost.transfer_s(np_.node.token_len * kvb, src.nic_bandwidth_bytes_per_s) < cfg.min_gain_s:
                 return
-        # Cheap bound: even an idle target cannot beat the holder by more than its wait.
+        # Cheap bound: even an idle target cannot save more than the holder's wait per request, plus, for several
+        # requests, the time they would queue behind each other at the holder (k(k-1)/2 hit prefills).
         holder_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in np_.depth)
-        if (holder_wait - min_wait) * np_.demand.expected_count < cfg.min_gain_s:
+        k = max(1, min(cfg.max_spread, math.ceil(count - 1e-9)))
+        self_queue = self.cost.prefill_s(np_.new_len, np_.node.token_len) * k * (k - 1) / 2.0
+        if (holder_wait - min_wait) * count + self_queue < cfg.min_gain_s:
             return
         while len(out) < cfg.max_copies_per_tick:
             best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, now)
             if best is None:
                 break
-            gain, target, depth, start, land = best
-            src = np_.source
+            gain, target, depth, src, land = best
             egress[src] = ingress[target] = land
             budget[target] -= depth - np_.depth.get(target, 0)
             free[target] = max(0, free[target] - (depth - np_.depth.get(target, 0)))
@@ -247,23 +256,26 @@ class KvrepPlanner:
 
     def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
                         egress: list[float], ingress: list[float], budget: list[int], free: list[int],
-                        now: float) -> Optional[tuple[float, int, int, float, float]]:
-        cfg, L, src = self.cfg, np_.node.token_len, np_.source
-        if egress[src] > now + cfg.max_link_backlog_s:
+                        now: float) -> Optional[tuple[float, int, int, int, float]]:
+        """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None."""
+        cfg, L = self.cfg, np_.node.token_len
+        limit = now + cfg.max_link_backlog_s
+        sources = [(max(np_.eta.get(s, now), egress[s]), s) for s, d in np_.depth.items() if egress[s] <= limit]
+        if not sources:
             return None
+        sources.sort()
         opts = [self._option_s(np_, w, fc, workers, kvb) for w in range(len(workers))]
         count = np_.demand.expected_count
         base = self._spread_s(opts, count)
-        fp = workers[src].fingerprint
-        best: Optional[tuple[float, int, int, float, float]] = None
+        fp = workers[np_.source].fingerprint
+        best: Optional[tuple[float, int, int, int, float]] = None
         best_ratio = 0.0
         page = self._page_len
         t_a = np_.demand.arrival_s
         for w in workers:
             t = w.worker_id
             held = np_.depth.get(t, 0)
-            if (t == src or w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0
-                    or ingress[t] > now + cfg.max_link_backlog_s):
+            if w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0 or ingress[t] > limit:
                 continue
             wait_t = fc.wait_at(t, t_a)
             target_best = None
@@ -276,10 +288,19 @@ class KvrepPlanner:
                 if tokens > budget[t]:
                     continue
                 nbytes = tokens * kvb
-                bw = min(workers[src].nic_bandwidth_bytes_per_s, w.nic_bandwidth_bytes_per_s)
-                xfer = self.cost.transfer_s(nbytes, bw)
-                start = max(now, egress[src], ingress[t])
-                land = start + xfer
+                # the source that lands the copy first (a holder is a source from its own arrival on)
+                src, land, xfer = -1, math.inf, 0.0
+                for ready, s in sources:
+                    if ready >= land:
+                        break
+                    if s == t or np_.depth[s] < depth:
+                        continue
+                    x = self.cost.transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s,
+                                                         w.nic_bandwidth_bytes_per_s))
+                    if max(now, ready, ingress[t]) + x < land:
+                        src, land, xfer = s, max(now, ready, ingress[t]) + x, x
+                if src < 0:
+                    continue
                 svc = self.cost.prefill_s(np_.new_len + L - depth, depth)
                 new_opt = (max(wait_t, land - t_a) + svc, svc)
                 if new_opt[0] >= opts[t][0]:
@@ -292,7 +313,7 @@ class KvrepPlanner:
                 gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost
                 # depth by marginal gain: the deepest copy wins unless a shallower one nets more
                 if gain >= cfg.min_gain_s and (target_best is None or gain > target_best[0]):
-                    target_best = (gain, t, depth, start, land, nbytes)
+                    target_best = (gain, t, depth, src, land, nbytes)
             if target_best is not None:
                 ratio = target_best[0] / target_best[5]
                 if ratio > best_ratio:

@@ -2,7 +2,9 @@
 
 Signals, strongest first: explicit hints (fan-out of K branches, keep-alive during a tool call), session
 continuation (after a response ends with a tool call or a turn, the next request arrives after a gap whose
-distribution `GapModel` learns online per class and stop reason), popularity (recent hit rate with burst
+distribution `GapModel` learns online per class and stop reason; the probability of a follow-up decays with the
+time already elapsed through the gap's survival function, and a silent session counts as abandoned once that
+posterior falls below `abandon_p`), popularity (recent hit rate with burst
 detection). `DemandPredictor.predict` is a pure function of a `PrefixView`, `now` and the learned gap models.
 """
 
@@ -42,6 +44,8 @@ class PredictorConfig:
     """Window for the long-run hit rate, s."""
     burst_window_s: float = 3.0
     """Window for the burst hit rate, s."""
+    abandon_p: float = 0.02
+    """A silent session counts as abandoned once the posterior probability of a follow-up is below this."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gap_min_s < self.gap_max_s:
@@ -52,7 +56,7 @@ class PredictorConfig:
                      "popularity_window_s", "burst_window_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
-        for name in ("prior_continue_tool", "prior_continue_turn"):
+        for name in ("prior_continue_tool", "prior_continue_turn", "abandon_p"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
 
@@ -85,6 +89,10 @@ class GapModel:
             self.counts[i] = cfg.prior_weight * (cdf[i + 1] - cdf[i])
         self.num_continued = cfg.prior_weight * prior_continue
         self.num_ended = cfg.prior_weight * (1.0 - prior_continue)
+        self.num_open = 0.0
+        """Responses still waiting for their follow-up (censored observations), as last reported."""
+        self.open_alive = 0.0
+        """Their expected number of follow-ups still to come (sum of `p_alive`), as last reported."""
         self._cum: Optional[list[float]] = None
 
     def observe_gap(self, gap_s: float) -> None:
@@ -98,10 +106,56 @@ class GapModel:
         """Records a response that was never followed up."""
         self.num_ended += 1.0
 
+    def observe_late_followup(self, gap_s: float) -> None:
+        """Records a follow-up that arrived after its response had been counted as abandoned: the end is taken
+        back and the gap recorded."""
+        self.num_ended = max(0.0, self.num_ended - 1.0)
+        self.observe_gap(gap_s)
+
+    def observe_open(self, num_open: float, expected_alive: float) -> None:
+        """Reports the responses still waiting for a follow-up: `num_open` of them, of which `expected_alive`
+        (the sum of their `p_alive`) are expected to be followed up. They enter `p_continue` as censored data
+        (one EM step per report), so silence lowers the estimate long before anything counts as abandoned."""
+        self.num_open = num_open
+        self.open_alive = expected_alive
+
     @property
     def p_continue(self) -> float:
-        """Probability that a follow-up comes at all."""
-        return self.num_continued / (self.num_continued + self.num_ended)
+        """Probability that a follow-up comes at all: (continued + expected alive among the open) / all."""
+        return (self.num_continued + self.open_alive) / (self.num_continued + self.num_ended + self.num_open)
+
+    def survival(self, gap_s: float) -> float:
+        """P(gap > gap_s | a follow-up comes)."""
+        return 1.0 - self.cdf(gap_s)
+
+    def p_alive(self, elapsed_s: float) -> float:
+        """Posterior probability that a follow-up is still to come, `elapsed_s` after the response with none yet.
+
+        With c = p_continue and S the survival function of the gap: c S(e) / (1 - c + c S(e)). It decays with
+        the elapsed time, faster when the learned gaps are short.
+        """
+        c = self.p_continue
+        alive = c * self.survival(elapsed_s)
+        dead = 1.0 - c
+        return alive / (alive + dead) if alive + dead > 1e-12 else 0.0
+
+    def abandon_after_s(self, abandon_p: float) -> float:
+        """Elapsed time (s) after which `p_alive` is below `abandon_p`: S(e) < p (1 - c) / (c (1 - p))."""
+        c = self.p_continue
+        if c <= 0.0:
+            return 0.0
+        s_max = abandon_p * (1.0 - c) / (c * (1.0 - abandon_p))
+        if s_max >= 1.0:
+            return 0.0
+        return self.quantile(1.0 - s_max)
+
+    def p_within(self, elapsed_s: float, horizon_s: float) -> float:
+        """P(the follow-up arrives within `horizon_s` | none in the first `elapsed_s`):
+        c (S(e) - S(e + h)) / (1 - c + c S(e))."""
+        c = self.p_continue
+        s0 = self.survival(elapsed_s)
+        den = 1.0 - c + c * s0
+        return c * (s0 - self.survival(elapsed_s + horizon_s)) / den if den > 1e-12 else 0.0
 
     def cdf(self, gap_s: float) -> float:
         """P(gap <= gap_s | a follow-up comes), interpolated log-linearly inside a bin."""
@@ -162,6 +216,19 @@ class DemandPredictor:
         """Feeds a response that was never followed up."""
         self.gap_model(class_key, stop).observe_end()
 
+    def observe_late_followup(self, class_key: str, stop: Optional[str], gap_s: float) -> None:
+        """Feeds a follow-up of a response earlier fed to `observe_abandoned`."""
+        self.gap_model(class_key, stop).observe_late_followup(gap_s)
+
+    def is_abandoned(self, class_key: str, stop: Optional[str], elapsed_s: float) -> bool:
+        """Whether a response with no follow-up after `elapsed_s` counts as abandoned: the posterior probability
+        of a follow-up (`GapModel.p_alive`) has fallen below `abandon_p`."""
+        return self.gap_model(class_key, stop).p_alive(elapsed_s) < self.cfg.abandon_p
+
+    def abandon_after_s(self, class_key: str, stop: Optional[str]) -> float:
+        """Elapsed time (s) after which a silent response of this class and stop kind counts as abandoned."""
+        return self.gap_model(class_key, stop).abandon_after_s(self.cfg.abandon_p)
+
     def predict(self, node: PrefixView, now: float, horizon_s: float) -> Demand:
         """Predicts the requests extending `node` within `[now, now + horizon_s]`.
 
@@ -182,11 +249,9 @@ class DemandPredictor:
         if node.last_finish_s is not None:
             m = self.gap_model(node.class_key, node.last_stop)
             elapsed = max(0.0, now - node.last_finish_s)
-            pc = m.p_continue
-            f0, f1 = m.cdf(elapsed), m.cdf(elapsed + horizon_s)
-            surv = 1.0 - pc * f0
-            p = pc * (f1 - f0) / surv if surv > 1e-12 else 0.0
+            p = m.p_within(elapsed, horizon_s)
             if p > 0.0:
+                f0, f1 = m.cdf(elapsed), m.cdf(elapsed + horizon_s)
                 gap = m.quantile(0.5 * (f0 + f1))
                 return Demand(p, max(now, node.last_finish_s + gap), end, "session")
         if node.recent_hit_times_s:

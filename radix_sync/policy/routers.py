@@ -295,8 +295,9 @@ class ExpectedTtftRouter(RouterPolicy):
         self.kv_bytes_per_token = kv_bytes_per_token
         self.allow_pull = allow_pull
 
-    def options(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[Route]:
-        """Returns: the best option per worker, with its expected TTFT."""
+    def _scan(self, req: RequestView, workers: Sequence[WorkerView], now: float):
+        """Yields per worker (expected TTFT, worker id, kind, pull source, pull length); kind 0: as is, 1: wait
+        for a copy in flight, 2: pull. Routes are built by the callers (only the winner's, in `route`)."""
         cached = req.cached_len
         best_src = max(range(len(workers)), key=lambda i: (cached[i], -i))
         best_len = cached[best_src]
@@ -304,28 +305,45 @@ class ExpectedTtftRouter(RouterPolicy):
         for h in req.inflight:
             if h.eta_s is not None and h.depth_len > inflight.get(h.worker_id, (0, 0.0))[0]:
                 inflight[h.worker_id] = (h.depth_len, h.eta_s)
-        out = []
+        cost, prompt_len = self.cost, req.prompt_len
+        pull_bytes = self.kv_bytes_per_token
         for w in workers:
             i = w.worker_id
-            wait = queue_wait_s(self.cost, w, now)
+            wait = queue_wait_s(cost, w, now)
             local = cached[i]
-            best = Route(i, expected_ttft_s=wait + self.cost.prefill_s(req.prompt_len - local, local))
+            t_best, kind = wait + cost.prefill_s(prompt_len - local, local), 0
             if i in inflight and inflight[i][0] > local:
                 depth, eta = inflight[i]
-                t = max(wait, eta - now) + self.cost.prefill_s(req.prompt_len - depth, depth)
-                if t < best.expected_ttft_s:
-                    best = Route(i, wait_inflight=True, expected_ttft_s=t)
+                t = max(wait, eta - now) + cost.prefill_s(prompt_len - depth, depth)
+                if t < t_best:
+                    t_best, kind = t, 1
             if self.allow_pull and best_len > local and i != best_src and w.nic_bandwidth_bytes_per_s > 0:
-                eta = _pull_eta_s(workers[best_src], w, (best_len - local) * self.kv_bytes_per_token, self.cost, now)
-                t = max(wait, eta - now) + self.cost.prefill_s(req.prompt_len - best_len, best_len)
-                if t < best.expected_ttft_s:
-                    best = Route(i, pull_from=best_src, pull_len=best_len, expected_ttft_s=t)
-            out.append(best)
-        return out
+                eta = _pull_eta_s(workers[best_src], w, (best_len - local) * pull_bytes, cost, now)
+                t = max(wait, eta - now) + cost.prefill_s(prompt_len - best_len, best_len)
+                if t < t_best:
+                    t_best, kind = t, 2
+            yield t_best, i, kind, best_src, best_len
+
+    @staticmethod
+    def _route(t: float, i: int, kind: int, src: int, length: int) -> Route:
+        if kind == 1:
+            return Route(i, wait_inflight=True, expected_ttft_s=t)
+        if kind == 2:
+            return Route(i, pull_from=src, pull_len=length, expected_ttft_s=t)
+        return Route(i, expected_ttft_s=t)
+
+    def options(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[Route]:
+        """Returns: the best option per worker, with its expected TTFT."""
+        return [self._route(*o) for o in self._scan(req, workers, now)]
 
     def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
-        opts = self.options(req, workers, now)
-        return min(opts, key=lambda r: (round(r.expected_ttft_s, 9), _load(workers[r.worker_id]), r.worker_id))
+        best, best_key = None, None
+        for o in self._scan(req, workers, now):
+            w = workers[o[1]]
+            key = (round(o[0], 9), w.num_running + w.num_waiting, o[1])
+            if best_key is None or key < best_key:
+                best, best_key = o, key
+        return self._route(*best)
 
 
 def make_router(name: str, *, cost: Optional[CostModel] = None, page_len: int = 1, kv_bytes_per_token: int = 0,

@@ -20,6 +20,39 @@ class Directory:
     def add(self, page: int, worker: int) -> None:
         self.holders[page] = self.holders.get(page, 0) | (1 << worker)
 
+    def match_lens(self, pages: Sequence[int], num_workers: int) -> list[int]:
+        """Per worker, the number of leading pages of `pages` it holds.
+
+        Relies on each worker's prefix property (page i held implies pages 0..i-1 held), so the holder sets
+        along the prompt only shrink; each change point is found by binary search: O(distinct lengths x log n)
+        lookups instead of one tree search per worker.
+        """
+        out = [0] * num_workers
+        holders = self.holders
+        n = len(pages)
+        k = 0  # pages[:k] checked; `cur` = holders of pages[k - 1]
+        cur = holders.get(pages[0], 0) if n else 0
+        while cur:
+            lo, hi = k + 1, n  # holders(pages[lo-1]) == cur; find the last index with the same set
+            if holders.get(pages[hi - 1], 0) == cur:
+                lo = hi
+            else:
+                while lo < hi - 1:
+                    mid = (lo + hi) // 2
+                    if holders.get(pages[mid - 1], 0) == cur:
+                        lo = mid
+                    else:
+                        hi = mid
+            nxt = holders.get(pages[lo], 0) & cur if lo < n else 0
+            gone, i = cur & ~nxt, 0
+            while gone:
+                if gone & 1:
+                    out[i] = lo
+                gone >>= 1
+                i += 1
+            cur, k = nxt, lo
+        return out
+
     def remove(self, page: int, worker: int) -> None:
         bits = self.holders.get(page, 0) & ~(1 << worker)
         if bits:

@@ -21,10 +21,12 @@ from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer
 from radix_sync.sim.policies import PolicyBundle
 from radix_sync.sim.tracker import NodeTracker
-from radix_sync.sim.worker import SimWorker
+from radix_sync.sim.worker import DECODE, PREFILL, SimWorker
 from radix_sync.sim.workload import Session, SimRequest, Workload
 
 ARRIVE, ITER, XFER, EXPIRE, TICK, START = range(6)
+PENDING_TIMEOUT_S = 30.0
+"""A planned copy whose source has not got the pages this long after the expected time is dropped, s."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Engine:
         self.stats = RunStats(policy.name, profile, self.page_len)
         self.tracker = NodeTracker(policy.planner.predictor) if policy.planner else None
         self.inflight: list[Transfer] = []
+        self.pending: list[Transfer] = []
+        """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
         self.copies: list[list[CopyRecord]] = [[] for _ in range(cfg.num_workers)]
         self.shadow: list[dict] = []
         self._heap: list = []
@@ -130,7 +134,11 @@ class Engine:
         inflight: tuple = ()
         if self._needs_cached:
             page = self.page_len
-            cached = tuple(min(w.cache.match_len(req.pages) * page, req.prompt_len) for w in workers)
+            if self.policy.oracle:
+                cached = tuple(min(w.cache.match_len(req.pages) * page, req.prompt_len) for w in workers)
+            else:
+                plen = req.prompt_len
+                cached = tuple(min(m * page, plen) for m in self.directory.match_lens(req.pages, len(workers)))
             if self.inflight:
                 n = len(req.pages)
                 inflight = tuple(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s) for x in self.inflight
@@ -146,6 +154,20 @@ class Engine:
         views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
         route = self.policy.router.route(view, views, now)
         self._execute_route(req, route, now)
+        if req.hint_fanout and self.tracker is not None:
+            self._hint(req, route, now)
+
+    def _hint(self, req: SimRequest, route: Route, now: float) -> None:
+        """A request with a fan-out hint was routed: the coordinator learns the hint with the request (not when it
+        finishes), with the expected end of its prefill (the router's estimate) and of its decode, and plans at
+        once; copies from the worker computing the prompt start as soon as it holds it."""
+        cost = self.policy.planner.cost
+        w = self.workers[route.worker_id]
+        prefilled = now + route.expected_ttft_s
+        decode = cost.decode_steps_s(max(0, req.output_len - 1), w.num_running + 1, w.sum_ctx + req.prompt_len)
+        self.tracker.on_hint(req.pages, req.class_key, req.namespace, req.hint_fanout,
+                             prefilled + decode + req.hint_delay_s, route.worker_id, prefilled, now)
+        self._tick(now)
 
     def _execute_route(self, req: SimRequest, route: Route, now: float) -> None:
         w = self.workers[route.worker_id]
@@ -168,6 +190,9 @@ class Engine:
             if best is not None:
                 req.ready_s = best.end_s
                 req.est_cached = best.hi * self.page_len
+                if best.pending:
+                    req.ready_s = float("inf")  # until the copy is booked and lands
+                    best.waiters.append(req)
         w.enqueue(req, now)
 
     def on_admit(self, worker: SimWorker, req: SimRequest, matched_pages: int, now: float) -> None:
@@ -192,7 +217,8 @@ class Engine:
             self.stats.on_copy_hit(req, matched_pages * self.page_len)
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
-        pass
+        if self.pending:
+            self._start_pending(req.worker, now)
 
     def on_reject(self, req: SimRequest, now: float) -> None:
         self.stats.num_rejected += 1
@@ -226,18 +252,71 @@ class Engine:
     # ---- copies ----
     def _start_transfer(self, kind: str, src: int, dst: int, pages: list, lo: int, hi: int, now: float,
                         node_id: int = 0, ttl_s: float = 0.0) -> Transfer:
-        nbytes = (hi - lo) * self.page_len * self.p.kv_bytes_per_token
-        start, end = self.net.book(src, dst, nbytes, now)
-        lock = pages[hi - 1]
-        self.workers[src].cache.lock(lock)
-        x = Transfer(kind, src, dst, pages, lo, hi, nbytes, start, end, node_id, ttl_s, lock)
+        x = Transfer(kind, src, dst, pages, lo, hi, 0, now, now, node_id, ttl_s)
         self.inflight.append(x)
-        self._push(end, XFER, x)
-        self.stats.on_copy_started(x)
+        self._book(x, now)
         return x
+
+    def _book(self, x: Transfer, now: float) -> None:
+        x.num_bytes = (x.hi - x.lo) * self.page_len * self.p.kv_bytes_per_token
+        x.start_s, x.end_s = self.net.book(x.src, x.dst, x.num_bytes, now)
+        x.src_lock = x.pages[x.hi - 1]
+        self.workers[x.src].cache.lock(x.src_lock)
+        x.pending = False
+        for r in x.waiters:
+            r.ready_s = x.end_s
+        self._push(x.end_s, XFER, x)
+        self.stats.on_copy_started(x)
+
+    def _future_source(self, worker: int, node, hi: int) -> tuple[bool, Optional[Transfer], float]:
+        """Whether `worker` will hold the node's first `hi` pages (a copy to it in flight, or its own prefill of
+        the hinted prompt): (yes, the copy it waits for, expected time)."""
+        last = node.pages[hi - 1]
+        for x in self.inflight:
+            if x.dst == worker and x.hi >= hi and x.pages[hi - 1] == last:
+                return True, x, x.end_s
+        if node.owner == worker:
+            return True, None, max(self.now, node.owner_eta_s)
+        return False, None, 0.0
+
+    def _plan_pending(self, src: int, dst: int, node, lo: int, hi: int, parent: Optional[Transfer], ready_s: float,
+                      ttl_s: float, now: float) -> None:
+        nbytes = (hi - lo) * self.page_len * self.p.kv_bytes_per_token
+        start, end = self.net.estimate(src, dst, nbytes, max(now, ready_s))
+        x = Transfer("replica", src, dst, node.pages, lo, hi, nbytes, start, end, node.node_id, ttl_s, None,
+                     True, parent)
+        self.inflight.append(x)
+        self.pending.append(x)
+
+    def _start_pending(self, worker: int, now: float) -> None:
+        """`worker` got new pages: books the pending copies from it whose pages it now holds."""
+        cache = self.workers[worker].cache
+        for x in [x for x in self.pending if x.src == worker]:
+            if cache.match_len(x.pages[: x.hi]) < x.hi:
+                continue
+            self.pending.remove(x)
+            x.lo = self.workers[x.dst].cache.match_len(x.pages[: x.hi])
+            if x.lo >= x.hi:
+                self._cancel(x, now)
+            else:
+                self._book(x, now)
+
+    def _cancel(self, x: Transfer, now: float) -> None:
+        """Drops a copy that will not happen; requests waiting for it go ahead."""
+        if x in self.pending:
+            self.pending.remove(x)
+        self.inflight.remove(x)
+        for r in x.waiters:
+            r.ready_s = now
+        if x.waiters:
+            self.workers[x.dst].poke(now)
+        for y in [y for y in self.pending if y.parent is x]:
+            self._cancel(y, now)
 
     def _landed(self, x: Transfer, now: float) -> None:
         self.inflight.remove(x)
+        for r in x.waiters:
+            r.ready_s = min(r.ready_s, now)
         self.workers[x.src].cache.unlock(x.src_lock)
         w = self.workers[x.dst]
         cache = w.cache
@@ -253,6 +332,12 @@ class Engine:
                 self._push(until, EXPIRE, rec)
         elif lo < x.hi:
             self.stats.num_copy_failed += 1
+        if self.pending:
+            if cache.match_len(x.pages[: x.hi]) >= x.hi:
+                self._start_pending(x.dst, now)
+            else:
+                for y in [y for y in self.pending if y.parent is x]:
+                    self._cancel(y, now)
         w.poke(now)
 
     def _expire(self, rec: CopyRecord, now: float) -> None:
@@ -267,12 +352,17 @@ class Engine:
         """Returns: every worker's load report."""
         budget_cap = int(self.cfg.replica_budget_frac * self.p.kv_capacity_tokens)
         page, bw = self.page_len, self.p.nic_bandwidth_bytes_per_s
-        net = self.net
-        return tuple(WorkerView(
-            w.wid, "", w.num_running, w.num_waiting, w.waiting_new_tokens, w.waiting_cached_tokens,
-            w.waiting_attn_pairs, w.sum_ctx, w.busy_until_s(now), w.cache.free_tokens,
-            max(0, budget_cap - w.cache.tree.num_replica_pages * page), net.egress_free_s[w.wid],
-            net.ingress_free_s[w.wid], bw) for w in self.workers)
+        egress, ingress = self.net.egress_free_s, self.net.ingress_free_s
+        out = []
+        for w in self.workers:  # NOTE: the hottest loop of a kvrep run (once per arrival): attributes inlined
+            c, tree, i, na = w.cache, w.cache.tree, w.wid, w.num_admitted
+            busy = w.iter_end_s if w.state == PREFILL else (w.busy_until_s(now) if w.state == DECODE else now)
+            out.append(WorkerView(
+                i, "", len(w.running) + na, len(w.waiting) - na, w.waiting_new_tokens, w.waiting_cached_tokens,
+                w.waiting_attn_pairs, w.sum_ctx, busy,
+                c.capacity_tokens - len(tree.nodes) * page - c.reserved_tokens,
+                max(0, budget_cap - tree.num_replica_pages * page), egress[i], ingress[i], bw))
+        return tuple(out)
 
     def _prefix_views(self, views: tuple[WorkerView, ...], now: float) -> tuple[PrefixView, ...]:
         """The candidate nodes: those with a fan-out hint, a recent popularity signal, or whose every full
@@ -288,6 +378,10 @@ class Engine:
                 busy_mask |= 1 << i
         holders_of = self.directory.holders
         ewma = self.tracker.new_len_ewma
+        flying: dict[int, list[HolderView]] = {}
+        for x in self.inflight:
+            if x.kind == "replica":
+                flying.setdefault(x.node_id, []).append(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s))
         out = []
         for n in self.tracker.nodes.values():
             last = n.pages[n.num_pages - 1]
@@ -303,9 +397,10 @@ class Engine:
                                          n.num_pages * page))
                 bits >>= 1
                 i += 1
-            for x in self.inflight:
-                if x.kind == "replica" and x.node_id == n.node_id:
-                    hs.append(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s))
+            if n.owner >= 0 and not (holders_of.get(last, 0) >> n.owner) & 1:
+                hs.append(HolderView(n.owner, OWNER, n.num_pages * page, None, max(now, n.owner_eta_s)))
+            if n.node_id in flying:
+                hs.extend(flying[n.node_id])
             for sc in self.shadow:
                 if sc["node"] == n.node_id and sc["land_s"] + sc["ttl_s"] >= now:
                     hs.append(HolderView(sc["target"], REPLICA, sc["depth"] * page, None,
@@ -318,6 +413,8 @@ class Engine:
         return tuple(out)
 
     def _tick(self, now: float) -> None:
+        for x in [x for x in self.pending if now - x.start_s > PENDING_TIMEOUT_S]:
+            self._cancel(x, now)  # the source never got the pages (its prefill was rejected, its copy dropped)
         self.tracker.prune(now)
         if not self.tracker.nodes:
             return
@@ -330,19 +427,25 @@ class Engine:
                 continue
             hi = min(d.depth_len // self.page_len, n.num_pages)
             src, dst = self.workers[d.source].cache, self.workers[d.target].cache
+            ready, parent, ready_s = True, None, now
             if src.match_len(n.pages[:hi]) < hi:
-                continue
+                ready, parent, ready_s = self._future_source(d.source, n, hi)
+                if not ready:
+                    continue
+                ready = False
             lo = dst.match_len(n.pages[:hi])
             if lo >= hi:
                 continue
             if self.policy.shadow:
                 nbytes = (hi - lo) * self.page_len * self.p.kv_bytes_per_token
-                _, land = self.net.estimate(d.source, d.target, nbytes, now)
+                _, land = self.net.estimate(d.source, d.target, nbytes, max(now, ready_s))
                 self.shadow.append(dict(node=d.node_id, target=d.target, depth=hi, bytes=nbytes, land_s=land,
                                         ttl_s=d.ttl_s, useful=False))
                 self.stats.on_shadow_copy(nbytes)
-            else:
+            elif ready:
                 self._start_transfer("replica", d.source, d.target, n.pages, lo, hi, now, d.node_id, d.ttl_s)
+            else:
+                self._plan_pending(d.source, d.target, n, lo, hi, parent, ready_s, d.ttl_s, now)
         if self.shadow:
             self.shadow = [s for s in self.shadow if s["land_s"] + s["ttl_s"] >= now]
 

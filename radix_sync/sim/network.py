@@ -26,6 +26,13 @@ class Transfer:
     node_id: int = 0
     ttl_s: float = 0.0
     src_lock: Optional[int] = None
+    pending: bool = False
+    """Planned from a source that does not hold the pages yet (its own copy or prefill is in flight): not booked,
+    `start_s`/`end_s` are estimates until the source has the pages."""
+    parent: Optional["Transfer"] = None
+    """The copy in flight to `src` this one waits for (None: waits for `src`'s own prefill)."""
+    waiters: list = field(default_factory=list)
+    """Requests held until this copy lands (routed to wait for it while it was pending)."""
 
 
 @dataclass

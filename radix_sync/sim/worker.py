@@ -85,6 +85,24 @@ class SimWorker:
         """Smallest k >= 1 whose end is >= now (the step in progress at `now` completes)."""
         lo, hi = 1, self._macro_k
         b, c, t0 = self._macro_b, self._macro_ctx, self.iter_start_s
+        p = self.p
+        # Closed form first: t(k) = k per + a k(k-1)/2 with a = ctx cost x batch, per = cost of the first step;
+        # the root of t(k) = now - t0 is exact up to rounding, so only its neighbours are checked.
+        per = p.decode_step_s + p.decode_s_per_request * b + p.decode_s_per_ctx_token * c
+        a = p.decode_s_per_ctx_token * b
+        dt = now - t0
+        if per > 0.0:
+            if a > 0.0:
+                bq = per - a / 2.0
+                k = (-bq + (bq * bq + 2.0 * a * dt) ** 0.5) / a
+            else:
+                k = dt / per
+            k = min(max(int(k), 1), hi)
+            if t0 + p.decode_steps_s(k, b, c) >= now:
+                if k == 1 or t0 + p.decode_steps_s(k - 1, b, c) < now:
+                    return k
+            elif k + 1 <= hi and t0 + p.decode_steps_s(k + 1, b, c) >= now:
+                return k + 1
         while lo < hi:
             mid = (lo + hi) // 2
             if t0 + self.p.decode_steps_s(mid, b, c) >= now:
@@ -129,6 +147,7 @@ class SimWorker:
         budget = p.chunked_prefill_len
         batch: list[tuple[SimRequest, int]] = []
         dur = 0.0
+        num_rejected = 0
         for req in self.waiting:
             if budget <= 0:
                 break
@@ -141,13 +160,15 @@ class SimWorker:
                     if req.prompt_len + req.output_len > self.cache.capacity_tokens:
                         req.admitted = False
                         req.remaining_new = -1  # rejected: removed below
+                        num_rejected += 1
                         continue
                     break
             take = min(req.remaining_new, budget)
             dur += p.prefill_piece_s(take, req.prompt_len - req.remaining_new)
             batch.append((req, take))
             budget -= take
-        self._drop_rejected(now)
+        if num_rejected:
+            self._drop_rejected(now)
         if batch:
             self.state = PREFILL
             self._batch = batch
@@ -198,7 +219,13 @@ class SimWorker:
             self._batch = []
             if done:
                 ids = {id(r) for r in done}
-                self.waiting = deque(r for r in self.waiting if id(r) not in ids)
+                waiting = self.waiting
+                k = 0
+                while waiting and k < len(done) and id(waiting[0]) in ids:  # usually the head of the queue
+                    waiting.popleft()
+                    k += 1
+                if k < len(done):
+                    self.waiting = deque(r for r in waiting if id(r) not in ids)
                 for req in done:
                     self._prefilled(req, now)
         elif self.state == DECODE:

@@ -34,12 +34,12 @@ def test_copies_a_hinted_prefix_off_a_busy_holder():
     # Holder w0: 20 s of queue. Request expected at t=1. Without a copy the best option is pulling at route time
     # on w1: max(0, 100 B / 1000 B/s) + pf(10) = 0.1 + 0.1 = 0.2 s. With a replica landing at 0.1 s: 0.1 s.
     # gain = 1 x (0.2 - 0.1) - 0.05 x 0.1 s link = 0.095 s. Half depth (50) would give max(..) + pf(60) = 0.6: worse.
-    # TTL: hint -> until max(1.0, 0) + min_ttl 5 = 6.0, minus landing 0.1 = 5.9 s.
+    # TTL: hint -> until max(1.0, 0) + hint_ttl 15 = 16.0, minus landing 0.1 = 15.9 s.
     out = planner(allow_pull=True).plan(snapshot(), 0.0)
     assert len(out) == 1
     d = out[0]
     assert (d.node_id, d.source, d.target, d.depth_len) == (7, 0, 1, 100)
-    assert d.ttl_s == pytest.approx(5.9)
+    assert d.ttl_s == pytest.approx(15.9)
     assert d.gain_s == pytest.approx(0.095)
 
 

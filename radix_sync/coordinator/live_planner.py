@@ -1,0 +1,147 @@
+"""The predictive planner (`radix_sync.policy.KvrepPlanner`) hooked to the live coordinator.
+
+Builds the planner's `ClusterSnapshot` from the coordinator's exact state (directory, loads, replications in
+flight, prefix hits, router arrivals, hints), runs the very same planner object the simulator runs, and maps its
+`Replicate` commands back to worker ids and token ids. Completed replications calibrate the cost model's transfer
+estimate online. Who calls it: `Coordinator._tick` under the state lock.
+
+Not available live yet (and so not in the snapshot): how a response ended (tool call or turn) and when, which the
+session-continuation predictor uses; prefixes are predicted from hits, arrivals and hints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from radix_sync.coordinator.state import PENDING, RUNNING, ClusterState
+from radix_sync.directory import REPLICA
+from radix_sync.policy.cost import CostModel, load_profile
+from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
+from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
+
+_ITEMSIZE = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.uint8": 1}
+
+
+@dataclass(frozen=True)
+class LiveDecision:
+    source: str
+    target: str
+    namespace: str
+    block_hash: int
+    depth_len: int
+    ttl_s: float
+    gain_s: float
+
+
+def kv_bytes_per_token(fields: dict[str, str]) -> Optional[int]:
+    """KV bytes per token from a worker's fingerprint fields (MHA: 2 x layers x heads x dim x itemsize)."""
+    try:
+        dims = [int(x) for x in fields["kv_geometry"].strip("()").split(",") if x.strip()]
+        per_row = 1
+        for d in dims:
+            per_row *= d
+        factor = 1 if fields.get("mla") == "True" else 2
+        return factor * int(fields["num_layers"]) * per_row * _ITEMSIZE[fields["kv_store_dtype"]]
+    except (KeyError, ValueError):
+        return None
+
+
+class LivePlanner:
+    name = "kvrep"
+
+    def __init__(self, profile: str = "cpu-local",
+                 cfg: PlannerConfig = PlannerConfig(allow_pull=False)) -> None:
+        # NOTE: allow_pull=False because no live router copies on the request's path yet; with pulls assumed, a
+        # pre-copy for requests due now could never beat the (imaginary) pull and the planner would stay idle.
+        self.profile = load_profile(profile)
+        self.cost = CostModel(self.profile)
+        self.planner = KvrepPlanner(self.cost, cfg=cfg)
+        self._observed: set[str] = set()
+        self._namespaces: dict[str, int] = {"": 0}
+
+    def _ns(self, namespace: str) -> int:
+        return self._namespaces.setdefault(namespace, len(self._namespaces))
+
+    def observe(self, state: ClusterState) -> None:
+        """Calibrate transfer costs from replications that completed since the last call."""
+        for rep in state.replications.values():
+            if rep.state == "done" and rep.id not in self._observed and rep.finished_s is not None:
+                self._observed.add(rep.id)
+                if rep.num_bytes > 0:
+                    self.cost.observe_transfer(rep.num_bytes, rep.finished_s - rep.created_s)
+
+    def snapshot(self, state: ClusterState, now_s: float) -> tuple[ClusterSnapshot, list[str]]:
+        ids = sorted(state.workers)
+        index = {wid: i for i, wid in enumerate(ids)}
+        bw = self.profile.nic_bandwidth_bytes_per_s
+        in_flight = [r for r in state.replications.values() if r.state in (PENDING, RUNNING)]
+        kvb = next((b for b in (kv_bytes_per_token(state.workers[w].hello.fingerprint_fields) for w in ids) if b),
+                   self.profile.kv_bytes_per_token)
+        busy: dict[str, float] = {}
+        for r in in_flight:  # queued copies keep both ends of the link busy
+            seconds = r.num_tokens * kvb / bw if bw > 0 else 0.0
+            for wid in (r.source, r.target):
+                busy[wid] = max(busy.get(wid, now_s), now_s) + seconds
+        workers = []
+        for wid in ids:
+            rec = state.workers[wid]
+            load = rec.load
+            workers.append(WorkerView(
+                worker_id=index[wid], fingerprint=rec.hello.fingerprint,
+                num_running=load.num_running_reqs if load else 0, num_waiting=load.num_waiting_reqs if load else 0,
+                waiting_new_tokens=load.num_waiting_tokens if load else 0, busy_until_s=now_s,
+                free_tokens=load.available_tokens if load else 0,
+                replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)),
+                egress_busy_until_s=busy.get(wid, now_s), ingress_busy_until_s=busy.get(wid, now_s),
+                nic_bandwidth_bytes_per_s=bw))
+        page_len = min((state.workers[w].hello.page_size for w in ids), default=1)
+        # candidate prefixes: what was hit, what the router saw arriving, what a hint announced
+        times: dict[int, list[float]] = {}
+        namespaces: dict[int, str] = {}
+        for rec in list(state.hits) + list(state.arrivals):
+            if rec.block_hash is not None:
+                times.setdefault(rec.block_hash, []).append(rec.time_s)
+                namespaces[rec.block_hash] = rec.namespace
+        fanout: dict[int, tuple[int, float]] = {}
+        keepalive: dict[int, float] = {}
+        for hint in state.hints:
+            if hint.block_hash is None:
+                continue
+            namespaces[hint.block_hash] = hint.namespace
+            times.setdefault(hint.block_hash, [])
+            if hint.kind == "fanout" and now_s - hint.time_s < hint.ttl_s:
+                fanout[hint.block_hash] = (hint.k, hint.time_s)
+            elif hint.kind == "keepalive":
+                keepalive[hint.block_hash] = max(keepalive.get(hint.block_hash, 0.0), hint.time_s + hint.ttl_s)
+        prefixes = []
+        for block_hash, hit_times in times.items():
+            node = state.directory.node(block_hash)
+            if node is None or not node.token_ids:
+                continue  # nobody holds it (or its tokens are not known yet): nothing to copy
+            token_len = node.depth * page_len
+            holders = [HolderView(index[w], h.role, token_len, h.expires_at_s if h.role == REPLICA else None)
+                       for w, h in node.holders.items() if w in index]
+            for r in in_flight:
+                if r.block_hash == block_hash and r.target in index:
+                    eta = busy.get(r.target, now_s)
+                    holders.append(HolderView(index[r.target], REPLICA, r.num_tokens, now_s + r.ttl_s, eta))
+            k, hint_at = fanout.get(block_hash, (0, None))
+            prefixes.append(PrefixView(
+                node_id=block_hash, token_len=token_len, namespace=self._ns(namespaces.get(block_hash, "")),
+                holders=tuple(holders), recent_hit_times_s=tuple(sorted(hit_times)), fanout_hint=k,
+                hint_at_s=hint_at, keepalive_until_s=keepalive.get(block_hash)))
+        snap = ClusterSnapshot(workers=tuple(workers), prefixes=tuple(prefixes), page_len=page_len,
+                               kv_bytes_per_token=kvb)
+        return snap, ids
+
+    def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
+        self.observe(state)
+        snap, ids = self.snapshot(state, now_s)
+        out = []
+        for cmd in self.planner.plan(snap, now_s):
+            node = state.directory.node(cmd.node_id)
+            if node is None:
+                continue
+            out.append(LiveDecision(ids[cmd.source], ids[cmd.target], node.namespace, cmd.node_id, cmd.depth_len,
+                                    cmd.ttl_s, cmd.gain_s))
+        return out

@@ -1,0 +1,65 @@
+"""The predictive planner on the live coordinator's state: snapshot building and decisions."""
+from radix_sync import protocol as p
+from radix_sync.coordinator.live_planner import LivePlanner, kv_bytes_per_token
+from radix_sync.coordinator.state import ClusterState
+from radix_sync.hashing import page_hashes
+
+PS = 16
+FIELDS = {"kv_geometry": "(4, 64)", "num_layers": "8", "kv_store_dtype": "torch.bfloat16", "mla": "False"}
+
+
+def hello(wid):
+    return p.Hello(worker_id=wid, http_url="", data_endpoint="", fingerprint="f", fingerprint_fields=FIELDS,
+                   page_size=PS, pool_capacity_tokens=65536, replica_budget_tokens=16384)
+
+
+def load(wid, seq, waiting, waiting_tokens):
+    return p.LoadReported(worker_id=wid, seq=seq, num_running_reqs=1 if waiting else 0, num_waiting_reqs=waiting,
+                          num_waiting_tokens=waiting_tokens, available_tokens=60000, evictable_tokens=0,
+                          replica_tokens=0)
+
+
+def state_with_prefix(tokens, waiting_on_a):
+    st = ClusterState()
+    st.handle(b"A", hello("a"), 0.0)
+    st.handle(b"B", hello("b"), 0.0)
+    hashes = page_hashes(tokens, PS)
+    blocks = [p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+              for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
+    st.handle(b"A", p.PagesStored(worker_id="a", seq=1, namespace="", blocks=blocks), 0.5)
+    st.handle(b"A", load("a", 2, waiting_on_a, waiting_on_a * 2048), 0.9)
+    st.handle(b"B", load("b", 1, 0, 0), 0.9)
+    return st
+
+
+def test_kv_bytes_from_fingerprint_fields():
+    assert kv_bytes_per_token(FIELDS) == 2 * 8 * 4 * 64 * 2
+    assert kv_bytes_per_token({"kv_geometry": "(1, 576)", "num_layers": "4", "kv_store_dtype": "torch.uint8",
+                               "mla": "True"}) == 4 * 576
+    assert kv_bytes_per_token({}) is None
+
+
+def test_snapshot_reflects_directory_loads_and_hints():
+    tokens = list(range(100, 100 + 4096))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 8}, 1.0)
+    snap, ids = LivePlanner("cpu-local").snapshot(st, 1.0)
+    assert ids == ["a", "b"] and snap.page_len == PS and snap.kv_bytes_per_token == 8192
+    assert [w.num_waiting for w in snap.workers] == [6, 0]
+    [prefix] = snap.prefixes
+    assert prefix.node_id == page_hashes(tokens, PS)[-1] and prefix.token_len == 4096 and prefix.fanout_hint == 8
+    assert [(h.worker_id, h.role, h.depth_len) for h in prefix.holders] == [(0, "owner", 4096)]
+
+
+def test_fanout_on_a_busy_holder_is_copied_to_the_idle_worker():
+    tokens = list(range(100, 100 + 4096))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 8}, 1.0)
+    decisions = LivePlanner("cpu-local").decide(st, 1.0)
+    assert [(d.source, d.target, d.block_hash) for d in decisions] == [("a", "b", page_hashes(tokens, PS)[-1])]
+    assert decisions[0].depth_len % PS == 0 and 0 < decisions[0].depth_len <= 4096 and decisions[0].ttl_s > 0
+
+
+def test_no_demand_no_copy():
+    st = state_with_prefix(list(range(100, 100 + 4096)), waiting_on_a=6)
+    assert LivePlanner("cpu-local").decide(st, 1.0) == []
