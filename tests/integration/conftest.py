@@ -36,8 +36,10 @@ def prompt(seed: int, length: int) -> list[int]:
 
 
 class Cluster:
-    def __init__(self, coord: Coordinator, a: Worker, b: Worker) -> None:
+    def __init__(self, coord: Coordinator, a: Worker, b: Worker, procs: list) -> None:
         self.coord, self.a, self.b = coord, a, b
+        self.procs = procs
+        """Everything to stop at the end of the session (a test may add a restarted coordinator)."""
 
     def load(self, worker: Worker) -> dict:
         return self.coord.workers()[worker.worker_id]["load"]
@@ -76,7 +78,7 @@ def cluster():
         a.wait_ready()
         b.wait_ready()
         coord.wait_workers([a.worker_id, b.worker_id])
-        yield Cluster(coord, a, b)
+        yield Cluster(coord, a, b, procs)
     finally:
         for proc in reversed(procs):
             proc.stop()
