@@ -205,7 +205,12 @@ class Error(_Msg, tag="Error"):
 # worker -> worker: the data plane (a header, then payload frames, then the end marker)
 # ----------------------------------------------------------------------------------------------------------------
 class TransferHeader(_Msg, tag="TransferHeader"):
-    """Everything a target checks before it writes a single byte."""
+    """Everything a target checks before it buffers a single byte.
+
+    The payload is `num_pages` pages in FlashInfer's paged layout, `buffer_shape` = (layers, pages, *page shape),
+    sent as `num_chunks` chunks of `pages_per_chunk` pages (the last may be shorter); each chunk is itself laid
+    out (layers, pages in the chunk, *page shape), so the source can send a chunk while it gathers the next.
+    """
 
     transfer_id: str
     replication_id: str
@@ -220,19 +225,21 @@ class TransferHeader(_Msg, tag="TransferHeader"):
     layout: str
     buffer_shape: list[int]
     num_bytes: int
+    pages_per_chunk: int
     num_chunks: int
-    checksum: int
     checksum_kind: str
     ttl_s: float
 
 
 class TransferChunk(_Msg, tag="TransferChunk"):
-    """Followed by one raw payload frame of `num_bytes` bytes at `offset`."""
+    """Followed by one raw payload frame: pages [first_page, first_page + num_pages) of every layer."""
 
     transfer_id: str
     index: int
-    offset: int
+    first_page: int
+    num_pages: int
     num_bytes: int
+    checksum: int
 
 
 class TransferEnd(_Msg, tag="TransferEnd"):

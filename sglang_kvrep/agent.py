@@ -26,24 +26,37 @@ import threading
 import time
 import uuid
 from array import array
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import msgspec
 import torch
 import zmq
 
-from kvrep_kernels import gather_pages, payload_digest, slots_to_page_ids
+from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
 from sglang_kvrep import events
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.config import KvrepConfig
 from sglang_kvrep.dataplane import (Incoming, LocalGeometry, Outgoing, StagingPool, TokenBucket, check_header,
-                                    payload_view)
+                                    chunk_frames)
 from sglang_kvrep.replicas import ReplicaTable
 
 log = logging.getLogger("kvrep.agent")
 MAX_ERRORS = 20
+MAX_AHEAD = 4
+"""Chunks a source gathers ahead of what the I/O thread has sent (bounds memory under a bandwidth cap)."""
+GATHER_SLICE_S = 0.005
+"""Scheduler-thread time a source spends gathering per iteration."""
+
+
+@dataclass
+class _GatherJob:
+    header: p.TransferHeader
+    page_ids: torch.Tensor
+    lock: Any
+    next_chunk: int = 0
 
 
 def _name_thread(name: str) -> None:
@@ -79,6 +92,9 @@ class WorkerAgent:
         for fd in (self._bell_r, self._wake_r):
             os.set_blocking(fd, False)
         self._free_replica_tokens = self.replicas.free_tokens()  # read by the I/O thread
+        self.gathers: dict[str, _GatherJob] = {}        # scheduler thread only
+        self.sent_chunks: dict[str, int] = {}           # written by the I/O thread, read by the scheduler thread
+        self.cancelled: set[str] = set()                # transfers the target refused (I/O thread adds)
         self._seen_rids: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._next_load_s = 0.0
         self._errors = 0
@@ -127,6 +143,8 @@ class WorkerAgent:
             except queue.Empty:
                 break
             self._run_command(item)
+        if self.gathers:
+            self._pump_gathers()
         now = time.monotonic()
         if now >= self._next_load_s:
             self._next_load_s = now + self.config.load_interval_s
@@ -158,28 +176,67 @@ class WorkerAgent:
                                                  replication_id=replication_id, role=role, error=error)))
 
     def _replicate(self, cmd: p.ReplicatePages) -> None:
-        """Source side: gather the cached pages of the prefix and hand them to the I/O thread."""
+        """Source side: lock the cached prefix and start a gather job; chunks are gathered over the next
+        iterations (a bounded slice each) while the I/O thread sends the ones already gathered."""
         if self.config.shadow:
             return self._fail(cmd.replication_id, "source", "worker is in shadow mode")
         if cmd.target_fingerprint != self.fingerprint:
             return self._fail(cmd.replication_id, "source", "target fingerprint differs from the source's")
         ps = self.page_size
         n = len(cmd.token_ids) // ps * ps
-        t0 = time.perf_counter()
         matched, node = self.view.match(cmd.token_ids[:n], cmd.namespace)
         matched = matched // ps * ps
         if matched < ps:
             return self._fail(cmd.replication_id, "source", f"prefix not cached here (0 of {n} tokens)")
         lock = self.view.lock(node)
         try:
-            slots = self.view.path_slots(node)[:matched]
-            k_bufs, v_bufs, layout = self.view.kv_buffers()
-            buffer = gather_pages(k_bufs, v_bufs, slots_to_page_ids(slots, ps), ps, layout=layout)
-        finally:
+            page_ids = slots_to_page_ids(self.view.path_slots(node)[:matched], ps).cpu()
+        except Exception:
             self.view.unlock(lock)
-        gather_s = time.perf_counter() - t0
-        tokens = list(cmd.token_ids[:matched])
-        self.to_io(("send", cmd, tokens, buffer, gather_s))
+            raise
+        geo = self.geometry
+        num_pages = len(page_ids)
+        page_bytes = geo.num_bytes(1)
+        per_chunk = max(1, self.config.chunk_bytes // page_bytes)
+        k_bufs = self.view.kv_buffers()[0]
+        header = p.TransferHeader(
+            transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
+            source_id=self.config.worker_id, fingerprint=self.fingerprint, namespace=cmd.namespace,
+            token_ids=list(cmd.token_ids[:matched]), page_size=ps, num_pages=num_pages, dtype=geo.dtype,
+            layout=geo.layout, buffer_shape=geo.buffer_shape(num_pages), num_bytes=geo.num_bytes(num_pages),
+            pages_per_chunk=per_chunk, num_chunks=-(-num_pages // per_chunk),
+            checksum_kind=default_kind(k_bufs[0]), ttl_s=cmd.ttl_s)
+        self.gathers[header.transfer_id] = _GatherJob(header, page_ids, lock)
+        self.to_io(("send_begin", cmd, header))
+        self._pump_gathers()
+
+    def _pump_gathers(self) -> None:
+        """Gather the next chunks of running jobs: at most `MAX_AHEAD` ahead of what was sent, and at most
+        `GATHER_SLICE_S` of scheduler time per iteration, so a long prefix never stalls SGLang's loop."""
+        deadline = time.perf_counter() + GATHER_SLICE_S
+        self.cancelled.intersection_update(self.gathers)  # forget refusals of jobs that already ended
+        for tid, job in list(self.gathers.items()):
+            if tid in self.cancelled:
+                self._end_gather(tid, job)
+                continue
+            h = job.header
+            while job.next_chunk < h.num_chunks and job.next_chunk - self.sent_chunks.get(tid, 0) < MAX_AHEAD:
+                if time.perf_counter() > deadline:
+                    return
+                t0 = time.perf_counter()
+                first = job.next_chunk * h.pages_per_chunk
+                k_bufs, v_bufs, layout = self.view.kv_buffers()
+                buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
+                                      layout=layout)
+                self.to_io(("send_chunk", tid, job.next_chunk, buffer, time.perf_counter() - t0))
+                job.next_chunk += 1
+            if job.next_chunk == h.num_chunks:
+                self._end_gather(tid, job)
+
+    def _end_gather(self, tid: str, job: "_GatherJob") -> None:
+        self.view.unlock(job.lock)
+        del self.gathers[tid]
+        self.cancelled.discard(tid)
 
     def _install(self, inc: Incoming, block_hashes: list[int]) -> None:
         h = inc.header
@@ -458,18 +515,7 @@ class _IoLoop:
             self.replica_facts[h.replication_id] = fact
         self.send_coord(msgspec.structs.replace(fact))
 
-    def start_send(self, cmd: p.ReplicatePages, tokens: list[int], buffer: torch.Tensor, gather_s: float) -> None:
-        digest = payload_digest(buffer)
-        ps = self.a.page_size
-        num_bytes = buffer.numel() * buffer.element_size()
-        chunk = self.cfg.chunk_bytes
-        header = p.TransferHeader(
-            transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
-            source_id=self.cfg.worker_id,
-            fingerprint=self.a.fingerprint, namespace=cmd.namespace, token_ids=tokens, page_size=ps,
-            num_pages=len(tokens) // ps, dtype=str(buffer.dtype), layout=self.a.geometry.layout,
-            buffer_shape=list(buffer.shape), num_bytes=num_bytes, num_chunks=max(1, -(-num_bytes // chunk)),
-            checksum=digest.value, checksum_kind=digest.kind, ttl_s=cmd.ttl_s)
+    def begin_send(self, cmd: p.ReplicatePages, header: p.TransferHeader) -> None:
         sock = self.peers.get(cmd.target_endpoint)
         if sock is None:
             sock = self.ctx.socket(zmq.DEALER)
@@ -479,12 +525,13 @@ class _IoLoop:
             sock.connect(cmd.target_endpoint)
             self.peers[cmd.target_endpoint] = sock
             self.poller.register(sock, zmq.POLLIN)
-        out = Outgoing(header, cmd.target_endpoint, payload_view(buffer), buffer, chunk, time.monotonic(), gather_s)
-        self.outgoing[header.transfer_id] = out
+        now = time.monotonic()
+        self.outgoing[header.transfer_id] = Outgoing(header, cmd.target_endpoint, now, last_progress_s=now)
         self.send_queue.append(header.transfer_id)
 
     def pump_sends(self, now: float) -> float:
-        """Send chunks the bandwidth cap allows. Returns seconds until the next chunk may go."""
+        """Send what the bandwidth cap allows, oldest transfer first. Returns seconds until the next try."""
+        a = self.a
         while self.send_queue:
             tid = self.send_queue[0]
             out = self.outgoing.get(tid)
@@ -492,30 +539,43 @@ class _IoLoop:
                 self.send_queue.popleft()
                 continue
             sock = self.peers[out.endpoint]
+            h = out.header
             if not out.header_sent:
                 if not sock.poll(0, zmq.POLLOUT):
                     return 0.005
-                sock.send(p.encode(out.header))
+                sock.send(p.encode(h))
                 out.header_sent = True
-            if out.next_chunk < out.header.num_chunks:
-                size = min(out.chunk_bytes, out.header.num_bytes - out.next_chunk * out.chunk_bytes)
+            while out.chunks:
+                index, buffer = out.chunks[0]
                 if not sock.poll(0, zmq.POLLOUT):
                     return 0.005  # the peer's queue is full: come back when it drains
-                wait = self.bucket.wait_s(size, now)
+                wait = self.bucket.wait_s(buffer.numel() * buffer.element_size(), time.monotonic())
                 if wait > 0:
                     return wait
-                sock.send_multipart(out.frames_for(out.next_chunk), copy=False)
-                out.next_chunk += 1
-                continue
+                sock.send_multipart(chunk_frames(h, index, buffer), copy=False)
+                out.chunks.popleft()
+                out.num_sent += 1
+                out.last_progress_s = time.monotonic()
+                a.sent_chunks[tid] = out.num_sent
+                self.ring_scheduler()  # it may gather the next chunks now
+            if out.num_sent < h.num_chunks:
+                return 1.0  # waiting for the scheduler thread to gather more
             if not sock.poll(0, zmq.POLLOUT):
                 return 0.005
             sock.send(p.encode(p.TransferEnd(transfer_id=tid)))
-            out.end_sent_s = now
+            out.end_sent_s = time.monotonic()
             self.send_queue.popleft()
-            self.send_coord(p.SourceSent(worker_id=self.cfg.worker_id, seq=0, replication_id=out.header.replication_id,
-                                         num_tokens=len(out.header.token_ids), num_bytes=out.header.num_bytes,
-                                         gather_s=out.gather_s, send_s=now - out.started_s))
+            a.sent_chunks.pop(tid, None)
+            self.send_coord(p.SourceSent(worker_id=self.cfg.worker_id, seq=0, replication_id=h.replication_id,
+                                         num_tokens=len(h.token_ids), num_bytes=h.num_bytes,
+                                         gather_s=out.gather_s, send_s=out.end_sent_s - out.started_s))
         return 1.0
+
+    def ring_scheduler(self) -> None:
+        try:
+            os.write(self.a._bell_w, b"x")
+        except OSError:
+            pass
 
     def on_peer_reply(self, sock: zmq.Socket) -> None:
         while True:
@@ -527,9 +587,14 @@ class _IoLoop:
                 msg = p.decode_data_plane(frames[-1])
             except p.ProtocolError:
                 continue
-            out = self.outgoing.pop(getattr(msg, "transfer_id", ""), None)
+            tid = getattr(msg, "transfer_id", "")
+            out = self.outgoing.pop(tid, None)
             if out is not None and isinstance(msg, p.TransferRefused):
-                log.warning("kvrep: target refused %s: %s", msg.transfer_id, msg.error)
+                log.warning("kvrep: target refused %s: %s", tid, msg.error)
+                if out.end_sent_s is None:  # stop gathering and sending the rest
+                    self.a.cancelled.add(tid)
+                    self.a.sent_chunks.pop(tid, None)
+                    self.ring_scheduler()
 
     def check_timeouts(self, now: float) -> None:
         limit = self.cfg.transfer_timeout_s
@@ -546,8 +611,18 @@ class _IoLoop:
                     error=f"transfer timed out: no data for {limit:g}s "
                           f"({inc.received_bytes}/{inc.header.num_bytes} bytes received; source dead?)"))
         for tid, out in list(self.outgoing.items()):
-            if out.end_sent_s is not None and now - out.end_sent_s > limit:
+            if out.end_sent_s is not None:
+                if now - out.end_sent_s > limit:
+                    del self.outgoing[tid]  # the target never answered; it reports its own failure
+            elif now - out.last_progress_s > limit:
+                # the target stopped taking data (dead or stuck): give up, release the source's lock
                 del self.outgoing[tid]
+                self.a.cancelled.add(tid)
+                self.a.sent_chunks.pop(tid, None)
+                self.ring_scheduler()
+                self.send_coord(p.ReplicationFailed(
+                    worker_id=self.cfg.worker_id, seq=0, replication_id=out.header.replication_id, role="source",
+                    error=f"send stalled for {limit:g}s ({out.num_sent}/{out.header.num_chunks} chunks sent)"))
 
     # ------------------------------------------------------------------------------------------------ loop
     def run(self) -> None:
@@ -576,8 +651,14 @@ class _IoLoop:
                     self.send_coord(item[1])
                 elif kind == "hit":
                     self.on_hit(*item[1:])
-                elif kind == "send":
-                    self.start_send(*item[1:])
+                elif kind == "send_begin":
+                    self.begin_send(*item[1:])
+                elif kind == "send_chunk":
+                    _, tid, index, buffer, gather_s = item
+                    out = self.outgoing.get(tid)
+                    if out is not None:
+                        out.chunks.append((index, buffer))
+                        out.gather_s += gather_s
                 elif kind == "install_done":
                     self.install_done(*item[1:])
                 elif kind == "stop":
@@ -594,7 +675,10 @@ class _IoLoop:
                         frames = self.data.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    self.on_data(frames)
+                    try:
+                        self.on_data(frames)
+                    except Exception:  # a bad peer must not take the I/O thread down
+                        log.exception("kvrep: error handling a data-plane message; dropping it")
             for sock in self.peers.values():
                 if sock in ready:
                     self.on_peer_reply(sock)

@@ -1,14 +1,21 @@
 """The worker side of the data plane: transfer state on the receiving end and the sending end, the checks a
 target makes before it writes anything, and a small blocking client (used by tests and tools).
 
-Wire: a ZMQ ROUTER on each worker's data endpoint; senders connect a DEALER. A transfer is
-`TransferHeader`, then `num_chunks` x (`TransferChunk`, raw payload frame), then `TransferEnd`; the target answers
-`TransferAccepted` or `TransferRefused`. Payload frames are sent zero-copy from the gathered buffer. A transfer
-is atomic for the target: bytes are staged and only handed to the scheduler thread once complete and verified.
-Runs on the agent's I/O thread; nothing here touches SGLang.
+Wire: a ZMQ ROUTER on each worker's data endpoint; senders connect a DEALER. A transfer is `TransferHeader`, then
+`num_chunks` x (`TransferChunk`, raw payload frame), then `TransferEnd`; the target answers `TransferAccepted` or
+`TransferRefused`. A chunk is a run of whole pages of every layer, checksummed on its own, so the source sends a
+chunk while it gathers the next and the target verifies each chunk on arrival:
+
+    staging buffer, viewed (layers, pages, page bytes):     chunk k (pages [a, b)), viewed (layers, b - a, page bytes)
+      layer 0: | p0 | p1 | ... | pa ... pb | ... |   <----   | pa ... pb |   (layer 0 rows of the chunk)
+      layer 1: | p0 | p1 | ... | pa ... pb | ... |   <----   | pa ... pb |   (layer 1 rows)
+
+A transfer is atomic for the target: bytes are staged and handed to the scheduler thread only once every chunk
+arrived and verified. Runs on the agent's I/O thread; nothing here touches SGLang.
 """
 from __future__ import annotations
 
+import collections
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,7 +25,7 @@ import torch
 import zmq
 
 from radix_sync import protocol as p
-from kvrep_kernels import payload_checksum
+from kvrep_kernels import CHECKSUM_KINDS, payload_checksum
 
 DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32,
           "torch.uint8": torch.uint8, "torch.float8_e4m3fn": torch.uint8, "torch.float8_e5m2": torch.uint8}
@@ -60,10 +67,12 @@ def check_header(h: p.TransferHeader, local: LocalGeometry, free_replica_tokens:
         return f"buffer shape {list(h.buffer_shape)} != expected {local.buffer_shape(h.num_pages)}"
     if h.num_bytes != local.num_bytes(h.num_pages):
         return f"payload size {h.num_bytes} != expected {local.num_bytes(h.num_pages)}"
-    if not 1 <= h.num_chunks <= h.num_bytes // 1024 + 1:  # chunks of at least 1 KiB, but the last
-        return f"bad chunk count {h.num_chunks}"
+    if h.pages_per_chunk < 1 or h.num_chunks != -(-h.num_pages // h.pages_per_chunk):
+        return f"bad chunking: {h.num_chunks} chunks of {h.pages_per_chunk} pages for {h.num_pages} pages"
     if not h.ttl_s > 0:
         return f"bad ttl {h.ttl_s}"
+    if h.checksum_kind not in CHECKSUM_KINDS:
+        return f"unknown checksum kind {h.checksum_kind!r} (known: {', '.join(CHECKSUM_KINDS)})"
     if len(h.token_ids) > free_replica_tokens:
         return f"replica budget exceeded: {len(h.token_ids)} tokens > {free_replica_tokens} free"
     return None
@@ -115,13 +124,29 @@ class Incoming:
     def buffer(self) -> torch.Tensor:
         return self.storage[:self.header.num_bytes]
 
+    def _pages_view(self) -> torch.Tensor:
+        h = self.header
+        layers, num_pages = h.buffer_shape[0], h.num_pages
+        return self.buffer.view(layers, num_pages, h.num_bytes // (layers * num_pages))
+
     def add_chunk(self, chunk: p.TransferChunk, payload: memoryview, now_s: float) -> Optional[str]:
+        """Verify one chunk and stage it. Returns an error message (the transfer is then refused)."""
         h = self.header
         if not 0 <= chunk.index < h.num_chunks or chunk.index in self.chunks:
             return f"bad or repeated chunk index {chunk.index}"
-        if chunk.num_bytes != len(payload) or chunk.offset < 0 or chunk.offset + chunk.num_bytes > h.num_bytes:
-            return f"chunk {chunk.index} out of bounds ({chunk.offset}+{len(payload)} of {h.num_bytes})"
-        self.buffer[chunk.offset:chunk.offset + chunk.num_bytes].copy_(torch.frombuffer(payload, dtype=torch.uint8))
+        first = chunk.index * h.pages_per_chunk
+        count = min(h.pages_per_chunk, h.num_pages - first)
+        page_bytes = h.num_bytes // h.num_pages
+        if chunk.first_page != first or chunk.num_pages != count or chunk.num_bytes != count * page_bytes \
+                or len(payload) != chunk.num_bytes:
+            return (f"chunk {chunk.index} malformed: pages {chunk.first_page}+{chunk.num_pages}, "
+                    f"{len(payload)} bytes (expected pages {first}+{count}, {count * page_bytes} bytes)")
+        data = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+        got = payload_checksum(data, h.checksum_kind)
+        if got != chunk.checksum:
+            return f"checksum mismatch in chunk {chunk.index}: payload {got:#x} != announced {chunk.checksum:#x}"
+        view = self._pages_view()
+        view[:, first:first + count].copy_(data.view(view.shape[0], count, view.shape[2]))
         self.chunks.add(chunk.index)
         self.received_bytes += chunk.num_bytes
         self.last_progress_s = now_s
@@ -131,9 +156,6 @@ class Incoming:
         h = self.header
         if len(self.chunks) != h.num_chunks or self.received_bytes != h.num_bytes:
             return f"incomplete: {len(self.chunks)}/{h.num_chunks} chunks, {self.received_bytes}/{h.num_bytes} bytes"
-        got = payload_checksum(self.buffer, h.checksum_kind)
-        if got != h.checksum:
-            return f"checksum mismatch: payload {got:#x} != header {h.checksum:#x}"
         return None
 
 
@@ -160,22 +182,28 @@ class TokenBucket:
 
 @dataclass
 class Outgoing:
+    """A transfer being sent: the header, then chunks as the scheduler thread gathers them."""
+
     header: p.TransferHeader
     endpoint: str
-    payload: memoryview
-    keepalive: torch.Tensor
-    chunk_bytes: int
     started_s: float
-    gather_s: float
+    chunks: "collections.deque[tuple[int, torch.Tensor]]" = field(default_factory=collections.deque)
+    """Gathered chunks waiting to be sent (index, buffer)."""
     header_sent: bool = False
-    next_chunk: int = 0
+    num_sent: int = 0
+    last_progress_s: float = 0.0
+    gather_s: float = 0.0
     end_sent_s: Optional[float] = None
 
-    def frames_for(self, index: int) -> list:
-        offset = index * self.chunk_bytes
-        size = min(self.chunk_bytes, self.header.num_bytes - offset)
-        chunk = p.TransferChunk(transfer_id=self.header.transfer_id, index=index, offset=offset, num_bytes=size)
-        return [p.encode(chunk), self.payload[offset:offset + size]]
+
+def chunk_frames(header: p.TransferHeader, index: int, buffer: torch.Tensor) -> list:
+    """The two frames of chunk `index` (its metadata and its payload, zero-copy), checksummed here."""
+    first = index * header.pages_per_chunk
+    count = min(header.pages_per_chunk, header.num_pages - first)
+    payload = payload_view(buffer)
+    meta = p.TransferChunk(transfer_id=header.transfer_id, index=index, first_page=first, num_pages=count,
+                           num_bytes=len(payload), checksum=payload_checksum(buffer, header.checksum_kind))
+    return [p.encode(meta), payload]
 
 
 def payload_view(buffer: torch.Tensor) -> memoryview:
@@ -184,24 +212,38 @@ def payload_view(buffer: torch.Tensor) -> memoryview:
     return memoryview(flat.numpy()).cast("B")
 
 
-def send_transfer(endpoint: str, header: p.TransferHeader, payload: bytes | memoryview, *,
-                  chunk_bytes: int = 1 << 20, timeout_s: float = 30.0, stop_after_chunks: Optional[int] = None):
-    """Blocking client: send one transfer and return the target's reply (TransferAccepted / TransferRefused), or
-    None on timeout. `stop_after_chunks` leaves the transfer unfinished (to test a sender dying mid-way)."""
+def split_pages(header: p.TransferHeader, payload: bytes | memoryview, index: int) -> torch.Tensor:
+    """Chunk `index` of a whole payload in the buffer layout (what a source gathers for that chunk)."""
+    layers, num_pages = header.buffer_shape[0], header.num_pages
+    whole = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(layers, num_pages, -1)
+    first = index * header.pages_per_chunk
+    return whole[:, first:first + header.pages_per_chunk].contiguous()
+
+
+def send_transfer(endpoint: str, header: p.TransferHeader, payload: bytes | memoryview, *, timeout_s: float = 30.0,
+                  stop_after_chunks: Optional[int] = None, corrupt_chunk: Optional[int] = None,
+                  skip_chunk: Optional[int] = None):
+    """Blocking client: send one transfer of a whole payload (in the buffer layout) and return the target's reply
+    (TransferAccepted / TransferRefused), or None on timeout. Faults, for tests: `stop_after_chunks` leaves it
+    unfinished (a sender dying mid-way); `corrupt_chunk` flips a payload byte of that chunk after its checksum was
+    taken (damage in transit); `skip_chunk` never sends that chunk but still ends the transfer."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(endpoint)
     try:
         sock.send(p.encode(header))
-        view = memoryview(payload).cast("B")
         for i in range(header.num_chunks):
             if stop_after_chunks is not None and i >= stop_after_chunks:
                 return None
-            offset = i * chunk_bytes
-            part = view[offset:offset + chunk_bytes]
-            sock.send_multipart([p.encode(p.TransferChunk(header.transfer_id, i, offset, len(part))), part],
-                                copy=False)
+            if i == skip_chunk:
+                continue
+            frames = chunk_frames(header, i, split_pages(header, payload, i))
+            if i == corrupt_chunk:
+                damaged = bytearray(frames[1])
+                damaged[len(damaged) // 2] ^= 0xFF
+                frames[1] = bytes(damaged)
+            sock.send_multipart(frames, copy=False)
         sock.send(p.encode(p.TransferEnd(transfer_id=header.transfer_id)))
         if sock.poll(int(timeout_s * 1000)):
             return p.decode_data_plane(sock.recv_multipart()[-1])

@@ -3,6 +3,7 @@
 The sender stamps a transfer with ``(kind, value)`` from `payload_digest`; the receiver recomputes the same
 ``kind`` with ``payload_checksum(buf, kind=kind)`` wherever its copy lives. Two kinds:
 
+``"xxh3"``   XXH3-64 (seed 0) of the raw bytes: the CPU default. ``"xxh64"``: XXH64 (seed 0), also accepted.
 ``"xxh64"``  XXH64 (seed 0) of the raw bytes. Used for CPU tensors, ``bytes`` and ``memoryview``; computed
              zero-copy through ``tensor.view(torch.uint8)``. On a CUDA tensor it costs a device-to-host copy.
 ``"sum64"``  An order-sensitive, mixed sum defined on 64-bit little-endian words, computed with torch integer
@@ -26,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-CHECKSUM_KINDS = ("xxh64", "sum64")
+CHECKSUM_KINDS = ("xxh3", "xxh64", "sum64")
 
 _MASK64 = (1 << 64) - 1
 _K1 = 0x9E3779B97F4A7C15
@@ -71,10 +72,19 @@ def _as_byte_tensor(buf) -> torch.Tensor:
 
 
 def default_kind(buf) -> str:
-    """The kind computed where ``buf`` lives: ``"sum64"`` for CUDA tensors, ``"xxh64"`` otherwise."""
+    """The kind computed where ``buf`` lives: ``"sum64"`` for CUDA tensors, ``"xxh3"`` otherwise (XXH3-64 hashes
+    about twice as fast as XXH64 on this CPU and releases the GIL: docs/transport.md)."""
     if isinstance(buf, torch.Tensor) and buf.device.type != "cpu":
         return "sum64"
-    return "xxh64"
+    return "xxh3"
+
+
+def _xxh3(data: torch.Tensor) -> int:
+    import xxhash
+
+    if data.device.type != "cpu":
+        data = data.cpu()
+    return xxhash.xxh3_64_intdigest(memoryview(data.numpy()))
 
 
 def _xxh64(data: torch.Tensor) -> int:
@@ -131,7 +141,7 @@ def payload_checksum(buf: torch.Tensor | memoryview | bytes, kind: str | None = 
     if kind not in CHECKSUM_KINDS:
         raise ValueError(f"checksum kind must be one of {CHECKSUM_KINDS}, got {kind!r}")
     data = _as_byte_tensor(buf)
-    return _xxh64(data) if kind == "xxh64" else _sum64(data)
+    return {"xxh3": _xxh3, "xxh64": _xxh64, "sum64": _sum64}[kind](data)
 
 
 def payload_digest(buf: torch.Tensor | memoryview | bytes) -> PayloadDigest:

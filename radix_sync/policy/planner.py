@@ -68,6 +68,10 @@ class PlannerConfig:
     """TTL after the hinted arrival time, s (a hint's time is an estimate; a hit promotes the replica anyway)."""
     allow_pull: bool = True
     """Whether the router may copy on the critical path (then a pre-copy saves only the copy's wait)."""
+    chain_sources: bool = False
+    """Whether a holder whose pages are still in flight (a copy to it, its own prefill, or a copy planned in the
+    same pass) may be a `Replicate.source`. Only for an executor that defers such a copy until the source holds
+    the pages (the simulator does); off, every source holds the pages when the command is issued."""
 
     def __post_init__(self) -> None:
         for name in ("horizon_s", "min_ttl_s", "max_ttl_s", "max_link_backlog_s", "hint_ttl_s"):
@@ -167,9 +171,9 @@ class KvrepPlanner:
                         eta[h.worker_id] = h.eta_s
                     else:
                         eta.pop(h.worker_id, None)
-            if not depth:
+            if not depth or (not self.cfg.chain_sources and len(eta) == len(depth)):
                 continue
-            source = min(depth, key=lambda w: (-depth[w], eta.get(w, now), w))
+            source = min(depth, key=lambda w: (w in eta and not self.cfg.chain_sources, -depth[w], eta.get(w, now), w))
             new_len = node.expected_new_len or self.cfg.default_new_len
             plans.append(_NodePlan(node, demand, new_len, depth, eta, source))
         return plans
@@ -260,7 +264,10 @@ class KvrepPlanner:
         """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None."""
         cfg, L = self.cfg, np_.node.token_len
         limit = now + cfg.max_link_backlog_s
-        sources = [(max(np_.eta.get(s, now), egress[s]), s) for s, d in np_.depth.items() if egress[s] <= limit]
+        # a link's backlog counts from when its holder has the pages (a prefill or copy in flight is no backlog)
+        sources = [(max(np_.eta.get(s, now), egress[s]), s) for s in np_.depth
+                   if (cfg.chain_sources or s not in np_.eta)
+                   and egress[s] <= max(now, np_.eta.get(s, now)) + cfg.max_link_backlog_s]
         if not sources:
             return None
         sources.sort()

@@ -1,5 +1,8 @@
 """The simulator's named policies: a router, and optionally the planner (active or shadow) or the oracle cache.
 
+The simulator's executor defers a copy until its source holds the pages, so its planners run with
+`chain_sources=True` (chained / broadcast-tree replication).
+
 `--policies` names are looked up in `POLICIES`; each entry builds a fresh `PolicyBundle` for one run.
 """
 
@@ -48,7 +51,7 @@ for _name in ("round_robin", "least_load", "cache_aware", "cost", "pull", "e2"):
 @POLICIES.register("kvrep")
 def _kvrep(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
     ctx = _ctx(profile, page_len, seed)
-    planner = KvrepPlanner(ctx["cost"], DemandPredictor(), planner_cfg)
+    planner = KvrepPlanner(ctx["cost"], DemandPredictor(), replace(planner_cfg, chain_sources=True))
     return PolicyBundle("kvrep", make_router("expected_ttft", allow_pull=planner_cfg.allow_pull, **ctx), planner)
 
 
@@ -56,7 +59,7 @@ def _kvrep(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerC
 def _kvrep_nopull(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
     """Ablation: `kvrep` whose router never copies on the critical path (only planned copies move KV)."""
     ctx = _ctx(profile, page_len, seed)
-    cfg = replace(planner_cfg, allow_pull=False)
+    cfg = replace(planner_cfg, allow_pull=False, chain_sources=True)
     planner = KvrepPlanner(ctx["cost"], DemandPredictor(), cfg)
     return PolicyBundle("kvrep_nopull", make_router("expected_ttft", allow_pull=False, **ctx), planner)
 
@@ -64,7 +67,7 @@ def _kvrep_nopull(profile: CostProfile, page_len: int, seed: int, planner_cfg: P
 @POLICIES.register("kvrep_shadow")
 def _kvrep_shadow(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
     ctx = _ctx(profile, page_len, seed)
-    planner = KvrepPlanner(ctx["cost"], DemandPredictor(), planner_cfg)
+    planner = KvrepPlanner(ctx["cost"], DemandPredictor(), replace(planner_cfg, chain_sources=True))
     return PolicyBundle("kvrep_shadow", make_router("expected_ttft", allow_pull=False, **ctx), planner, shadow=True)
 
 

@@ -4,7 +4,6 @@ import time
 import uuid
 
 import pytest
-import xxhash
 import zmq
 
 from radix_sync import protocol as p
@@ -118,7 +117,7 @@ class FakeSource:
             source_id=self.worker_id, fingerprint=self.like["fingerprint"], namespace=cmd.namespace,
             token_ids=cmd.token_ids, page_size=PAGE_SIZE, num_pages=num_pages, dtype="torch.bfloat16",
             layout="NHD", buffer_shape=[layers, num_pages, 2, PAGE_SIZE, heads, dim], num_bytes=len(payload),
-            num_chunks=4, checksum=xxhash.xxh64_intdigest(payload), checksum_kind="xxh64", ttl_s=cmd.ttl_s)
+            pages_per_chunk=1, num_chunks=num_pages, checksum_kind="xxh64", ttl_s=cmd.ttl_s)
         fields.update(overrides)
         return p.TransferHeader(**fields)
 
@@ -135,7 +134,7 @@ FAULTS = {
     "unauthorized": ("not authorized", dict(auth_token="0" * 32)),
     "fingerprint": ("fingerprint mismatch", dict(fingerprint="0" * 24)),
     "checksum": ("checksum mismatch", None),
-    "truncated": ("incomplete", None),
+    "missing_chunk": ("incomplete", None),
     "other_tokens": ("not the prefix the coordinator authorized", None),
     "other_namespace": ("does not match its authorization", dict(namespace="someone-else")),
 }
@@ -152,14 +151,11 @@ def test_bad_transfer_is_refused_and_nothing_is_written(cluster, fault):
         payload = fake.payload(4)
         needle, overrides = FAULTS[fault]
         header = fake.header(cmd, payload, **(overrides or {}))
-        if fault == "checksum":
-            header.checksum ^= 1
-        if fault == "truncated":
-            payload = payload[:-100]
         if fault == "other_tokens":
             header.token_ids = prompt(700, 4 * PAGE_SIZE)
         reply = send_transfer(coord.workers()[b.worker_id]["data_endpoint"], header, payload,
-                              chunk_bytes=-(-len(payload) // 4))
+                              corrupt_chunk=2 if fault == "checksum" else None,
+                              skip_chunk=1 if fault == "missing_chunk" else None)
         assert isinstance(reply, p.TransferRefused), reply
         assert needle in reply.error, reply.error
         for ns in {cmd.namespace, header.namespace}:
@@ -184,8 +180,7 @@ def test_authorized_transfer_from_outside_is_accepted(cluster):
         tokens = prompt(98, 4 * PAGE_SIZE)
         cmd = fake.request(b.worker_id, tokens)
         payload = fake.payload(4)
-        reply = send_transfer(coord.workers()[b.worker_id]["data_endpoint"], fake.header(cmd, payload), payload,
-                              chunk_bytes=-(-len(payload) // 4))
+        reply = send_transfer(coord.workers()[b.worker_id]["data_endpoint"], fake.header(cmd, payload), payload)
         assert isinstance(reply, p.TransferAccepted) and reply.inserted_len == 4 * PAGE_SIZE, reply
         wait_until(lambda: cluster.lookup(tokens)[b.worker_id] == 4 * PAGE_SIZE, 10,
                    what="the directory to see the accepted replica")

@@ -1,10 +1,10 @@
 """The target-side checks and staging of the data plane, without sockets."""
 import pytest
 import torch
-import xxhash
 
 from radix_sync import protocol as p
-from sglang_kvrep.dataplane import Incoming, LocalGeometry, StagingPool, TokenBucket, check_header
+from sglang_kvrep.dataplane import (Incoming, LocalGeometry, StagingPool, TokenBucket, check_header, chunk_frames,
+                                    split_pages)
 
 GEO = LocalGeometry("fp", 4, "torch.bfloat16", "NHD", (2, 4, 2, 8), num_layers=3, itemsize=2)
 
@@ -15,7 +15,7 @@ def header(**kw):
     fields = dict(transfer_id="t", replication_id="r", auth_token="x", source_id="s", fingerprint="fp",
                   namespace="", token_ids=list(range(num_pages * 4)), page_size=4, num_pages=num_pages,
                   dtype="torch.bfloat16", layout="NHD", buffer_shape=GEO.buffer_shape(num_pages), num_bytes=nbytes,
-                  num_chunks=2, checksum=0, checksum_kind="xxh64", ttl_s=5.0)
+                  pages_per_chunk=1, num_chunks=num_pages, checksum_kind="xxh64", ttl_s=5.0)
     fields.update(kw)
     return p.TransferHeader(**fields)
 
@@ -32,8 +32,10 @@ def test_good_header_passes():
     (dict(token_ids=[1, 2, 3]), "do not fill"),
     (dict(buffer_shape=[3, 2, 2, 4, 2, 4]), "buffer shape"),
     (dict(num_bytes=10), "payload size"),
-    (dict(num_chunks=0), "chunk count"),
+    (dict(num_chunks=3), "bad chunking"),
+    (dict(pages_per_chunk=0), "bad chunking"),
     (dict(ttl_s=0.0), "bad ttl"),
+    (dict(checksum_kind="md5"), "unknown checksum kind"),
 ])
 def test_each_bad_field_is_named(kw, needle):
     assert needle in check_header(header(**kw), GEO, free_replica_tokens=100)
@@ -43,19 +45,26 @@ def test_budget_is_checked_before_buffering():
     assert "budget" in check_header(header(), GEO, free_replica_tokens=7)
 
 
-def test_incoming_assembles_verifies_and_rejects():
-    payload = bytes(range(256)) * (GEO.num_bytes(2) // 256)
-    h = header(checksum=xxhash.xxh64_intdigest(payload))
-    half = len(payload) // 2
-    inc = Incoming(h, b"peer", torch.empty(len(payload) + 100, dtype=torch.uint8), 0.0, 0.0)
+def test_incoming_assembles_pages_of_every_layer_and_verifies_each_chunk():
+    h = header(num_pages=3, pages_per_chunk=2, num_chunks=2)
+    whole = torch.arange(h.num_bytes, dtype=torch.int64).remainder(251).to(torch.uint8)
+    chunks = [split_pages(h, whole.numpy().tobytes(), i) for i in range(2)]
+    # chunk 0 holds pages 0-1 of every layer, chunk 1 page 2: (layers, pages, page bytes)
+    assert chunks[0].shape[:2] == (3, 2) and chunks[1].shape[:2] == (3, 1)
+    inc = Incoming(h, b"peer", torch.empty(h.num_bytes + 100, dtype=torch.uint8), 0.0, 0.0)
+    meta1, pay1 = chunk_frames(h, 1, chunks[1])
+    meta0, pay0 = chunk_frames(h, 0, chunks[0])
     assert inc.finish().startswith("incomplete")
-    assert inc.add_chunk(p.TransferChunk("t", 1, half, half), memoryview(payload[half:]), 1.0) is None
-    assert "repeated" in inc.add_chunk(p.TransferChunk("t", 1, half, half), memoryview(payload[half:]), 1.0)
-    assert "out of bounds" in inc.add_chunk(p.TransferChunk("t", 0, half + 1, half), memoryview(payload[:half]), 1)
-    assert inc.add_chunk(p.TransferChunk("t", 0, 0, half), memoryview(payload[:half]), 2.0) is None
-    assert inc.finish() is None and bytes(inc.buffer.numpy()) == payload and inc.last_progress_s == 2.0
-    inc.storage[5] ^= 1
-    assert "checksum mismatch" in inc.finish()
+    assert inc.add_chunk(p.decode_data_plane(meta1), pay1, 1.0) is None  # any order
+    assert "repeated" in inc.add_chunk(p.decode_data_plane(meta1), pay1, 1.0)
+    bad = p.decode_data_plane(meta0)
+    bad.checksum ^= 1
+    assert "checksum mismatch in chunk 0" in inc.add_chunk(bad, pay0, 1.0)
+    short = p.decode_data_plane(meta0)
+    assert "malformed" in inc.add_chunk(short, memoryview(bytes(pay0)[:-1]), 1.0)
+    assert inc.add_chunk(p.decode_data_plane(meta0), pay0, 2.0) is None
+    assert inc.finish() is None and inc.last_progress_s == 2.0
+    assert torch.equal(inc.buffer, whole)  # the staged buffer is the whole payload in the buffer layout
 
 
 def test_staging_pool_reuses_best_fit_and_is_bounded():

@@ -222,12 +222,13 @@ def test_sum64_chunking_does_not_change_value(monkeypatch):
     assert checksum.payload_checksum(data, "sum64") == whole
 
 
-def test_xxh64_is_zero_copy_view_of_bytes():
+def test_cpu_checksums_are_xxhash_of_the_raw_bytes():
     buf = random_bits((3, 5, 8), torch.bfloat16, torch.Generator().manual_seed(2))
     raw = bytes(buf.view(torch.uint8).numpy())
-    assert kk.payload_checksum(buf) == xxhash.xxh64(raw).intdigest()
-    assert kk.payload_checksum(raw) == kk.payload_checksum(memoryview(raw)) == xxhash.xxh64(raw).intdigest()
-    assert kk.payload_digest(buf) == kk.PayloadDigest("xxh64", xxhash.xxh64(raw).intdigest())
+    assert kk.payload_checksum(buf) == xxhash.xxh3_64_intdigest(raw)  # the CPU default
+    assert kk.payload_checksum(buf, "xxh64") == xxhash.xxh64(raw).intdigest()
+    assert kk.payload_checksum(raw) == kk.payload_checksum(memoryview(raw)) == xxhash.xxh3_64_intdigest(raw)
+    assert kk.payload_digest(buf) == kk.PayloadDigest("xxh3", xxhash.xxh3_64_intdigest(raw))
 
 
 @pytest.mark.parametrize("kind", kk.CHECKSUM_KINDS)

@@ -15,7 +15,9 @@ def run(code: str) -> str:
 
 def test_radix_sync_imports_neither_torch_nor_sglang():
     mods = ["radix_sync.protocol", "radix_sync.hashing", "radix_sync.directory", "radix_sync.coordinator.server",
-            "radix_sync.coordinator.state", "radix_sync.coordinator.rules", "radix_sync.cli"]
+            "radix_sync.coordinator.state", "radix_sync.coordinator.rules", "radix_sync.cli",
+            "radix_sync.router.server", "radix_sync.router.policy", "radix_sync.router.tokenize",
+            "radix_sync.router.tenants", "radix_sync.router.coordinator_link", "radix_sync.router.metrics"]
     out = run("import sys; " + "; ".join(f"import {m}" for m in mods) +
               "; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'triton')))")
     assert out == "[]"

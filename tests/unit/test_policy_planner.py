@@ -80,3 +80,35 @@ def test_config_rejects_bad_values():
         PlannerConfig(horizon_s=0)
     with pytest.raises(ValueError, match="depth_fractions"):
         PlannerConfig(depth_fractions=(1.5,))
+
+
+def idle_workers(n, **kw):
+    return tuple(WorkerView(i, free_tokens=10_000, replica_budget_tokens=10_000, nic_bandwidth_bytes_per_s=1000.0,
+                            **kw) for i in range(n))
+
+
+def test_chained_copy_from_a_replica_in_flight_beats_the_busy_first_holder():
+    # w0 holds the prefix but its link is booked until 0.5 s; a replica to w1 lands at 0.1 s. Two hinted requests
+    # at t=1: with holders w0 (20 s queue) and w1, they run one after the other on w1 (0.1 and 0.2 s, mean
+    # 0.15 s); a copy to w2 lets both start at once (mean 0.1 s). From w1 it lands at 0.1 + 0.1 = 0.2 s, from
+    # w0 at 0.5 + 0.1 = 0.6 s: w1 is the source. gain = 2 x 0.05 - 0.05 x 0.1 s link = 0.095 s.
+    ws = idle_workers(3)
+    ws = (replace(ws[0], num_waiting=1, waiting_new_tokens=2000, egress_busy_until_s=0.5),) + ws[1:]
+    node = PrefixView(7, 100, holders=(HolderView(0, depth_len=100), HolderView(1, "replica", 100, None, 0.1)),
+                      expected_new_len=10, fanout_hint=2, hint_at_s=1.0)
+    out = planner(chain_sources=True).plan(ClusterSnapshot(ws, (node,), (), 1, 1), 0.0)
+    assert [(d.source, d.target, d.depth_len) for d in out] == [(1, 2, 100)]
+    assert out[0].gain_s == pytest.approx(0.095)
+    # Without chaining (an executor that cannot defer a copy), only w0 may be the source.
+    assert all(d.source == 0 for d in planner().plan(ClusterSnapshot(ws, (node,), (), 1, 1), 0.0))
+
+
+def test_fanout_from_a_prefill_in_flight_spreads_as_a_tree():
+    # The prompt is still being prefilled on w0 (ready at 2.0 s); 8 branches are hinted at t=3 over 4 idle
+    # workers. Copies start when the source has the pages: 0 -> 1 lands at 2.1; then w0 (link free at 2.1)
+    # and w1 (holds it from 2.1) both land their next copy at 2.2: 0 -> 2 (the first source on a tie), 1 -> 3.
+    node = PrefixView(7, 100, holders=(HolderView(0, depth_len=100, eta_s=2.0),), expected_new_len=10,
+                      fanout_hint=8, hint_at_s=3.0)
+    out = planner(chain_sources=True).plan(ClusterSnapshot(idle_workers(4), (node,), (), 1, 1), 0.0)
+    assert sorted((d.source, d.target) for d in out) == [(0, 1), (0, 2), (1, 3)]
+    assert planner().plan(ClusterSnapshot(idle_workers(4), (node,), (), 1, 1), 0.0) == []  # no holder has it yet

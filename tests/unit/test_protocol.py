@@ -15,7 +15,7 @@ def test_roundtrip_each_direction():
     cmd = p.ReplicatePages(replication_id="r", auth_token="t", token_ids=[1, 2], namespace="", target_id="b",
                            target_endpoint="tcp://b:1", target_fingerprint="f", ttl_s=5.0)
     assert p.decode_for_worker(p.encode(cmd)) == cmd
-    chunk = p.TransferChunk(transfer_id="t", index=0, offset=0, num_bytes=8)
+    chunk = p.TransferChunk(transfer_id="t", index=0, first_page=0, num_pages=1, num_bytes=8, checksum=1)
     assert p.decode_data_plane(p.encode(chunk)) == chunk
 
 

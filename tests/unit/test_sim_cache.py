@@ -57,3 +57,15 @@ def test_worker_cache_conservation_and_directory():
     assert c.free_tokens == 20 and len(c.tree) == 1
     assert not c.make_room(31)  # only 30 could ever be freed
     c.check_integrity()
+
+
+def test_directory_match_lens_equal_per_worker_tree_matches():
+    from radix_sync.sim.cache import Directory, WorkerCache
+    d = Directory()
+    caches = [WorkerCache(i, 1000, 1, d) for i in range(3)]
+    caches[0].insert([1, 2, 3, 4], 4, 0.0)
+    caches[1].insert([1, 2], 2, 0.0)
+    caches[2].insert([1, 2, 3, 9], 4, 0.0)  # diverges after page 3
+    assert d.match_lens([1, 2, 3, 4, 5], 3) == [4, 2, 3] == [c.match_len([1, 2, 3, 4, 5]) for c in caches]
+    assert d.match_lens([7, 2], 3) == [0, 0, 0]
+    assert d.match_lens([], 3) == [0, 0, 0]

@@ -46,3 +46,25 @@ def test_oracle_is_a_lower_bound_on_mean_ttft():
     oracle, _ = run("oracle")
     for p in ("round_robin", "cache_aware"):
         assert oracle["ttft_s"]["mean"] <= run(p)[0]["ttft_s"]["mean"]
+
+
+def test_fanout_hint_plans_at_admission_and_copies_onward_from_replicas():
+    booked = []
+    wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=6.0, duration_s=20.0, seed=1,
+                        max_context_len=PROFILE.max_context_len)
+    eng = Engine(PROFILE, wl, build_policy("kvrep", PROFILE, wl.page_len, 1), EngineConfig(num_workers=4,
+                                                                                         duration_s=20.0))
+    book = eng._book
+
+    def spy(x, now):
+        booked.append((x.pending, x.src, x.dst, x.node_id, now))
+        # a copy starts only once its source holds the pages
+        assert eng.workers[x.src].cache.match_len(x.pages[: x.hi]) >= x.hi
+        book(x, now)
+    eng._book = spy
+    eng.run()
+    pending = [b for b in booked if b[0]]
+    assert pending, "copies planned before the trunk's prefill ended"
+    dsts = {(b[3], b[2]) for b in booked}
+    assert any((b[3], b[1]) in dsts for b in booked), "some copy's source is an earlier copy's target"
+    assert not eng.pending and not eng.inflight

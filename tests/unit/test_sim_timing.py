@@ -77,3 +77,14 @@ def test_requests_arriving_during_an_iteration_are_batched_in_the_next():
     assert r[0].first_token_s == pytest.approx(0.02)
     assert r[1].first_token_s == pytest.approx(0.06)
     assert r[2].first_token_s == pytest.approx(0.06)
+
+
+def test_decode_step_in_progress_closed_form_matches_the_scan():
+    from radix_sync.policy.cost import load_profile
+    from radix_sync.sim.worker import SimWorker
+    w = SimWorker.__new__(SimWorker)
+    w.p = load_profile("llama3.1-8b-h200")
+    w._macro_k, w._macro_b, w._macro_ctx, w.iter_start_s = 300, 64, 2_000_000, 1.0
+    for now in (1.0, 1.0001, 1.05, 1.5, 2.0, w.iter_start_s + w.p.decode_steps_s(300, 64, 2_000_000)):
+        scan = next(k for k in range(1, 301) if 1.0 + w.p.decode_steps_s(k, 64, 2_000_000) >= now)
+        assert w._steps_done_by(now) == scan, now

@@ -1,0 +1,178 @@
+"""The router's client of the coordinator's admin API: workers, loads and copies in flight (cached), directory
+lookups, batched arrival reports, hints.
+
+Reachability: every call has a short timeout; a failure marks the coordinator down and the next attempt waits an
+exponentially growing backoff (`backoff_min_s` doubling to `backoff_max_s`). While down, calls return None at once
+(no request waits on a dead coordinator) and the router routes from its own view; the first call after the backoff
+probes, and a success brings everything back. Owned by `radix_sync.router.server`; runs on its event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import aiohttp
+
+from radix_sync.router.policy import CopyInFlight
+
+log = logging.getLogger("kvrep.router.coordinator")
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    url: str
+    """Admin API base URL, e.g. http://127.0.0.1:5680."""
+    timeout_s: float = 0.5
+    """Per-call timeout (connect + answer), s."""
+    state_ttl_s: float = 0.1
+    """How long workers/loads/copies are reused before refreshing, s."""
+    backoff_min_s: float = 0.25
+    backoff_max_s: float = 5.0
+    arrivals_flush_s: float = 0.05
+    """Arrivals are sent in batches at least this often, s."""
+    max_pending_arrivals: int = 10_000
+    """Arrivals beyond this while the coordinator is slow or down are dropped (and counted)."""
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"coordinator admin URL must be http(s)://host:port, got {self.url!r}")
+        for name in ("timeout_s", "state_ttl_s", "backoff_min_s", "backoff_max_s", "arrivals_flush_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """The coordinator's answer to /workers and /replications at one time."""
+
+    workers: tuple[dict, ...]
+    copies: tuple[CopyInFlight, ...]
+    fetched_at_s: float
+
+
+class CoordinatorLink:
+    def __init__(self, cfg: LinkConfig, session: aiohttp.ClientSession) -> None:
+        self.cfg = cfg
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
+        self.state: Optional[ClusterState] = None
+        self._refreshing: Optional[asyncio.Task] = None
+        self._down_until = 0.0
+        self._backoff_s = 0.0
+        self.reachable = False
+        self.last_error = ""
+        self._arrivals: list[dict] = []
+        self.num_arrivals_dropped = 0
+        self.num_arrivals_sent = 0
+
+    # -------------------------------------------------------------------------------------------- reachability
+    def _ok(self) -> None:
+        if not self.reachable:
+            log.info("coordinator %s reachable", self.cfg.url)
+        self.reachable, self._backoff_s, self._down_until = True, 0.0, 0.0
+
+    def _failed(self, exc: BaseException) -> None:
+        self._backoff_s = min(self.cfg.backoff_max_s, max(self.cfg.backoff_min_s, 2 * self._backoff_s))
+        self._down_until = time.monotonic() + self._backoff_s
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.reachable:
+            log.warning("coordinator %s unreachable (%s); routing from the router's own view", self.cfg.url,
+                        self.last_error)
+        self.reachable = False
+
+    def may_call(self) -> bool:
+        """Returns: False while backing off after a failure."""
+        return time.monotonic() >= self._down_until
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Optional[Any]:
+        if not self.may_call():
+            return None
+        try:
+            async with self._session.request(method, self.cfg.url + path, json=body, timeout=self._timeout) as resp:
+                data = await resp.json(content_type=None)
+                if resp.status != 200:
+                    # The coordinator answered: it is up; the request was bad. Say so, do not back off.
+                    self._ok()
+                    log.warning("coordinator %s %s -> %d %s", method, path, resp.status, data)
+                    return None
+                self._ok()
+                return data
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            self._failed(exc)
+            return None
+
+    # ------------------------------------------------------------------------------------------------ queries
+    async def cluster_state(self) -> Optional[ClusterState]:
+        """Workers, loads and copies in flight, at most `state_ttl_s` old; None when the coordinator is down.
+
+        Concurrent callers share one refresh.
+        """
+        st = self.state
+        if st is not None and time.monotonic() - st.fetched_at_s < self.cfg.state_ttl_s and self.reachable:
+            return st
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh())
+        await asyncio.shield(self._refreshing)
+        return self.state if self.reachable else None
+
+    async def _refresh(self) -> None:
+        workers = await self._call("GET", "/workers")
+        if workers is None:
+            return
+        reps = await self._call("GET", "/replications")
+        if reps is None:
+            return
+        copies = tuple(CopyInFlight(str(r["source"]), str(r["target"]), r.get("namespace") or "",
+                                    int(r.get("num_tokens") or 0))
+                       for r in reps if r.get("state") in ("pending", "running"))
+        self.state = ClusterState(tuple(w for w in workers if isinstance(w, dict)), copies, time.monotonic())
+
+    async def lookup(self, input_ids: list[int], namespace: str) -> Optional[dict[str, int]]:
+        """Returns: tokens of the prompt each worker holds, from the exact directory; None when unreachable."""
+        out = await self._call("POST", "/directory/lookup", {"input_ids": input_ids, "cache_salt": namespace})
+        if not isinstance(out, dict) or not isinstance(out.get("matched"), dict):
+            return None
+        return {str(k): int(v) for k, v in out["matched"].items()}
+
+    async def hint(self, body: dict) -> tuple[int, dict]:
+        """Forwards a hint; returns (status, answer) with 503 when the coordinator is unreachable."""
+        if not self.may_call():
+            return 503, {"error": f"coordinator unreachable: {self.last_error}"}
+        try:
+            async with self._session.post(self.cfg.url + "/hints", json=body, timeout=self._timeout) as resp:
+                data = await resp.json(content_type=None)
+                self._ok()
+                return resp.status, data
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            self._failed(exc)
+            return 503, {"error": f"coordinator unreachable: {self.last_error}"}
+
+    # ----------------------------------------------------------------------------------------------- arrivals
+    def report_arrival(self, item: dict) -> None:
+        """Queues an arrival (fire and forget); `run_arrivals` sends them in batches."""
+        if len(self._arrivals) >= self.cfg.max_pending_arrivals:
+            self.num_arrivals_dropped += 1
+            return
+        self._arrivals.append(item)
+
+    async def flush_arrivals(self) -> None:
+        if not self._arrivals or not self.may_call():
+            return
+        batch, self._arrivals = self._arrivals, []
+        if await self._call("POST", "/arrivals", {"arrivals": batch}) is None:
+            # Arrivals are a demand signal for the next seconds: stale ones are worth little. Drop, count.
+            self.num_arrivals_dropped += len(batch)
+        else:
+            self.num_arrivals_sent += len(batch)
+
+    async def run_arrivals(self) -> None:
+        """Background task: flush arrivals every `arrivals_flush_s` until cancelled."""
+        while True:
+            await asyncio.sleep(self.cfg.arrivals_flush_s)
+            try:
+                await self.flush_arrivals()
+            except Exception:  # noqa: BLE001 - a reporting bug must not stop the loop
+                log.exception("arrival flush failed")

@@ -1,0 +1,228 @@
+"""Routing decisions for the router, pure: a `RoutingView` + `now` in, a ranked `Decision` out.
+
+Two rules:
+- `rank_by_ttft` (coordinator reachable): the policy engine's `ExpectedTtftRouter` (lowest expected TTFT = queue
+  wait + prefill of the uncached part, replicas in flight counted), through a small adapter from the router's
+  string-keyed view to the engine's dense `WorkerView` / `RequestView`. No copy on the critical path
+  (`allow_pull=False`): the router cannot start one.
+- `ApproxPrefixIndex.rank` (coordinator unreachable): sgl-model-gateway's `cache_aware` rule on an approximate
+  per-worker tree of what this router routed (rule and defaults as published in sgl-model-gateway's README,
+  "Cache-Aware Load-Balancing", and `CacheAwareConfig` in `radix_sync.policy.routers`).
+
+The whole ranking is returned, not only the winner, so the server can fail over to the next worker.
+Called by `radix_sync.router.server`; nothing here reads a clock or a socket.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from radix_sync.policy.cost import CostModel, CostProfile
+from radix_sync.policy.pagetree import PageTree
+from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter
+from radix_sync.policy.snapshot import REPLICA, HolderView, RequestView, WorkerView
+
+DIRECTORY = "directory"
+FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class RouterCosts:
+    """The cost profile of the TTFT rule. Defaults are an order of magnitude for an 8B model on one H200
+    (about 20k prefill tokens/s; Llama-3.1-8B bf16 KV = 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes);
+    calibrate with `--prefill-s-per-token` etc. Only ratios matter for the ranking."""
+
+    prefill_s_per_token: float = 5e-5
+    """Prefill seconds per uncached prompt token."""
+    queue_s_per_request: float = 0.005
+    """Fixed seconds per request queued ahead (one prefill iteration's overhead)."""
+    decode_step_s: float = 0.02
+    """A worker with running requests finishes its decode iteration first, s."""
+    kv_bytes_per_token: int = 131072
+    """KV bytes per token, to time replicas in flight."""
+    link_bytes_per_s: float = 10e9
+    """Worker-to-worker copy bandwidth, bytes/s."""
+    transfer_latency_s: float = 0.002
+    """Fixed cost of a copy, s."""
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_s_per_token", "queue_s_per_request", "decode_step_s",
+                     "transfer_latency_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if self.kv_bytes_per_token <= 0 or not self.link_bytes_per_s > 0:
+            raise ValueError(f"kv_bytes_per_token={self.kv_bytes_per_token!r} and link_bytes_per_s="
+                             f"{self.link_bytes_per_s!r} must be > 0")
+
+    def profile(self) -> CostProfile:
+        """Returns: the equivalent `CostProfile` (linear prefill, no attention term, no chunking).
+
+        NOTE: `forecast.queue_wait_s` prices the queue as waiting requests x `prefill_overhead_s` + waiting tokens
+        x `prefill_s_per_token`, so a queued token costs what a token of this prompt costs, and each request
+        (queued or this one) one `queue_s_per_request`."""
+        return CostProfile(
+            name="router", kv_bytes_per_token=self.kv_bytes_per_token, kv_capacity_tokens=1 << 40,
+            max_context_len=1 << 40, chunked_prefill_len=1 << 40, max_running_requests=1 << 20,
+            prefill_overhead_s=self.queue_s_per_request, prefill_s_per_token=self.prefill_s_per_token,
+            prefill_s_per_token_pair=0.0, decode_step_s=self.decode_step_s, decode_s_per_request=0.0,
+            decode_s_per_ctx_token=0.0, nic_bandwidth_bytes_per_s=self.link_bytes_per_s,
+            transfer_latency_s=self.transfer_latency_s, provenance="kvrep router flags")
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """One worker as the router sees it: the coordinator's last load report merged with what the router itself has
+    sent there and not yet seen start."""
+
+    worker_id: str
+    url: str
+    page_size: int = 16
+    num_running: int = 0
+    num_waiting: int = 0
+    num_waiting_tokens: int = 0
+    """Prompt tokens queued for prefill."""
+
+
+@dataclass(frozen=True)
+class CopyInFlight:
+    """A replication `pending` or `running` at the coordinator."""
+
+    source: str
+    target: str
+    namespace: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Workers best first, with the expected TTFT of each (seconds; 0 for the fallback rule)."""
+
+    ranked: tuple[str, ...]
+    expected_ttft_s: tuple[float, ...]
+    mode: str
+    """`directory` or `fallback`."""
+    cached_tokens: int = 0
+    """Tokens of the prompt the first choice holds (directory mode) or approximately holds (fallback)."""
+    wait_inflight: bool = False
+    """The first choice is best only once a replica in flight to it has landed."""
+
+
+def _load(w: WorkerState) -> int:
+    return w.num_running + w.num_waiting
+
+
+def cost_model(costs: RouterCosts) -> CostModel:
+    """Returns: the policy engine's cost model for these costs (uncalibrated)."""
+    return CostModel(costs.profile())
+
+
+def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],
+                 prompt_len: int, namespace: str, now: float, model: CostModel) -> Decision:
+    """Ranks workers by expected TTFT (the policy engine's `ExpectedTtftRouter`, no pull).
+
+    Args:
+        workers: the candidates (non-empty).
+        matched: tokens of the prompt each worker holds, from the coordinator's directory (missing: 0).
+        copies: replications in flight. One counts for this prompt when it is in the same namespace and its
+            source holds at least `num_tokens` of the prompt. NOTE: an approximation: the coordinator does not
+            say which prefix a copy carries, only its length; a copy of another branch of equal length on the
+            same source would be counted too.
+        prompt_len: tokens of the prompt.
+        namespace: the tenant's namespace.
+        now: current time, s (any clock; copies in flight are assumed to have just started).
+        model: the cost model (`cost_model(costs)`).
+    Returns:
+        every worker, best first; ties go to fewer outstanding requests, then to the lower id.
+    """
+    order = sorted(workers, key=lambda w: w.worker_id)
+    index = {w.worker_id: i for i, w in enumerate(order)}
+    views = tuple(WorkerView(i, num_running=w.num_running, num_waiting=w.num_waiting,
+                             waiting_new_tokens=w.num_waiting_tokens,
+                             busy_until_s=now + (model.profile.decode_step_s if w.num_running else 0.0),
+                             nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s)
+                  for i, w in enumerate(order))
+    cached = tuple(min(prompt_len, int(matched.get(w.worker_id, 0))) for w in order)
+    inflight = []
+    for c in copies:
+        if c.namespace != namespace or c.target not in index or c.source not in index:
+            continue
+        depth = min(c.num_tokens, cached[index[c.source]])
+        if depth < c.num_tokens or depth <= 0:
+            continue
+        eta = now + model.transfer_s(depth * model.profile.kv_bytes_per_token)
+        inflight.append(HolderView(index[c.target], REPLICA, depth, eta_s=eta))
+    req = RequestView(0, prompt_len, cached_len=cached, inflight=tuple(inflight))
+    policy = ExpectedTtftRouter(model, model.profile.kv_bytes_per_token, allow_pull=False)
+    options = policy.options(req, views, now)
+    # NOTE: the same key as ExpectedTtftRouter.route, so ranked[0] is exactly its choice.
+    options.sort(key=lambda r: (round(r.expected_ttft_s, 9), views[r.worker_id].num_running
+                                + views[r.worker_id].num_waiting, r.worker_id))
+    first = options[0]
+    return Decision(tuple(order[r.worker_id].worker_id for r in options),
+                    tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
+                    first.wait_inflight)
+
+
+class ApproxPrefixIndex:
+    """The router's own view: per worker, a tree of the page hashes of the prompts it routed there.
+
+    Fed with every routing decision (in both modes, so it is warm when the coordinator goes away); read only when
+    the coordinator is unreachable. Trees are trimmed LRU to `cfg.max_tree_tokens` every `cfg.eviction_interval_s`.
+    """
+
+    def __init__(self, cfg: CacheAwareConfig = CacheAwareConfig()) -> None:
+        self.cfg = cfg
+        self._trees: dict[str, PageTree] = {}
+        self._page_size: dict[str, int] = {}
+        self._next_trim_s: Optional[float] = None
+
+    def observe(self, worker_id: str, page_hashes: Sequence[int], page_size: int, now: float) -> None:
+        """Records that the prompt with these page hashes was sent to `worker_id`."""
+        tree = self._trees.setdefault(worker_id, PageTree())
+        self._page_size[worker_id] = page_size
+        if page_hashes:
+            tree.insert(page_hashes, len(page_hashes), now)
+            tree.touch(page_hashes[-1], now)
+        if self._next_trim_s is None:
+            self._next_trim_s = now + self.cfg.eviction_interval_s
+        elif now >= self._next_trim_s:
+            for wid, t in self._trees.items():
+                limit = max(1, self.cfg.max_tree_tokens // self._page_size.get(wid, 1))
+                if len(t) > limit:
+                    t.evict(len(t) - limit)
+            self._next_trim_s = now + self.cfg.eviction_interval_s
+
+    def match_len(self, worker_id: str, page_hashes: Sequence[int]) -> int:
+        """Returns: leading pages of `page_hashes` this router sent to `worker_id` (approximately still cached)."""
+        tree = self._trees.get(worker_id)
+        return tree.match_len(page_hashes) if tree is not None and page_hashes else 0
+
+    def rank(self, workers: Sequence[WorkerState], page_hashes: Sequence[int], prompt_len: int) -> Decision:
+        """sgl-model-gateway `cache_aware`: if the load is imbalanced (max - min > abs threshold and
+        max > rel threshold x min) the least loaded first; else the longest match if its ratio exceeds
+        `cache_threshold`; else the smallest tree. The others follow by load, then id.
+
+        Args:
+            workers: candidates (non-empty); loads are the router's own counts of outstanding requests.
+            page_hashes: the prompt's page hashes (one page size for all workers: the first worker's).
+            prompt_len: tokens of the prompt.
+        Returns:
+            the ranking (mode `fallback`).
+        """
+        order = sorted(workers, key=lambda w: w.worker_id)
+        loads = [_load(w) for w in order]
+        lo, hi = min(loads), max(loads)
+        by_load = sorted(range(len(order)), key=lambda i: (loads[i], order[i].worker_id))
+        matches = [self.match_len(w.worker_id, page_hashes) for w in order]
+        if hi - lo > self.cfg.balance_abs_threshold and hi > self.cfg.balance_rel_threshold * lo:
+            first = by_load[0]
+        else:
+            best = max(range(len(order)), key=lambda i: (matches[i], -i))
+            ratio = matches[best] * order[best].page_size / prompt_len if prompt_len else 0.0
+            if ratio > self.cfg.cache_threshold:
+                first = best
+            else:
+                first = min(range(len(order)), key=lambda i: (len(self._trees.get(order[i].worker_id, ())), i))
+        rest = [i for i in by_load if i != first]
+        ranked = tuple(order[i].worker_id for i in [first, *rest])
+        return Decision(ranked, (0.0,) * len(ranked), FALLBACK, matches[first] * order[first].page_size)

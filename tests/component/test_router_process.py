@@ -1,0 +1,293 @@
+"""The router as a real process, with stub upstream workers and a real coordinator process, over loopback.
+
+Fake worker agents (ZMQ DEALER sockets speaking the protocol) tell the coordinator which stub holds which pages,
+so the directory the router consults is the real one. No SGLang server is started here.
+"""
+import json
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import zmq
+
+from radix_sync import protocol as p
+from radix_sync.hashing import page_hashes
+from sglang_kvrep.devtools.cluster import Coordinator, Proc, free_port
+
+PAGE = 16
+KEYS = {"tenants": {"acme": {"namespace": "ns-acme", "api_keys": ["sk-acme"]},
+                    "globex": {"namespace": "ns-globex", "api_keys": ["sk-globex"]}}}
+ACME = {"Authorization": "Bearer sk-acme"}
+GLOBEX = {"Authorization": "Bearer sk-globex"}
+
+
+def wait_until(fn, timeout_s=15.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def call(url, body=None, headers=None, timeout=10.0, method=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read()
+
+
+def ids(seed, n=64):
+    return [1000 + seed * 100 + i for i in range(n)]
+
+
+class Agent:
+    """A fake worker agent: says hello for a stub and publishes the pages it 'holds'."""
+
+    def __init__(self, coord, wid, url):
+        self.wid, self.url, self.seq = wid, url, 0
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(coord.endpoint)
+        self.sock.send(p.encode(p.Hello(worker_id=wid, http_url=url, data_endpoint="tcp://127.0.0.1:1",
+                                        fingerprint="f", fingerprint_fields={}, page_size=PAGE,
+                                        pool_capacity_tokens=10_000, replica_budget_tokens=2_500)))
+        assert self.sock.poll(5000) and isinstance(p.decode_for_worker(self.sock.recv()), p.HelloAck)
+
+    def store(self, tokens, namespace=""):
+        hashes = page_hashes(tokens, PAGE, namespace)
+        blocks = [p.BlockFact(h, par, tokens[i * PAGE:(i + 1) * PAGE])
+                  for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
+        self.seq += 1
+        self.sock.send(p.encode(p.PagesStored(worker_id=self.wid, seq=self.seq, namespace=namespace, blocks=blocks)))
+
+    def close(self):
+        self.sock.close(0)
+
+
+def start_stub(name, tmp, delay_s=0.0):
+    port = free_port()
+    proc = Proc(f"stub-{name}", [sys.executable, "-m", "radix_sync.router.stub_worker", "--port", str(port), "--name",
+                                 name, "--delay-s", str(delay_s)], tmp / f"stub-{name}.log")
+    proc.url = f"http://127.0.0.1:{port}"
+    return proc
+
+
+def ready(url):
+    try:
+        return call(url + "/health", timeout=1)[0] == 200
+    except OSError:
+        return False
+
+
+class Env:
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.coord = Coordinator(tmp, extra_args=("--policy", "none", "--worker-timeout-s", "120"))
+        self.a, self.b = start_stub("A", tmp), start_stub("B", tmp)
+        (tmp / "tenants.json").write_text(json.dumps(KEYS))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.router = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(self.port),
+                                      "--coordinator", self.coord.admin, "--worker", self.a.url, "--worker",
+                                      self.b.url, "--tenants", str(tmp / "tenants.json"), "--tokenizer", "none",
+                                      "--connect-timeout-s", "1"], tmp / "router.log")
+        self.coord.wait_ready()
+        self.agents = [Agent(self.coord, "wA", self.a.url), Agent(self.coord, "wB", self.b.url)]
+        for proc in (self.a, self.b):
+            wait_until(lambda: ready(proc.url), what=f"{proc.name} up")
+        wait_until(lambda: ready(self.url), what="router up")
+
+    def stop(self):
+        for agent in self.agents:
+            agent.close()
+        for proc in (self.router, self.a, self.b, self.coord):
+            proc.stop(5)
+
+    def generate(self, tokens, headers=ACME, **extra):
+        status, _, raw = call(self.url + "/generate", {"input_ids": tokens, **extra}, headers)
+        assert status == 200, raw
+        return json.loads(raw)["meta_info"]
+
+    def status(self):
+        return json.loads(call(self.url + "/kvrep/status")[2])
+
+    def last_decision(self):
+        return self.status()["last_decisions"][-1]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    e = Env(tmp_path_factory.mktemp("router"))
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+def served_by(env, tokens, headers=ACME):
+    return env.generate(tokens, headers)["served_by"]
+
+
+def test_routing_follows_the_directory_and_arrivals_are_reported(env):
+    before = env.coord.get("/status")[1]["num_recent_arrivals"]
+    p1, p2 = ids(1), ids(2)
+    env.agents[1].store(p1, "ns-acme")
+    env.agents[0].store(p2, "ns-acme")
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p2, "cache_salt": "ns-acme"})[1]
+               ["matched"].get("wA") == 64, what="directory has the pages")
+    for _ in range(3):  # the holder wins every time, whatever the order
+        assert served_by(env, p1 + [5, 6, 7]) == "B"
+        assert env.last_decision()["mode"] == "directory" and env.last_decision()["cached_tokens"] == 64
+        assert served_by(env, p2 + [9]) == "A"
+    wait_until(lambda: env.coord.get("/status")[1]["num_recent_arrivals"] >= before + 6, what="arrivals reported")
+
+
+def test_tenants_namespace_is_set_by_the_router_and_keys_are_checked(env):
+    p1 = ids(1)  # held by B in ns-acme only (previous test)
+    env.agents[1].store(p1, "ns-acme")
+    meta = env.generate(p1 + [1], ACME, cache_salt="ns-globex", extra_key="evil")
+    assert (meta["served_by"], meta["cache_salt"], meta["extra_key"]) == ("B", "ns-acme", None)
+    meta = env.generate(p1 + [1], GLOBEX, cache_salt="ns-acme")
+    assert meta["cache_salt"] == "ns-globex"
+    assert env.last_decision()["cached_tokens"] == 0  # another tenant never sees acme's pages
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        status, _, raw = call(env.url + "/generate", {"input_ids": p1}, headers)
+        assert status == 401, raw
+    assert call(env.url + "/v1/models", headers={"Authorization": "nope"})[0] == 401
+
+
+def test_streaming_is_passed_through_chunk_by_chunk(env):
+    status, ctype, raw = call(env.url + "/generate", {"input_ids": ids(3), "stream": True,
+                                                      "sampling_params": {"max_new_tokens": 5}}, ACME)
+    assert status == 200 and "text/event-stream" in ctype
+    events = [e for e in raw.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and len(events) == 6
+    assert [json.loads(e[6:])["meta_info"]["seq"] for e in events[:-1]] == [0, 1, 2, 3, 4]
+    status, ctype, raw = call(env.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                                 "stream": True, "max_tokens": 3}, ACME)
+    events = [e for e in raw.decode().split("\n\n") if e]
+    assert status == 200 and "text/event-stream" in ctype and len(events) == 4
+    assert json.loads(events[0][6:])["sglext"]["cache_salt"] == "ns-acme"
+
+
+def test_service_endpoints(env):
+    status, _, raw = call(env.url + "/v1/models", headers=ACME)
+    assert status == 200 and json.loads(raw)["data"][0]["id"] == "stub-model"
+    assert call(env.url + "/server_info", headers=ACME)[0] == 200
+    assert call(env.url + "/model_info", headers=ACME)[0] == 200
+    status, _, raw = call(env.url + "/flush_cache", headers=ACME, method="POST")
+    assert status == 200 and set(json.loads(raw)["workers"]) == {env.a.url, env.b.url}
+    for stub in (env.a, env.b):
+        assert json.loads(call(stub.url + "/stub/stats")[2]).get("/flush_cache", 0) >= 1
+    metrics = call(env.url + "/metrics")[2].decode()
+    assert f'kvrep_router_requests_total{{worker="{env.b.url}",endpoint="generate",mode="directory"}}' in metrics
+    assert "kvrep_router_decision_seconds_bucket" in metrics and "kvrep_router_unauthorized_total" in metrics
+    hints_before = env.coord.get("/status")[1]["num_live_hints"]
+    status, _, raw = call(env.url + "/kvrep/hints", {"kind": "fanout", "input_ids": ids(4), "k": 4,
+                                                     "cache_salt": "evil"}, ACME)
+    assert status == 200 and json.loads(raw)["kind"] == "fanout"
+    assert env.coord.get("/status")[1]["num_live_hints"] == hints_before + 1
+
+
+def test_workers_are_learned_from_the_coordinator_alone(env, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc("router-discover", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
+                                    "--coordinator", env.coord.admin, "--tokenizer", "none"], tmp_path / "r.log")
+    try:
+        wait_until(lambda: ready(url), what="router without static workers healthy")
+        p1 = ids(1)  # B holds it in ns-acme; this router has no tenants file: default namespace, no match
+        status, _, raw = call(url + "/generate", {"input_ids": p1})
+        assert status == 200 and json.loads(raw)["meta_info"]["served_by"] in ("A", "B")
+        workers = json.loads(call(url + "/kvrep/status")[2])["workers"]
+        assert {w["url"]: w["id"] for w in workers} == {env.a.url: "wA", env.b.url: "wB"}
+    finally:
+        proc.stop(5)
+
+
+def test_coordinator_down_falls_back_then_recovers(env):
+    p5 = ids(5)
+    env.agents[1].store(p5, "ns-acme")
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p5, "cache_salt": "ns-acme"})[1]
+               ["matched"].get("wB") == 64, what="directory has p5 on B")
+    assert served_by(env, p5 + [1]) == "B"  # the router's own view now also has p5 on B
+    env.coord.stop(5)
+    t0 = time.monotonic()
+    for k in range(4):  # the router's own view: longest match, B, even for new suffixes
+        assert served_by(env, p5 + [2, k]) == "B"
+        assert env.last_decision()["mode"] == "fallback"
+    assert time.monotonic() - t0 < 8  # no request waits on the dead coordinator (generous bound, not a speed test)
+    st = env.status()["coordinator"]
+    assert st["reachable"] is False and st["last_error"]
+    assert 'kvrep_router_fallback_decisions_total 0' not in call(env.url + "/metrics")[2].decode()
+    # restart on the same ports; the agents say hello again; A now holds p6
+    env.coord = Coordinator(env.tmp, extra_args=("--policy", "none", "--worker-timeout-s", "120"),
+                            name="coordinator2", port=env.coord.zmq_port, admin_port=env.coord.admin_port)
+    env.coord.wait_ready()
+    for agent in env.agents:
+        agent.close()
+    env.agents = [Agent(env.coord, "wA", env.a.url), Agent(env.coord, "wB", env.b.url)]
+    p6 = ids(6)
+    env.agents[0].store(p6, "ns-acme")
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p6, "cache_salt": "ns-acme"})[1]
+               ["matched"].get("wA") == 64, what="new coordinator has p6 on A")
+
+    def back():
+        env.generate(p6 + [3])
+        return env.last_decision()["mode"] == "directory"
+    wait_until(back, timeout_s=15, what="router back on the directory")
+    assert served_by(env, p6 + [4]) == "A" and env.status()["coordinator"]["reachable"] is True
+
+
+def test_killed_upstream_fails_over_without_hanging(env):
+    p7 = ids(7)
+    env.agents[1].store(p7, "ns-acme")
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p7, "cache_salt": "ns-acme"})[1]
+               ["matched"].get("wB") == 64, what="directory has p7 on B")
+    env.b.stop(5)  # B is still in the directory: the router picks it first and must move on
+    meta = env.generate(p7 + [1])
+    assert meta["served_by"] == "A"
+    d = env.last_decision()
+    assert d["ranked"][0] == env.b.url and d["attempt"] == 1 and d["worker"] == env.a.url
+    assert [w for w in env.status()["workers"] if w["url"] == env.b.url][0]["cooldown_s"] > 0
+    assert "kvrep_router_failovers_total 0" not in call(env.url + "/metrics")[2].decode()
+    for k in range(3):  # during the cool-down B is tried last: no more failed attempts
+        assert served_by(env, p7 + [2, k]) == "A"
+    env.a.stop(5)
+    status, _, raw = call(env.url + "/generate", {"input_ids": p7}, ACME, timeout=15)
+    assert status == 503, raw  # every worker dead: a clear answer, no hang
+
+
+def test_sigterm_lets_in_flight_streams_finish(tmp_path):
+    stub = start_stub("slow", tmp_path, delay_s=0.1)
+    port = free_port()
+    router = Proc("router-term", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
+                                  "--worker", stub.url, "--tokenizer", "none"], tmp_path / "router-term.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: ready(stub.url) and ready(url), what="stub and router up")
+        req = urllib.request.Request(url + "/generate", data=json.dumps({"input_ids": [1, 2, 3], "stream": True,
+                                     "sampling_params": {"max_new_tokens": 10}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            first = resp.readline()
+            router.kill(signal.SIGTERM)
+            rest = resp.read()
+        events = [e for e in (first + rest).decode().split("\n\n") if e.strip()]
+        assert events[-1].strip() == "data: [DONE]" and len(events) == 11
+        assert router.popen.wait(15) == 0
+        with pytest.raises(OSError):
+            call(url + "/health", timeout=2)
+    finally:
+        router.stop(5)
+        stub.stop(5)

@@ -1,0 +1,97 @@
+"""Pins the session-continuation model: survival-based follow-up probability, censored (open) sessions, early
+abandonment, late follow-ups, and the tracker's use of hints."""
+
+import pytest
+
+from radix_sync.policy.predictor import DemandPredictor, GapModel, PredictorConfig
+from radix_sync.policy.snapshot import PrefixView
+from radix_sync.sim.tracker import NodeTracker
+
+# A negligible prior: the learned histogram is what the tests put in it.
+CFG = PredictorConfig(prior_weight=1e-9)
+
+
+def learned(gaps=(1.0,) * 10 + (100.0,) * 10, ends=5):
+    m = GapModel(CFG, prior_median_s=10.0, prior_continue=0.5)
+    for g in gaps:
+        m.observe_gap(g)
+    for _ in range(ends):
+        m.observe_end()
+    return m
+
+
+def test_follow_up_probability_decays_with_elapsed_time():
+    # 20 follow-ups (half at 1 s, half at 100 s), 5 abandoned: c = 20/25 = 0.8.
+    m = learned()
+    assert m.p_continue == pytest.approx(0.8)
+    # Nothing yet: within 2 s -> c x F(2) = 0.8 x 0.5 = 0.4.
+    assert m.p_within(0.0, 2.0) == pytest.approx(0.4)
+    # Silent for 5 s: alive = c S / (1 - c + c S) = 0.4 / 0.6; due within 200 s with the same probability.
+    assert m.p_alive(5.0) == pytest.approx(2 / 3)
+    assert m.p_within(5.0, 200.0) == pytest.approx(2 / 3)
+    assert m.p_within(5.0, 10.0) == pytest.approx(0.0, abs=1e-9)
+    # Silent past every learned gap: nothing more is expected (up to the negligible prior).
+    assert m.p_alive(200.0) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_abandonment_is_inferred_from_the_survival_function():
+    m = learned()
+    # p_alive < 0.02 once S(e) < 0.02 x 0.2 / (0.8 x 0.98) = 0.0051: past the 100 s bin.
+    after = m.abandon_after_s(0.02)
+    assert 90.0 < after <= 130.0
+    assert m.p_alive(after * 1.01) < 0.02 <= m.p_alive(50.0)
+    p = DemandPredictor(CFG)
+    p._gaps[("c", False)] = m
+    assert not p.is_abandoned("c", "end_turn", 50.0) and p.is_abandoned("c", "end_turn", 150.0)
+
+
+def test_open_sessions_enter_the_continue_estimate_as_censored_data():
+    m = learned(gaps=(1.0,) * 4, ends=4)  # c = 0.5
+    # 4 sessions silent for 10 s (past every learned gap: p_alive = 0): (4 + 0) / (4 + 4 + 4) = 1/3.
+    m.observe_open(4, sum(m.p_alive(10.0) for _ in range(4)))
+    assert m.p_continue == pytest.approx(1 / 3)
+    # 4 sessions that just finished (p_alive = c) leave it where it was: (4 + 4 x 0.5) / (4 + 4 + 4) = 0.5.
+    m.observe_open(0, 0.0)
+    m.observe_open(4, 4 * m.p_alive(0.0))
+    assert m.p_continue == pytest.approx(0.5)
+
+
+def test_late_follow_up_takes_the_abandonment_back():
+    m = learned(gaps=(1.0,) * 4, ends=1)  # c = 0.8
+    m.observe_late_followup(300.0)
+    assert m.p_continue == pytest.approx(1.0)
+    assert m.cdf(200.0) == pytest.approx(0.8)
+
+
+def test_predict_uses_the_survival_posterior():
+    p = DemandPredictor(CFG)
+    p._gaps[("c", True)] = learned()
+    node = PrefixView(1, 64, class_key="c", holders=(), last_finish_s=100.0, last_stop="tool_use")
+    d = p.predict(node, now=105.0, horizon_s=200.0)
+    assert d.source == "session" and d.expected_count == pytest.approx(2 / 3)
+    assert p.predict(node, now=400.0, horizon_s=30.0).expected_count < 1e-9
+
+
+def test_tracker_abandons_early_and_counts_a_late_follow_up():
+    p = DemandPredictor(CFG)
+    p._gaps[("c", False)] = learned()
+    t = NodeTracker(p)
+    t.on_finish([1, 2], "c", 0, "end_turn", 0.0)
+    t.prune(50.0)
+    assert t.nodes[2].last_finish_s == 0.0  # still alive at 50 s
+    t.prune(150.0)
+    assert 2 not in t.nodes and 2 in t.abandoned  # abandoned at 150 s, long before the 1,800 s cap
+    ends = p._gaps[("c", False)].num_ended
+    t.on_arrival([1, 2, 3], 2, "c", 0, 192, 64, 160.0)
+    assert p._gaps[("c", False)].num_ended == pytest.approx(ends - 1)
+
+
+def test_hinted_arrivals_are_not_counted_as_popularity():
+    t = NodeTracker(DemandPredictor(CFG))
+    t.on_hint([1, 2], "f", 0, fanout=2, hint_at_s=5.0, owner=3, owner_eta_s=1.0, now=0.0)
+    for k in range(2):
+        t.on_arrival([1, 2, 10 + k], 2, "f", 0, 192, 64, 5.0)
+    n = t.nodes[2]
+    assert n.hit_times_s == [] and n.fanout_hint == 0 and n.owner == -1
+    t.on_arrival([1, 2, 20], 2, "f", 0, 192, 64, 6.0)  # unexplained: counts
+    assert n.hit_times_s == [6.0]

@@ -1,0 +1,123 @@
+"""The router's decisions on hand-computed cases: expected TTFT from the directory, and the fallback rule."""
+import pytest
+
+from radix_sync.policy.routers import ExpectedTtftRouter
+from radix_sync.policy.snapshot import RequestView, WorkerView
+from radix_sync.router.policy import (ApproxPrefixIndex, CopyInFlight, RouterCosts, WorkerState, cost_model,
+                                      rank_by_ttft)
+
+# 10 ms per uncached token, no per-request overhead, no decode step; KV 1 byte/token over a 200 B/s link.
+COSTS = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_step_s=0.0, kv_bytes_per_token=1,
+                    link_bytes_per_s=200.0, transfer_latency_s=0.0)
+
+
+def w(wid, running=0, waiting=0, waiting_tokens=0, page_size=16):
+    return WorkerState(wid, f"http://{wid}", page_size, running, waiting, waiting_tokens)
+
+
+def rank(workers, matched, copies=(), prompt_len=100, ns="", costs=COSTS):
+    return rank_by_ttft(workers, matched, copies, prompt_len, ns, 0.0, cost_model(costs))
+
+
+def test_idle_workers_holder_wins_by_uncached_prefill():
+    d = rank([w("b"), w("a")], {"a": 80})
+    assert d.ranked == ("a", "b")
+    assert d.expected_ttft_s == pytest.approx((0.2, 1.0))  # 20 and 100 uncached tokens
+    assert (d.mode, d.cached_tokens, d.wait_inflight) == ("directory", 80, False)
+
+
+def test_queue_at_the_holder_sends_the_request_elsewhere():
+    # a: wait 100 queued tokens (1.0 s) + 0.2 s; b: recompute 100 tokens = 1.0 s
+    d = rank([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80})
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((1.0, 1.2))
+
+
+def test_per_request_queue_cost_and_decode_step():
+    costs = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.5, decode_step_s=0.05,
+                        kv_bytes_per_token=1, link_bytes_per_s=200.0, transfer_latency_s=0.0)
+    # a: 2 queued requests x 0.5 + 0 tokens... plus its own overhead 0.5 + 0.2 = 1.7 s
+    # b: 1 running -> 0.05 s, then 0.5 + 1.0 = 1.55 s
+    d = rank([w("a", waiting=2), w("b", running=1)], {"a": 80}, costs=costs)
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((1.55, 1.7))
+
+
+def test_replica_in_flight_is_counted_with_its_arrival_time():
+    # a holds 80 but has 1.0 s queued (1.2 s); a copy of 80 tokens a -> b lands in 80 B / 200 B/s = 0.4 s,
+    # then b prefills 20 tokens: 0.6 s (b recomputing all: 1.0 s)
+    copy = CopyInFlight("a", "b", "", 80)
+    d = rank([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [copy])
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((0.6, 1.2))
+    assert d.wait_inflight and d.cached_tokens == 0
+
+
+@pytest.mark.parametrize("copy", [CopyInFlight("a", "b", "other-tenant", 80),  # another namespace
+                                  CopyInFlight("a", "b", "", 96),  # longer than what a holds of this prompt
+                                  CopyInFlight("a", "zz", "", 80)])  # unknown target
+def test_copies_that_do_not_cover_this_prompt_are_ignored(copy):
+    d = rank([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [copy])
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((1.0, 1.2)) and not d.wait_inflight
+
+
+def test_ties_go_to_fewer_outstanding_then_lower_id():
+    assert rank([w("a", running=1), w("b")], {}).ranked == ("b", "a")
+    assert rank([w("c"), w("b"), w("a")], {}).ranked == ("a", "b", "c")
+
+
+def test_matches_are_capped_at_the_prompt_length():
+    d = rank([w("a"), w("b")], {"a": 500}, prompt_len=100)
+    assert d.cached_tokens == 100 and d.expected_ttft_s[0] == pytest.approx(0.0)
+
+
+def test_first_choice_is_exactly_the_policy_engine_router():
+    workers = [w("a", waiting=3, waiting_tokens=40), w("b", running=2), w("c", waiting=1, waiting_tokens=7)]
+    matched = {"a": 64, "b": 16, "c": 48}
+    model = cost_model(COSTS)
+    d = rank_by_ttft(workers, matched, (), 70, "", 0.0, model)
+    views = tuple(WorkerView(i, num_running=x.num_running, num_waiting=x.num_waiting,
+                             waiting_new_tokens=x.num_waiting_tokens) for i, x in enumerate(workers))
+    route = ExpectedTtftRouter(model, 1, allow_pull=False).route(RequestView(0, 70, cached_len=(64, 16, 48)),
+                                                                 views, 0.0)
+    assert d.ranked[0] == workers[route.worker_id].worker_id == "c"  # a: 0.4+0.06, b: 0.54, c: 0.07+0.22
+
+
+def test_costs_are_validated():
+    with pytest.raises(ValueError, match="prefill_s_per_token"):
+        RouterCosts(prefill_s_per_token=-1.0)
+    with pytest.raises(ValueError, match="kv_bytes_per_token"):
+        RouterCosts(kv_bytes_per_token=0)
+
+
+# ------------------------------------------------------------------ fallback: sgl-model-gateway cache_aware
+def test_fallback_longest_match_then_smallest_tree():
+    idx = ApproxPrefixIndex()
+    ws = [w("a", page_size=1), w("b", page_size=1)]
+    d = idx.rank(ws, [1, 2, 3, 4], 4)
+    assert d.ranked == ("a", "b") and d.mode == "fallback"  # no match: smallest tree, tie -> lower id
+    idx.observe("a", [1, 2, 3, 4], 1, 0.0)
+    assert idx.rank(ws, [1, 2, 5, 6], 4).ranked[0] == "a"  # 2/4 = 0.5 > 0.3
+    assert idx.rank(ws, [1, 2, 5, 6], 4).cached_tokens == 2
+    assert idx.rank(ws, [7, 8, 9, 10], 4).ranked[0] == "b"  # no match: b's tree is empty
+    assert idx.rank(ws, [1, 11, 12, 13], 4).ranked[0] == "b"  # 1/4 = 0.25 <= 0.3: smallest tree
+
+
+def test_fallback_match_ratio_counts_tokens_with_the_page_size():
+    idx = ApproxPrefixIndex()
+    idx.observe("b", [7], 16, 0.0)
+    # one 16-token page of a 40-token prompt: 0.4 > 0.3
+    assert idx.rank([w("a"), w("b")], [7, 8], 40).ranked == ("b", "a")
+
+
+def test_fallback_imbalance_needs_both_thresholds():
+    idx = ApproxPrefixIndex()
+    idx.observe("a", [1, 2, 3, 4], 1, 0.0)
+    imbalanced = [w("a", running=100, page_size=1), w("b", running=10, page_size=1)]  # 90 > 64 and 100 > 15
+    assert idx.rank(imbalanced, [1, 2, 3, 9], 4).ranked == ("b", "a")
+    abs_small = [w("a", running=100, page_size=1), w("b", running=40, page_size=1)]  # 60 <= 64
+    assert idx.rank(abs_small, [1, 2, 3, 9], 4).ranked == ("a", "b")
+
+
+def test_fallback_others_follow_by_load():
+    idx = ApproxPrefixIndex()
+    idx.observe("c", [5, 6], 1, 0.0)
+    ws = [w("a", running=3, page_size=1), w("b", running=1, page_size=1), w("c", running=2, page_size=1)]
+    assert idx.rank(ws, [5, 6], 2).ranked == ("c", "b", "a")
