@@ -106,6 +106,14 @@ class Env:
         for proc in (self.a, self.b):
             wait_until(lambda: ready(proc.url), what=f"{proc.name} up")
         wait_until(lambda: ready(self.url), what="router up")
+        # Ready means routing from the directory: on a cold start (modules compiling) the router's first
+        # coordinator calls can time out and it routes from its own view until the link's backoff expires.
+        probe = ids(99)
+
+        def on_directory():
+            self.generate(probe + [1])
+            return self.last_decision()["mode"] == "directory"
+        wait_until(on_directory, what="router routing from the coordinator's directory")
 
     def stop(self):
         for agent in self.agents:
