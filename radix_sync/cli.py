@@ -142,6 +142,27 @@ def _run_demo(args) -> int:
     return run_demo(args)
 
 
+def _add_up(sub) -> None:
+    p = sub.add_parser("up", help="start a local cluster: coordinator, N SGLang workers, the router")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--model", default="tiny", help="tiny | small | a model directory")
+    p.add_argument("--router-port", type=int, default=0, help="0: any free port")
+    p.add_argument("--admin-port", type=int, default=0, help="coordinator admin port (0: any free port)")
+    p.add_argument("--policy", default="kvrep", choices=["kvrep", "rules", "none"])
+    p.add_argument("--mode", default="active", choices=["active", "shadow"])
+    p.add_argument("--tenants", default=None, help="JSON or TOML file: api keys -> tenant -> namespace")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-total-tokens", type=int, default=32768)
+    p.add_argument("--logs", default="logs/up", help="folder for per-process logs")
+    p.set_defaults(func=_run_up)
+
+
+def _run_up(args) -> int:
+    from sglang_kvrep.devtools.up import run_up
+
+    return run_up(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvrep", description="predictive speculative KV replication for SGLang")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -149,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_router(sub)
     _add_sim(sub)
     _add_demo(sub)
+    _add_up(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

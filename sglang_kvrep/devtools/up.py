@@ -1,0 +1,78 @@
+"""`kvrep up`: a local cluster in one command (coordinator, N SGLang workers with the plugin, the router).
+
+Waits until everything is healthy, prints the URLs, and on Ctrl-C or SIGTERM (or when any process dies) stops
+everything it started, by process group, leaving nothing behind. One log file per process in `--logs`.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+import urllib.error
+
+from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path
+
+
+def _say(msg: str) -> None:
+    print(f"[kvrep up] {msg}", flush=True)
+
+
+def run_up(args) -> int:
+    logs = ROOT / args.logs  # an absolute --logs replaces ROOT
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    procs: list[Proc] = []
+    try:
+        coord = Coordinator(logs, extra_args=("--policy", args.policy, "--mode", args.mode),
+                            admin_port=args.admin_port or None)
+        procs.append(coord)
+        coord.wait_ready()
+        _say(f"coordinator: admin {coord.admin}  workers connect to {coord.endpoint}")
+        workers = []
+        for i in range(args.workers):
+            w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
+                       max_total_tokens=args.max_total_tokens, page_size=args.page_size)
+            procs.append(w)
+            workers.append(w)
+        for i, w in enumerate(workers):
+            _say(f"waiting for worker-{i} ({w.url}) ...")
+            w.wait_ready()
+        coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
+        router_port = args.router_port or free_port()
+        argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(router_port), "--coordinator",
+                coord.admin, "--tokenizer", model_path(args.model), "--page-size", str(args.page_size)]
+        if args.tenants:
+            argv += ["--tenants", args.tenants]
+        router = Proc("router", argv, logs / "router.log")
+        procs.append(router)
+        router_url = f"http://127.0.0.1:{router_port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if http_json(router_url + "/health", timeout=2)[0] == 200:
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline or not router.alive():
+                raise RuntimeError(f"router did not come up:\n{router.tail()}")
+            time.sleep(0.3)
+        _say("cluster ready")
+        print(f"  router       {router_url}   (OpenAI and SGLang endpoints; /kvrep/status)")
+        print(f"  coordinator  {coord.admin}   (/workers /replications /status)")
+        for w in workers:
+            print(f"  worker       {w.url}")
+        print(f"  logs         {logs}")
+        print("  Ctrl-C stops everything.", flush=True)
+        while not stop.wait(1.0):
+            dead = [p.name for p in procs if not p.alive()]
+            if dead:
+                _say(f"process(es) exited: {', '.join(dead)}; shutting down")
+                return 1
+        return 0
+    finally:
+        _say("stopping")
+        for proc in reversed(procs):
+            proc.stop()
+        _say("stopped")
