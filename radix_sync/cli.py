@@ -118,10 +118,8 @@ def _run_router(args) -> int:
 
 
 def _add_sim(sub) -> None:
-    try:
-        from radix_sync.sim import cli as sim_cli
-    except ImportError:  # the simulator is optional at import time
-        return
+    from radix_sync.sim import cli as sim_cli
+
     p = sub.add_parser("sim", help="trace-driven cluster simulator")
     sim_cli.add_arguments(p)
     p.set_defaults(func=sim_cli.run)

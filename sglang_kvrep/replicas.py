@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 
 from kvrep_kernels import scatter_pages, slots_to_page_ids
 from sglang_kvrep.compat import SchedulerView

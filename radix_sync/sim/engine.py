@@ -8,7 +8,6 @@ The engine plays the coordinator and router of the real system: it builds `Reque
 from __future__ import annotations
 
 import heapq
-import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 

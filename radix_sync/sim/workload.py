@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import math
 import random
 from dataclasses import dataclass
 from datetime import datetime

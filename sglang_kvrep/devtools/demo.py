@@ -11,7 +11,6 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Worker
 
