@@ -6,7 +6,6 @@ so the directory the router consults is the real one. No SGLang server is starte
 import json
 import signal
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -16,6 +15,7 @@ import zmq
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
 from sglang_kvrep.devtools.cluster import Coordinator, Proc, free_port
+from tests.util import wait_until  # noqa: F401 (re-exported to the tests)
 
 PAGE = 16
 KEYS = {"tenants": {"acme": {"namespace": "ns-acme", "api_keys": ["sk-acme"]},
@@ -24,15 +24,6 @@ ACME = {"Authorization": "Bearer sk-acme"}
 GLOBEX = {"Authorization": "Bearer sk-globex"}
 
 
-def wait_until(fn, timeout_s=15.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def call(url, body=None, headers=None, timeout=10.0, method=None):

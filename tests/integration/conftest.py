@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sglang_kvrep.devtools.cluster import Coordinator, Worker
+from tests.util import wait_until  # noqa: F401 (re-exported to the tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "logs" / "tests"
@@ -19,15 +20,6 @@ RULES = ("--policy", "rules", "--rule-min-prefix-len", "256", "--rule-min-hits",
          "--rule-max-queue", "0", "--rule-ttl-s", "120", "--worker-timeout-s", "5")
 
 
-def wait_until(fn, timeout_s=30.0, interval_s=0.1, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}")
 
 
 def prompt(seed: int, length: int) -> list[int]:

@@ -1,0 +1,14 @@
+"""Small helpers shared by the component and integration tests."""
+import time
+
+
+def wait_until(fn, timeout_s=30.0, interval_s=0.1, what="condition"):
+    """Poll `fn` until it returns something truthy (returned); fail with `what` and the last value otherwise."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}")
