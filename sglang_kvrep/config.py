@@ -21,8 +21,6 @@ class KvrepConfig:
     """Data-plane TCP port; 0 picks a free port."""
     replica_budget_tokens: int = 0
     """Most tokens held as unpromoted replicas; 0 means a quarter of the KV pool."""
-    default_ttl_s: float = 60.0
-    """TTL of a replica when a command gives none."""
     transfer_timeout_s: float = 30.0
     """A transfer with no progress for this long is dropped (nothing is written)."""
     chunk_bytes: int = 4 << 20
@@ -43,7 +41,7 @@ class KvrepConfig:
             raise ValueError(f"--kvrep-data-port out of range: {self.data_port}")
         if self.replica_budget_tokens < 0:
             raise ValueError(f"--kvrep-replica-budget-tokens must be >= 0, got {self.replica_budget_tokens}")
-        for name in ("default_ttl_s", "transfer_timeout_s", "load_interval_s"):
+        for name in ("transfer_timeout_s", "load_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 4096 <= self.chunk_bytes <= 16 << 20:
@@ -74,7 +72,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kvrep-data-port", type=int, default=0, help="data-plane port (0: any free port)")
     g.add_argument("--kvrep-replica-budget-tokens", type=int, default=0,
                    help="max tokens held as replicas (0: a quarter of the KV pool)")
-    g.add_argument("--kvrep-default-ttl-s", type=float, default=KvrepConfig.default_ttl_s)
     g.add_argument("--kvrep-transfer-timeout-s", type=float, default=KvrepConfig.transfer_timeout_s)
     g.add_argument("--kvrep-chunk-bytes", type=int, default=KvrepConfig.chunk_bytes)
     g.add_argument("--kvrep-staging-bytes", type=int, default=KvrepConfig.staging_bytes,
@@ -95,7 +92,6 @@ def from_namespace(ns: argparse.Namespace) -> KvrepConfig:
         data_host=ns.kvrep_data_host or host,
         data_port=ns.kvrep_data_port,
         replica_budget_tokens=ns.kvrep_replica_budget_tokens,
-        default_ttl_s=ns.kvrep_default_ttl_s,
         transfer_timeout_s=ns.kvrep_transfer_timeout_s,
         chunk_bytes=ns.kvrep_chunk_bytes,
         staging_bytes=ns.kvrep_staging_bytes,
