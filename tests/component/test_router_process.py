@@ -103,8 +103,9 @@ class Env:
 
         def on_directory():
             self.generate(probe + [1])
-            return self.last_decision()["mode"] == "directory"
-        wait_until(on_directory, what="router routing from the coordinator's directory")
+            known = self.status()["workers"]
+            return self.last_decision()["mode"] == "directory" and len(known) == 2 and all(w["id"] for w in known)
+        wait_until(on_directory, what="router routing from the coordinator's directory, both workers known")
 
     def stop(self):
         for agent in self.agents:
