@@ -105,13 +105,15 @@ class CoordinatorLink:
             return None
 
     # ------------------------------------------------------------------------------------------------ queries
-    async def cluster_state(self) -> Optional[ClusterState]:
-        """Workers, loads and copies in flight, at most `state_ttl_s` old; None when the coordinator is down.
+    async def cluster_state(self, force: bool = False) -> Optional[ClusterState]:
+        """Workers, loads and copies in flight, at most `state_ttl_s` old (fresh when `force`); None when the
+        coordinator is down.
 
         Concurrent callers share one refresh.
         """
         st = self.state
-        if st is not None and time.monotonic() - st.fetched_at_s < self.cfg.state_ttl_s and self.reachable:
+        if not force and st is not None and time.monotonic() - st.fetched_at_s < self.cfg.state_ttl_s \
+                and self.reachable:
             return st
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._refresh())

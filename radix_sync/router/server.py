@@ -157,6 +157,11 @@ class Router:
         """
         state = await self.link.cluster_state() if self.link is not None else None
         reported = self._sync_workers(state.workers) if state is not None else {}
+        if state is not None and any(u not in self.coord_ids for u in self.known):
+            # a worker we route to is missing from the (cached) coordinator view: without its id its directory
+            # matches would read as 0, so refresh once before deciding
+            state = await self.link.cluster_state(force=True)
+            reported = self._sync_workers(state.workers) if state is not None else {}
         cands = self._candidates()
         if not cands:
             raise NoWorker("no worker known")
