@@ -163,7 +163,8 @@ class Coordinator:
     def _on_frames(self, frames: list[bytes]) -> None:
         routing_id = frames[0]
         if len(frames) != 2:
-            self.state.record_protocol_error()
+            with self.lock:
+                self.state.record_protocol_error()
             self._sock.send_multipart([routing_id, p.encode(p.Error(error=f"expected 1 frame, got {len(frames) - 1}"))])
             return
         try:

@@ -7,6 +7,7 @@ state machine is tested without sockets or sleeps. The server (`server.py`) owns
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 import uuid
 from collections import deque
@@ -17,6 +18,8 @@ from radix_sync import protocol as p
 from radix_sync.directory import PrefixDirectory
 from radix_sync.hashing import page_hashes
 from radix_sync.coordinator.rules import HitRecord, RuleSnapshot, WorkerView
+
+log = logging.getLogger("kvrep.coordinator")
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 
@@ -241,7 +244,8 @@ class ClusterState:
             rep.state, rep.error, rep.finished_s = FAILED, error, now_s
 
     def _forget_worker(self, worker_id: str, reason: str) -> None:
-        self.directory.drop_worker(worker_id)
+        num = self.directory.drop_worker(worker_id)
+        log.info("forgot %d pages of worker %s (%s)", num, worker_id, reason)
 
     def record_protocol_error(self) -> None:
         self.num_protocol_errors += 1
