@@ -1,4 +1,5 @@
-"""The `kvrep` command line: `kvrep coordinator`, `kvrep router`, `kvrep sim`, `kvrep demo`.
+"""The `kvrep` command line: `kvrep coordinator`, `kvrep router`, `kvrep sim`, `kvrep demo`, `kvrep bench`,
+`kvrep copy-demo`, `kvrep up`.
 
 Subcommands import their modules lazily so `kvrep coordinator` never pays for torch or sglang imports.
 """
@@ -126,15 +127,33 @@ def _add_sim(sub) -> None:
 
 
 def _add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="start a local cluster (coordinator + CPU workers) and replicate a prefix")
+    from sglang_kvrep.devtools import bench
+
+    p = sub.add_parser("demo", help="3 CPU workers behind the router: agent sessions and a tree-search fan-out, "
+                                    "shadow (today's routing) vs active replication; table + TTFT CDF PNG")
+    bench.add_arguments(p, demo=True)
+    p.set_defaults(func=_run_bench)
+
+    p = sub.add_parser("bench", help="live benchmark: our router (shadow, active) and sglang-router (round_robin, "
+                                     "cache_aware) on the same workloads and cluster; simulator validation")
+    bench.add_arguments(p)
+    p.set_defaults(func=_run_bench)
+
+    p = sub.add_parser("copy-demo", help="two CPU workers: replicate a prefix A->B, time it, compare TTFT on B")
     p.add_argument("--model", default="small", help="tiny | small | a model directory")
     p.add_argument("--prompt-len", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--logs", default="logs/demo", help="folder for per-process logs")
-    p.set_defaults(func=_run_demo)
+    p.add_argument("--logs", default="logs/copy-demo", help="folder for per-process logs")
+    p.set_defaults(func=_run_copy_demo)
 
 
-def _run_demo(args) -> int:
+def _run_bench(args) -> int:
+    from sglang_kvrep.devtools.bench import run_bench
+
+    return run_bench(args)
+
+
+def _run_copy_demo(args) -> int:
     from sglang_kvrep.devtools.demo import run_demo
 
     return run_demo(args)

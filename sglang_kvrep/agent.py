@@ -33,6 +33,7 @@ import torch
 
 from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
+from sglang_kvrep import events
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.config import KvrepConfig
 from sglang_kvrep.dataplane import Incoming, LocalGeometry
@@ -84,8 +85,8 @@ class WorkerAgent:
         self.io_q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self._bell_r, self._bell_w = os.pipe()     # I/O -> scheduler doorbell
         self._wake_r, self._wake_w = os.pipe()     # scheduler -> I/O wake-up
-        for fd in (self._bell_r, self._wake_r):
-            os.set_blocking(fd, False)
+        for fd in (self._bell_r, self._wake_r, self._bell_w, self._wake_w):
+            os.set_blocking(fd, False)  # a full pipe means a wake-up is pending: never block a thread on it
         self._free_replica_tokens = self.replicas.free_tokens()  # read by the I/O thread
         self.gathers: dict[str, _GatherJob] = {}        # scheduler thread only
         self.sent_chunks: dict[str, int] = {}           # written by the I/O thread, read by the scheduler thread
@@ -102,6 +103,7 @@ class WorkerAgent:
     # ================================================================================== scheduler thread
     def start(self) -> None:
         self.view.add_idle_wakeup(self._bell_r)
+        events.ON_PUBLISH = self._wake_io
         self._thread = threading.Thread(target=self._io_main, name="kvrep-io", daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -110,10 +112,13 @@ class WorkerAgent:
 
     def to_io(self, item: tuple) -> None:
         self.io_q.put(item)
+        self._wake_io()
+
+    def _wake_io(self) -> None:
         try:
             os.write(self._wake_w, b"x")
         except OSError:
-            pass
+            pass  # the pipe is full (the I/O thread has a wake-up pending already) or closed
 
     def on_iteration_safe(self) -> None:
         if self.disabled:

@@ -10,7 +10,7 @@ import collections
 import json
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sglang_kvrep import compat
 
@@ -18,6 +18,9 @@ log = logging.getLogger("kvrep.events")
 
 # ("stored", namespace, [(hash, parent, tokens), ...], medium) | ("removed", [hashes]) | ("cleared",)
 SINK: "collections.deque[tuple]" = collections.deque()
+# Called after a batch was appended to SINK (the worker agent sets it to wake its I/O thread, so the coordinator's
+# directory learns new pages within milliseconds, not at the I/O thread's next poll timeout).
+ON_PUBLISH: Optional[Callable[[], None]] = None
 
 
 def convert(event: Any) -> Optional[tuple]:
@@ -54,10 +57,14 @@ class KvrepEventPublisher(compat.event_publisher_base()):
     def publish(self, events) -> None:
         if self._inner is not None:
             self._inner.publish(events)
+        added = False
         for event in events.events:
             fact = convert(event)
             if fact is not None:
                 SINK.append(fact)
+                added = True
+        if added and ON_PUBLISH is not None:
+            ON_PUBLISH()
 
     def shutdown(self) -> None:
         if self._inner is not None:

@@ -83,14 +83,24 @@ class Coordinator:
             return LivePlanner(self.config.profile)
         return None
 
-    def set_policy(self, name: str, mode: str) -> None:
-        """Switch policy and mode at run time (admin `POST /policy`). Caller holds the lock."""
+    def set_policy(self, name: str, mode: str, reset_demand: bool = False) -> None:
+        """Switch policy and mode at run time (admin `POST /policy`). Caller holds the lock.
+
+        `reset_demand`: also forget the demand signals seen so far (hits, arrivals, hints, shadow decisions) and
+        start the policy afresh, so a switch to active does not act on what was seen before it (a benchmark's
+        earlier arm, say). The directory, the workers and the replications are kept.
+        """
         if name not in POLICIES:
             raise AdminError(f"unknown policy {name!r} (choose one of {', '.join(POLICIES)})")
         if mode not in ("active", "shadow"):
             raise AdminError(f"mode must be active or shadow, got {mode!r}")
-        if self.policy is None or self.policy.name != name:
+        if self.policy is None or self.policy.name != name or reset_demand:
             self.policy = self._make_policy(name)
+        if reset_demand:
+            self.state.hits.clear()
+            self.state.arrivals.clear()
+            self.state.hints.clear()
+            self.shadow_decisions.clear()
         self.mode = mode
 
     def _decisions(self, now: float) -> list[tuple[str, str, str, int, int, float]]:
@@ -235,6 +245,9 @@ class Coordinator:
 def _make_handler(coord: Coordinator):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # NOTE: headers and body leave in separate writes; with Nagle on, the body waits for the client's delayed
+        # ACK (~40 ms on Linux) on every keep-alive request, which was most of the router's decision time.
+        disable_nagle_algorithm = True
 
         def log_message(self, fmt, *args):  # route to logging, not stderr
             log.debug("admin: " + fmt, *args)
@@ -307,7 +320,10 @@ def _make_handler(coord: Coordinator):
             if method == "POST" and path == "/policy":
                 body = self._body()
                 with coord.lock:
-                    coord.set_policy(str(body.get("policy", "")), str(body.get("mode", coord.mode)))
+                    reset = body.get("reset_demand", False)
+                    if not isinstance(reset, bool):
+                        raise AdminError("reset_demand must be true or false")
+                    coord.set_policy(str(body.get("policy", "")), str(body.get("mode", coord.mode)), reset)
                     return {"policy": coord.policy.name if coord.policy else "none", "mode": coord.mode}
             if method == "GET" and path == "/replications":
                 with coord.lock:

@@ -76,6 +76,8 @@ class Replication:
     finished_s: Optional[float] = None
     num_bytes: int = 0
     inserted_len: int = 0
+    promoted_tokens: int = 0
+    """Tokens of the replica a real request hit (its target promoted them to ordinary cache): > 0 = useful."""
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -83,6 +85,7 @@ class Replication:
             "id": self.id, "source": self.source, "target": self.target, "namespace": self.namespace,
             "num_tokens": self.num_tokens, "ttl_s": self.ttl_s, "origin": self.origin, "state": self.state,
             "error": self.error or None, "bytes": self.num_bytes, "inserted_len": self.inserted_len,
+            "promoted_tokens": self.promoted_tokens,
             "created_s": self.created_s, "started_s": self.started_s, "finished_s": self.finished_s,
             "total_s": (self.finished_s - self.created_s) if self.finished_s is not None else None,
             "timings_s": dict(self.timings_s),
@@ -231,6 +234,9 @@ class ClusterState:
                     rep.state = RUNNING
         elif isinstance(msg, p.ReplicaPromoted):
             d.promote(wid, msg.replication_id)
+            rep = self.replications.get(msg.replication_id)
+            if rep is not None:
+                rep.promoted_tokens = max(rep.promoted_tokens, msg.num_promoted_tokens)
         elif isinstance(msg, p.ReplicaExpired):
             d.remove_replica(wid, msg.replication_id)
         elif isinstance(msg, p.ReplicationFailed):

@@ -71,7 +71,7 @@ class Router:
         self.outstanding: dict[str, int] = defaultdict(int)
         self.unstarted_tokens: dict[str, int] = defaultdict(int)
         self.down_until: dict[str, float] = {}
-        self.decisions: deque = deque(maxlen=32)
+        self.decisions: deque = deque(maxlen=256)
 
     # --------------------------------------------------------------------------------------------- lifecycle
     async def start(self, app: web.Application) -> None:

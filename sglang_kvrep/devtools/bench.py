@@ -1,0 +1,378 @@
+"""`kvrep bench` (and the demo built on it): live benchmarks on a local CPU cluster, several routing set-ups
+("arms") on the same workloads in the same run.
+
+Arms:
+- `shadow`: our router, the coordinator's predictive planner in shadow mode (it decides and records, copies
+  nothing): today's cache-aware routing from an exact directory.
+- `active`: our router, the planner in active mode (copies prefixes ahead of demand, routes to them).
+- `sgl-rr` / `sgl-ca`: `sglang-router` from PyPI (`python -m sglang_router.launch_router`) with `round_robin` /
+  `cache_aware` and its defaults, in front of the same workers (the coordinator in shadow mode, so no copies).
+
+Workloads are the simulator's own objects, scaled to the CPU (`radix_sync.loadgen`): `agent` (Claude Code
+sessions from a trace directory, default the sample committed in `bench/traces/claude_code_sample`), `fanout`
+(tree search: K branches over a long trunk, with a fan-out hint), `shared` (shared prefixes, Zipf popularity,
+bursty arrivals) and `unique` (no shared prefix at all: every prompt distinct). Every arm gets its own text for
+the same workload (same lengths, same sharing, same times), so nothing one arm cached helps the next.
+
+`--simulate` also runs the simulator with the `cpu-local` profile on the identical scaled workloads (same seed)
+and prints simulated vs measured TTFT per arm (the simulator validation).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import math
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Optional
+
+from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path
+
+ARMS = ("shadow", "active", "sgl-rr", "sgl-ca")
+SIM_POLICY = {"shadow": "kvrep_shadow", "active": "kvrep", "sgl-rr": "round_robin", "sgl-ca": "cache_aware"}
+WORKLOADS = ("agent", "fanout", "shared", "unique")
+DEFAULT_TRACE = ROOT / "bench" / "traces" / "claude_code_sample"
+
+
+def _say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def build_workload(name: str, args) -> "object":
+    """Returns: the scaled workload `name` (a fresh object; the replay consumes it)."""
+    from radix_sync.loadgen import Scale, scale_workload
+    from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig, SharedPrefixWorkload
+    from radix_sync.sim.workload import ClaudeWorkload
+
+    d = args.duration_s
+    if name == "agent":
+        # Claude Code sessions: ~100K-token contexts in 64-token pages -> 1/32 (a page = 2 tokens), cut at
+        # --max-prompt; tool gaps (p50 9 s) x0.1, capped at 2 s.
+        scale = Scale(token_factor=1 / 32, max_prompt_tokens=args.max_prompt, max_output_tokens=args.max_output,
+                      think_factor=0.1, max_think_s=2.0)
+        wl = ClaudeWorkload(Path(args.trace), rate=args.agent_rate, duration_s=d,
+                            max_context_len=int(args.max_prompt * 32) + 64, seed=args.seed,
+                            max_turns=args.max_turns)
+        return scale_workload(wl, scale)
+    scale = Scale(max_prompt_tokens=args.max_prompt, max_output_tokens=args.max_output)
+    if name == "fanout":
+        cfg = GeneratorConfig(page_len=16, fanout_k=args.fanout_k, fanout_prefix_min_len=args.fanout_trunk,
+                              fanout_branch_len=32, fanout_output_len=args.max_output, fanout_delay_s=0.2)
+        return scale_workload(FanoutWorkload(cfg, args.fanout_rate, d, args.seed, args.max_prompt + 256), scale)
+    if name in ("shared", "unique"):
+        # `unique`: the same generator with one page per prefix and a long unique suffix: no two prompts share
+        # more than that page.
+        if name == "shared":
+            cfg = GeneratorConfig(page_len=16, shared_num_prefixes=8, shared_prefix_min_len=256,
+                                  shared_suffix_len=64, shared_output_len=args.max_output)
+        else:
+            cfg = GeneratorConfig(page_len=16, shared_num_prefixes=1, shared_prefix_min_len=16,
+                                  shared_suffix_len=600, shared_output_len=args.max_output)
+        wl = SharedPrefixWorkload(cfg, args.shared_rate, d, args.seed, args.max_prompt + 256,
+                                  "bursty" if name == "shared" else "poisson")
+        if name == "unique":
+            for r in wl.open_requests:  # drop the one shared page too
+                r.pages = [p + (r.rid + 1) * 1_000_000 for p in r.pages]
+        wl.name = name
+        return scale_workload(wl, scale)
+    raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+
+
+class SglangRouter(Proc):
+    """`sglang-router` (PyPI) in front of the same workers."""
+
+    def __init__(self, policy: str, worker_urls: list[str], log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
+                "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
+                "--prometheus-port", str(free_port())]
+        super().__init__(f"sglang-router-{policy}", argv, log_dir / f"sglang-router-{policy}.log")
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        _wait_http(self.url + "/health", self, timeout_s)
+
+
+def _wait_http(url: str, proc: Proc, timeout_s: float) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:  # any body: sglang-router answers text
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{proc.name} not ready at {url}:\n{proc.tail()}")
+
+
+def _wait_idle(coord: Coordinator, timeout_s: float = 60.0) -> None:
+    """Until no replication is pending/running and every worker reports an empty queue."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reps = coord.get("/replications")[1]
+        busy = [w for w in coord.get("/workers")[1]
+                if (w.get("load") or {}).get("num_running_reqs") or (w.get("load") or {}).get("num_waiting_reqs")]
+        if not busy and not any(r["state"] in ("pending", "running") for r in reps):
+            return
+        time.sleep(0.3)
+
+
+def _replication_stats(reps: list[dict]) -> dict:
+    done = [r for r in reps if r["state"] == "done"]
+    total = sum(r["bytes"] for r in done)
+    useful = sum(r["bytes"] for r in done if r.get("promoted_tokens", 0) > 0)
+    return {"count": len(done), "failed": sum(1 for r in reps if r["state"] == "failed"), "bytes": total,
+            "useful_bytes_frac": (useful / total) if total else None}
+
+
+def _progress(label: str, total: int) -> Callable:
+    count = [0]
+    tty = sys.stderr.isatty()
+
+    def on_done(res) -> None:
+        count[0] += 1
+        if tty or count[0] == total or count[0] % 10 == 0:
+            end = "\n" if (count[0] == total or not tty) else ""
+            sys.stderr.write(f"\r[bench] {label:<16} {count[0]:>4}/{total} requests{end}")
+            sys.stderr.flush()
+    return on_done
+
+
+def simulate(wl, arm: str, workers: int, seed: int) -> dict:
+    """Runs the simulator (`cpu-local` profile) on the scaled workload under the arm's sim policy."""
+    from radix_sync.policy.cost import load_profile
+    from radix_sync.policy.planner import PlannerConfig
+    from radix_sync.sim.engine import Engine, EngineConfig
+    from radix_sync.sim.policies import build_policy
+
+    profile = load_profile("cpu-local")
+    last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
+    policy = build_policy(SIM_POLICY[arm], profile, wl.page_len, seed, PlannerConfig())
+    stats = Engine(profile, wl, policy, EngineConfig(num_workers=workers, duration_s=last + 1.0)).run()
+    return stats.to_dict()
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'workload':<8} {'arm':<7} {'reqs':>4} {'err':>3} {'TTFT mean':>9} {'P50':>7} {'P95':>7} {'P99':>7} "
+            f"{'TPOT ms':>7} {'req/s':>6} {'cached':>6} {'copies':>6} {'MB':>7} {'useful':>6}  P99 vs")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        s, rep = r["live"], r["replication"]
+        t = s["ttft_s"]
+        useful = "" if rep["useful_bytes_frac"] is None else f"{rep['useful_bytes_frac']:.0%}"
+        lines.append(
+            f"{r['workload']:<8} {r['arm']:<7} {s['requests']:>4} {s['errors']:>3} {t['mean']:>9.2f} {t['p50']:>7.2f} "
+            f"{t['p95']:>7.2f} {t['p99']:>7.2f} {s['tpot_s']['mean'] * 1e3:>7.1f} {s['throughput_rps']:>6.2f} "
+            f"{s['cached_token_ratio']:>6.0%} {rep['count']:>6} {rep['bytes'] / 1e6:>7.1f} {useful:>6}  "
+            f"{r.get('p99_vs', '')}")
+    return "\n".join(lines)
+
+
+def _ratios(rows: list[dict]) -> None:
+    """Adds each arm's P99 / mean TTFT ratios against the workload's baseline (sgl-ca if run, else shadow)."""
+    by_wl: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_wl.setdefault(r["workload"], {})[r["arm"]] = r
+    for arms in by_wl.values():
+        base_name = "sgl-ca" if "sgl-ca" in arms else "shadow" if "shadow" in arms else None
+        if base_name is None:
+            continue
+        base = arms[base_name]["live"]["ttft_s"]
+        for name, r in arms.items():
+            t = r["live"]["ttft_s"]
+            r["ratio_vs"] = base_name
+            r["p99_ratio"] = t["p99"] / base["p99"] if base["p99"] else math.nan
+            r["mean_ratio"] = t["mean"] / base["mean"] if base["mean"] else math.nan
+            r["p99_vs"] = "" if name == base_name else f"{r['p99_ratio']:.2f}x {base_name}"
+
+
+def plot(rows: list[dict], samples: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), squeeze=False)
+    for ax, wl in zip(axes[0], names):
+        for r in rows:
+            if r["workload"] != wl:
+                continue
+            xs = sorted(samples[(wl, r["arm"])])
+            if xs:
+                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=r["arm"])
+        ax.set_title(f"{wl}: TTFT CDF (live)")
+        ax.set_xlabel("TTFT (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_bench(args) -> int:
+    from transformers import AutoTokenizer
+
+    from radix_sync.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
+
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    for a in arms:
+        if a not in ARMS:
+            print(f"kvrep bench: unknown arm {a!r}; known: {', '.join(ARMS)}", file=sys.stderr)
+            return 2
+    if any(a.startswith("sgl-") for a in arms):
+        try:
+            import sglang_router  # noqa: F401
+        except ImportError:
+            print("kvrep bench: the sgl-* arms need `sglang-router` (pip install sglang-router)", file=sys.stderr)
+            return 2
+    try:
+        built = {w: build_workload(w, args) for w in workloads}
+    except (ValueError, OSError) as exc:
+        print(f"kvrep bench: {exc}", file=sys.stderr)
+        return 2
+    for w, wl in built.items():
+        _say(f"workload {w}: {workload_size(wl)} (page = {wl.page_len} tokens)")
+    out_dir = ROOT / args.out_dir if not Path(args.out_dir).is_absolute() else Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs = out_dir / "logs"
+    procs: list[Proc] = []
+    rows: list[dict] = []
+    samples: dict = {}
+    t_start = time.monotonic()
+    try:
+        _say(f"starting the coordinator and {args.workers} CPU SGLang workers (model '{args.model}')")
+        coord = Coordinator(logs, extra_args=("--policy", "kvrep", "--mode", "shadow"))
+        procs.append(coord)
+        coord.wait_ready()
+        workers = []
+        for i in range(args.workers):
+            w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
+                       max_total_tokens=args.max_total_tokens,
+                       extra_args=("--max-running-requests", str(args.max_running)))
+            procs.append(w)
+            workers.append(w)
+        for w in workers:
+            w.wait_ready()
+        coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
+        rport = free_port()
+        router = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(rport),
+                                 "--coordinator", coord.admin, "--tokenizer", model_path(args.model)],
+                      logs / "router.log")
+        procs.append(router)
+        router_url = f"http://127.0.0.1:{rport}"
+        _wait_http(router_url + "/health", router, 120)
+        _say(f"cluster up in {time.monotonic() - t_start:.0f} s; warming up every worker")
+        for w in workers:  # first-call code paths (both short and long prompts) before anything is measured
+            w.generate(list(range(100, 1100)), 4)
+            w.generate(list(range(2000, 2064)), 4)
+        tok = AutoTokenizer.from_pretrained(model_path(args.model))
+        for wname, wl in built.items():
+            for k, arm in enumerate(arms):
+                label = f"{wname}/{arm}"
+                sgl = None
+                mode = "active" if arm == "active" else "shadow"
+                status, answer = coord.post("/policy", {"policy": "kvrep", "mode": mode, "reset_demand": True})
+                if status != 200:
+                    raise RuntimeError(f"coordinator refused /policy: {answer}")
+                url, hints = router_url, router_url + "/kvrep/hints"
+                if arm.startswith("sgl-"):
+                    sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",
+                                       [w.url for w in workers], logs)
+                    procs.append(sgl)
+                    sgl.wait_ready()
+                    url, hints = sgl.url, None
+                before = {r["id"] for r in coord.get("/replications")[1]}
+                renderer = Renderer(tok, salt=zlib.crc32(f"{args.seed}/{wname}/{arm}".encode()))
+                todo = copy.deepcopy(wl)
+                cfg = ReplayConfig(url=url, hints_url=hints,
+                                   on_done=_progress(label, workload_size(wl)["requests"]))
+                t0 = time.monotonic()
+                results = asyncio.run(replay(todo, renderer, cfg))
+                _wait_idle(coord)
+                reps = [r for r in coord.get("/replications")[1] if r["id"] not in before]
+                row = {"workload": wname, "arm": arm, "live": summarize(results),
+                       "replication": _replication_stats(reps), "wall_s": time.monotonic() - t0,
+                       "replications": reps}
+                if not arm.startswith("sgl-"):
+                    row["router_decisions"] = http_json(router_url + "/kvrep/status")[1].get("last_decisions")
+                errors = [r.error for r in results if r.error]
+                if errors:
+                    _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
+                samples[(wname, arm)] = [r.ttft_s for r in results if r.error is None]
+                if args.simulate:
+                    row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed)
+                rows.append(row)
+                t = row["live"]["ttft_s"]
+                _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
+                     f"{row['replication']['count']} copies ({row['wall_s']:.0f} s)")
+                if sgl is not None:
+                    sgl.stop()
+                    procs.remove(sgl)
+        coord.post("/policy", {"policy": "kvrep", "mode": "shadow"})
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    _ratios(rows)
+    print()
+    print(f"kvrep bench: {args.workers} CPU workers, model {args.model}, seed {args.seed}, "
+          f"TTFT in seconds at the client ({time.monotonic() - t_start:.0f} s in all)")
+    print(format_table(rows))
+    if args.simulate:
+        print()
+        print("simulator (cpu-local profile) vs live, TTFT P50 / P99 in seconds:")
+        print(f"{'workload':<8} {'arm':<7} {'sim policy':<13} {'live P50':>8} {'sim P50':>8} {'err':>6} "
+              f"{'live P99':>8} {'sim P99':>8} {'err':>6}")
+        for r in rows:
+            live, sim = r["live"]["ttft_s"], r["sim"]["ttft_s"]
+            e50 = sim["p50"] / live["p50"] - 1 if live["p50"] else math.nan
+            e99 = sim["p99"] / live["p99"] - 1 if live["p99"] else math.nan
+            r["sim_error"] = {"p50": e50, "p99": e99}
+            print(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[r['arm']]:<13} {live['p50']:>8.2f} "
+                  f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%}")
+    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    with open(out_dir / "results.json", "w") as f:
+        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows}, f, indent=2, default=str)
+    try:
+        plot(rows, samples, out_dir / "ttft_cdf.png")
+        print(f"\nresults: {out_dir / 'results.json'}   TTFT CDFs: {out_dir / 'ttft_cdf.png'}   logs: {logs}")
+    except ImportError:
+        print(f"\nresults: {out_dir / 'results.json'} (no matplotlib: no plot)   logs: {logs}")
+    return 0 if all(r["live"]["errors"] == 0 for r in rows) else 1
+
+
+def add_arguments(p, *, demo: bool = False) -> None:
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--model", default="small", help="local model name (tiny|small) or a model directory")
+    p.add_argument("--workloads", default="agent,fanout" if demo else ",".join(WORKLOADS),
+                   help=f"comma-separated, from {', '.join(WORKLOADS)}")
+    p.add_argument("--arms", default="shadow,active" if demo else ",".join(ARMS),
+                   help=f"comma-separated, from {', '.join(ARMS)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration-s", type=float, default=30.0, help="arrivals (or session starts) within this time")
+    p.add_argument("--trace", default=str(DEFAULT_TRACE), help="Claude Code session files for `agent`")
+    p.add_argument("--agent-rate", type=float, default=0.3, help="agent sessions started per second")
+    p.add_argument("--max-turns", type=int, default=6, help="requests per agent session at most")
+    p.add_argument("--fanout-rate", type=float, default=1.2, help="fan-out requests/s (trees/s x (K+1))")
+    p.add_argument("--fanout-k", type=int, default=6)
+    p.add_argument("--fanout-trunk", type=int, default=1024, help="shortest trunk, tokens (up to twice as long)")
+    p.add_argument("--shared-rate", type=float, default=1.0, help="shared/unique requests per second")
+    p.add_argument("--max-prompt", type=int, default=3072, help="live prompts cut at this many tokens")
+    p.add_argument("--max-output", type=int, default=8, help="output tokens per request at most")
+    p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool per worker, tokens")
+    p.add_argument("--max-running", type=int, default=8, help="--max-running-requests per worker")
+    p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=not demo,
+                   help="also run the simulator on the same workloads (cpu-local profile)")
+    p.add_argument("--out-dir", default="logs/demo" if demo else "logs/bench")
