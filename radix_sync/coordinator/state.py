@@ -99,7 +99,8 @@ class ArrivalRecord:
     time_s: float
     namespace: str
     block_hash: Optional[int]
-    """Hash of the prompt's last full page (names the whole prefix); None for a prompt shorter than a page."""
+    """Hash of the deepest page of the prompt some worker held when it arrived (the prefix it reuses), else of the
+    prompt's last full page; None for a prompt shorter than a page."""
     prompt_len: int
     worker_id: str
     session_id: str = ""
@@ -340,7 +341,16 @@ class ClusterState:
         token_ids, namespace = _token_ids(body), _namespace(body)
         worker_id = str(body.get("worker", ""))
         page_size = self.workers[worker_id].hello.page_size if worker_id in self.workers else None
-        block_hash, _ = self._prefix_hash(token_ids, namespace, page_size)
+        if page_size is None:
+            sizes = {w.hello.page_size for w in self.workers.values()}
+            page_size = min(sizes) if sizes else 1
+        hashes = page_hashes(token_ids, page_size, namespace)
+        # The demand an arrival shows is for the part of its prompt already held somewhere (what it reuses; a
+        # fan-out branch counts for its trunk, a session's turn for the previous turn's context), not for its
+        # own new prompt, which nobody asked for twice yet. A prompt nothing holds counts for itself (a trunk or
+        # a session's first turn: the next requests will extend it).
+        held = max(self.directory.match(hashes).values(), default=0)
+        block_hash = hashes[held - 1] if held > 0 else (hashes[-1] if hashes else None)
         rec = ArrivalRecord(now_s, namespace, block_hash, len(token_ids), worker_id, str(body.get("session_id", "")))
         self.arrivals.append(rec)
         return rec

@@ -105,6 +105,8 @@ class Decision:
     """Tokens of the prompt the first choice holds (directory mode) or approximately holds (fallback)."""
     wait_inflight: bool = False
     """The first choice is best only once a replica in flight to it has landed."""
+    cached_by_worker: tuple[int, ...] = ()
+    """Tokens of the prompt each ranked worker holds, in `ranked` order (directory mode; for the record)."""
 
 
 def _load(w: WorkerState) -> int:
@@ -160,7 +162,7 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     first = options[0]
     return Decision(tuple(order[r.worker_id].worker_id for r in options),
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
-                    first.wait_inflight)
+                    first.wait_inflight, tuple(cached[r.worker_id] for r in options))
 
 
 class ApproxPrefixIndex:

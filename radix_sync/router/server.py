@@ -243,6 +243,7 @@ class Router:
                                "prompt_len": len(ids), "mode": decision.mode, "worker": url, "attempt": attempt,
                                "ranked": list(decision.ranked),
                                "expected_ttft_s": [round(t, 6) for t in decision.expected_ttft_s],
+                               "cached_by_worker": list(decision.cached_by_worker),
                                "cached_tokens": decision.cached_tokens if attempt == 0 else None})
         if self.link is not None and ids:
             item = {"input_ids": ids, "cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url)}

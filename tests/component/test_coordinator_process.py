@@ -118,3 +118,19 @@ def test_arrivals_and_hints_are_recorded_and_validated(coord):
     assert coord.post("/arrivals", {"arrivals": [{"input_ids": "x"}]})[0] == 400
     assert coord.post("/hints", {"kind": "prefetch", "input_ids": [1]})[0] == 400
     assert coord.post("/hints", {"kind": "keepalive", "input_ids": [1], "ttl_s": -1})[0] == 400
+
+
+def test_policy_switch_can_forget_demand(coord):
+    coord.post("/arrivals", {"arrivals": [{"input_ids": list(range(9)), "worker": "w1"}]})
+    coord.post("/hints", {"kind": "fanout", "input_ids": list(range(16)), "k": 4})
+    st = coord.get("/status")[1]
+    assert st["num_recent_arrivals"] >= 1 and st["num_live_hints"] >= 1
+    # a plain switch keeps what was seen ...
+    assert coord.post("/policy", {"policy": "kvrep", "mode": "shadow"}) == (200, {"policy": "kvrep", "mode": "shadow"})
+    assert coord.get("/status")[1]["num_live_hints"] >= 1
+    # ... reset_demand forgets it (an earlier benchmark arm must not steer the next one)
+    assert coord.post("/policy", {"policy": "kvrep", "mode": "shadow", "reset_demand": True})[0] == 200
+    st = coord.get("/status")[1]
+    assert st["num_recent_arrivals"] == 0 and st["num_live_hints"] == 0
+    assert coord.post("/policy", {"policy": "kvrep", "reset_demand": "yes"})[0] == 400
+    assert coord.post("/policy", {"policy": "none", "mode": "shadow"})[0] == 200

@@ -125,3 +125,18 @@ def test_protocol_version_and_rehello(st):
     assert st.lookup(toks, "") == {"a": 0, "b": 0}
     assert st.handle(b"A2", stored("a", 1, toks), 2.0) == []
     st.check_integrity()
+
+
+def test_an_arrival_counts_for_the_prefix_it_reuses(st):
+    trunk = list(range(12))
+    # nothing holds it yet: the arrival counts for its own prompt (the trunk)
+    first = st.record_arrival({"input_ids": trunk, "worker": "a"}, 1.0)
+    assert first.block_hash == page_hashes(trunk, PS)[-1]
+    st.handle(b"A", stored("a", 1, trunk), 1.5)
+    # a branch (trunk + 8 new tokens) counts for the trunk, which a worker holds, not for its own new pages
+    branch = st.record_arrival({"input_ids": trunk + [50, 51, 52, 53, 54, 55, 56, 57], "worker": "b"}, 2.0)
+    assert branch.block_hash == page_hashes(trunk, PS)[-1] and branch.prompt_len == 20
+    # a prompt sharing only the first page counts for that page
+    other = st.record_arrival({"input_ids": trunk[:4] + [90] * 8}, 3.0)
+    assert other.block_hash == page_hashes(trunk, PS)[0]
+    assert st.record_arrival({"input_ids": [1, 2]}, 4.0).block_hash is None
