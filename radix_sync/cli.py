@@ -70,6 +70,9 @@ def _add_router(sub) -> None:
     p.add_argument("--tokenizer", default="auto",
                    help="the workers' model dir or tokenizer id; 'auto': ask a worker's /model_info; 'none'")
     p.add_argument("--page-size", type=int, default=16, help="page size when no worker reported one")
+    p.add_argument("--profile", default=None,
+                   help="cost profile for the TTFT rule (name or JSON path, e.g. cpu-local, llama3.1-8b-h200); "
+                        "overrides the four cost flags below")
     p.add_argument("--prefill-s-per-token", type=float, default=5e-5)
     p.add_argument("--queue-s-per-request", type=float, default=0.005)
     p.add_argument("--kv-bytes-per-token", type=int, default=131072)
@@ -98,10 +101,14 @@ def _run_router(args) -> int:
         config = RouterConfig(host=args.host, port=args.port, coordinator_url=args.coordinator,
                               worker_urls=tuple(args.worker), tenants_path=args.tenants,
                               tokenizer=None if args.tokenizer == "none" else args.tokenizer,
-                              page_size=args.page_size, costs=costs, connect_timeout_s=args.connect_timeout_s,
+                              page_size=args.page_size, costs=costs, profile=args.profile,
+                              connect_timeout_s=args.connect_timeout_s,
                               read_timeout_s=args.read_timeout_s,
                               max_connections_per_worker=args.max_connections_per_worker,
                               shutdown_timeout_s=args.shutdown_timeout_s)
+        if config.profile:
+            from radix_sync.policy.cost import load_profile
+            load_profile(config.profile)  # fail fast on an unknown profile
         if config.tenants_path:
             from radix_sync.router.tenants import TenantTable
             TenantTable.load(config.tenants_path)  # fail fast on a bad file
@@ -170,6 +177,8 @@ def _add_up(sub) -> None:
     p.add_argument("--tenants", default=None, help="JSON or TOML file: api keys -> tenant -> namespace")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--max-total-tokens", type=int, default=32768)
+    p.add_argument("--profile", default="cpu-local",
+                   help="cost profile of the planner and the router (cpu-local: measured on the CPU workers here)")
     p.add_argument("--logs", default="logs/up", help="folder for per-process logs")
     p.set_defaults(func=_run_up)
 

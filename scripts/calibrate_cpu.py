@@ -3,11 +3,14 @@ radix_sync/profiles/cpu-local.json (the simulator's and the planner's starting p
 
 Starts a coordinator and two CPU workers (the `small` local model unless --model), then measures:
 - prefill: server `first_token_latency` of one-token requests for several new/cached lengths; least squares for
-  `prefill_overhead_s + prefill_s_per_token*new + prefill_s_per_token_pair*(new*cached + new*(new+1)/2)`;
+  `prefill_overhead_s + prefill_s_per_token*new + prefill_s_per_token_pair*(new*cached + new*(new+1)/2)
+  + prefill_s_per_cached_pair*cached*(cached+1)/2` (the last term: the torch_native CPU backend recomputes
+  attention over the cached prefix on every extension);
 - decode: `(e2e - ttft) / (n - 1)` of n-token requests at two context lengths and two batch sizes;
 - transfer: replications of a long prefix A->B (bytes over the target's receive time, plus fixed cost).
 
 Usage: .venv/bin/python scripts/calibrate_cpu.py [--model small] [--out radix_sync/profiles/cpu-local.json]
+       .venv/bin/python scripts/calibrate_cpu.py --refit   # refit the prefill terms from the file's measurements
 """
 from __future__ import annotations
 
@@ -56,12 +59,52 @@ def decode_step(worker: Worker, ids_list: list[list[int]], n: int) -> float:
     return statistics.median((m["e2e_latency"] - m["first_token_latency"]) / (n - 1) for m in outs)
 
 
+VALUE_ORDER = ("kv_bytes_per_token", "kv_capacity_tokens", "max_context_len", "chunked_prefill_len",
+               "max_running_requests", "prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_pair",
+               "prefill_s_per_cached_pair", "decode_step_s", "decode_s_per_request", "decode_s_per_ctx_token",
+               "nic_bandwidth_bytes_per_s", "transfer_latency_s")
+
+
+def fit_prefill(rows: list) -> dict:
+    """Non-negative least squares on relative error (short and long prompts weigh alike) of (new, cached, s)."""
+    X = np.array([[1.0, n, n * c + n * (n + 1) / 2, c * (c + 1) / 2] for n, c, _ in rows])
+    y = np.array([t for _, _, t in rows])
+    coef, _ = nnls(X / y[:, None], np.ones_like(y))
+    overhead, per_token, per_pair, per_cached_pair = (float(v) for v in coef)
+    rel = (X @ coef - y) / y
+    residual = float(np.sqrt(np.mean(rel ** 2)))
+    return {"values": {"prefill_overhead_s": round(overhead, 6), "prefill_s_per_token": float(f"{per_token:.6g}"),
+                       "prefill_s_per_token_pair": float(f"{per_pair:.6g}"),
+                       "prefill_s_per_cached_pair": float(f"{per_cached_pair:.6g}")},
+            "derivation": (f"non-negative least squares (relative error) over {len(rows)} one-token requests (new, "
+                           f"cached) -> first_token_latency; RMS relative residual {residual:.0%}. Four terms: "
+                           "overhead, per new token, per (new x context) pair, and per (cached x cached) pair: the "
+                           "torch_native CPU backend recomputes attention over the cached prefix on every "
+                           "extension, so a short extension of a long cached prefix costs ~ context^2 (with three "
+                           "terms the residual was 46%)")}
+
+
+def refit(path: str) -> int:
+    """Refits the prefill terms from the measurements stored in the profile (no servers started)."""
+    profile = json.loads(Path(path).read_text())
+    prefill = fit_prefill(profile["measurements"]["prefill"])
+    values = {**profile["values"], **prefill["values"]}
+    profile["values"] = {k: values[k] for k in VALUE_ORDER}
+    profile["derivation"]["prefill"] = prefill["derivation"]
+    Path(path).write_text(json.dumps(profile, indent=2) + "\n")
+    print(json.dumps(profile["values"], indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "radix_sync" / "profiles" / "cpu-local.json"))
+    ap.add_argument("--refit", action="store_true", help="refit the prefill terms of --out from its measurements")
     args = ap.parse_args()
+    if args.refit:
+        return refit(args.out)
     rng = random.Random(0)
     logs = ROOT / "logs" / "calibrate"
     procs = []
@@ -87,13 +130,7 @@ def main() -> int:
                     a.generate(prefix, 1)
                     rows.append((new, cached, ttft(a, prefix + rand_ids(rng, new))))
         print(f"[calibrate] {len(rows)} prefill samples", file=sys.stderr)
-        X = np.array([[1.0, n, n * c + n * (n + 1) / 2] for n, c, _ in rows])
-        y = np.array([t for _, _, t in rows])
-        # non-negative least squares on relative error (short and long prompts weigh alike)
-        coef, _ = nnls(X / y[:, None], np.ones_like(y))
-        overhead, per_token, per_pair = (float(v) for v in coef)
-        rel = (X @ coef - y) / y
-        residual = float(np.sqrt(np.mean(rel ** 2)))
+        prefill = fit_prefill(rows)
         # decode: step time vs context length (batch 1) and vs batch size (short context)
         n = 33
         step_short = decode_step(a, [rand_ids(rng, 64)], n)
@@ -122,15 +159,14 @@ def main() -> int:
             "max_context_len": 32768,
             "chunked_prefill_len": CHUNKED_PREFILL,
             "max_running_requests": 64,
-            "prefill_overhead_s": round(overhead, 6),
-            "prefill_s_per_token": float(f"{per_token:.6g}"),
-            "prefill_s_per_token_pair": float(f"{per_pair:.6g}"),
+            **prefill["values"],
             "decode_step_s": round(step_fixed, 6),
             "decode_s_per_request": float(f"{per_req:.6g}"),
             "decode_s_per_ctx_token": float(f"{per_ctx:.6g}"),
             "nic_bandwidth_bytes_per_s": float(f"{bandwidth:.6g}"),
             "transfer_latency_s": round(latency, 6),
         }
+        values = {k: values[k] for k in VALUE_ORDER}
         profile = {
             "name": "cpu-local",
             "provenance": (f"Measured by `.venv/bin/python scripts/calibrate_cpu.py --model {args.model} --repeats "
@@ -139,11 +175,7 @@ def main() -> int:
                            f"{MAX_TOTAL_TOKENS}, page size 16) on a {os.cpu_count()}-core {platform.machine()} host; "
                            "loopback ZeroMQ data plane. Absolute times are noisy on a shared 2-core machine."),
             "derivation": {
-                "prefill": f"non-negative least squares (relative error) over {len(rows)} one-token requests "
-                           f"(new, cached) -> first_token_latency; RMS relative residual {residual:.0%}. The one "
-                           "pair term cannot fit both in-chunk and cached-context attention on the torch_native CPU "
-                           "backend (a short extension of a long cached prefix costs far more per pair than a cold "
-                           "prompt: see the measurements); the residual says how far off the model is",
+                "prefill": prefill["derivation"],
                 "decode": f"(e2e - ttft)/(n-1) with n={n}: batch 1 ctx 64 -> {step_short * 1e3:.2f} ms, "
                           f"ctx 4096 -> {step_long * 1e3:.2f} ms, batch 4 ctx 64 -> {step_batch4 * 1e3:.2f} ms",
                 "transfer": f"{len(reps)} replications of 4096 tokens: bytes / target receive time; fixed cost = "

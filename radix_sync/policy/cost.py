@@ -50,6 +50,11 @@ class CostProfile:
     """Usable worker-to-worker bandwidth of one worker's link, bytes/s."""
     transfer_latency_s: float
     """Fixed cost of one transfer (setup, first byte), s."""
+    prefill_s_per_cached_pair: float = 0.0
+    """Cost per (context token x context token) pair of the cached prefix, paid again by every prefill piece that
+    follows it, s. Zero for paged attention kernels (FlashInfer, FlashAttention), which read the cached KV once per
+    new token (the `prefill_s_per_token_pair` term); SGLang's `torch_native` CPU backend recomputes attention over
+    the whole sequence, so a short extension of a long cached prefix costs ~ context^2 (see cpu-local.json)."""
     provenance: str = ""
     """Where the numbers come from."""
 
@@ -76,7 +81,10 @@ class CostProfile:
             seconds.
         """
         pairs = new_len * cached_len + new_len * (new_len + 1) / 2.0
-        return new_len * self.prefill_s_per_token + pairs * self.prefill_s_per_token_pair
+        out = new_len * self.prefill_s_per_token + pairs * self.prefill_s_per_token_pair
+        if self.prefill_s_per_cached_pair and new_len > 0:
+            out += cached_len * (cached_len + 1) / 2.0 * self.prefill_s_per_cached_pair
+        return out
 
     def prefill_s(self, new_len: int, cached_len: int) -> float:
         """Time of a whole prefill of `new_len` tokens after `cached_len` cached ones, chunked, with overheads.

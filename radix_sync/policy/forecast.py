@@ -28,7 +28,8 @@ def queue_wait_s(cost: CostModel, w: WorkerView, now: float) -> float:
     if w.num_waiting == 0 and w.waiting_new_tokens == 0:
         return max(0.0, w.busy_until_s - now)
     work = (w.num_waiting * p.prefill_overhead_s + w.waiting_new_tokens * p.prefill_s_per_token
-            + w.waiting_attn_pairs * p.prefill_s_per_token_pair)
+            + w.waiting_attn_pairs * p.prefill_s_per_token_pair
+            + w.waiting_cached_pairs * p.prefill_s_per_cached_pair)
     return max(0.0, w.busy_until_s - now) + cost.prefill_scale * work
 
 

@@ -47,6 +47,9 @@ class WorkerView:
     """When the worker's incoming link finishes the transfers already queued on it."""
     nic_bandwidth_bytes_per_s: float = 0.0
     """Usable bandwidth of the worker's link, bytes/s (0: no copies possible)."""
+    waiting_cached_pairs: float = 0.0
+    """Sum of cached*(cached+1)/2 over the queued requests: the work a backend that recomputes attention over the
+    cached prefix (`CostProfile.prefill_s_per_cached_pair`) still has to do (0 where the caller does not track it)."""
 
 
 @dataclass(frozen=True, slots=True)

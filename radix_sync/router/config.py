@@ -24,6 +24,9 @@ class RouterConfig:
     page_size: int = 16
     """Page size used to hash prompts for the router's own view when no worker has reported one."""
     costs: RouterCosts = field(default_factory=RouterCosts)
+    profile: Optional[str] = None
+    """A cost profile (name or JSON path, as the coordinator's `--profile`): when set, the TTFT rule uses it
+    instead of `costs` (prefill with its cached-context term, KV bytes per token, link bandwidth)."""
     connect_timeout_s: float = 2.0
     """Connecting to a worker; past it the next choice is tried."""
     read_timeout_s: float = 600.0

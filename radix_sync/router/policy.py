@@ -81,6 +81,10 @@ class WorkerState:
     num_waiting: int = 0
     num_waiting_tokens: int = 0
     """Prompt tokens queued for prefill."""
+    num_waiting_pairs: float = 0.0
+    """Attention pairs (new*cached + new*(new+1)/2) of the requests this router sent and has not seen start."""
+    num_waiting_cached_pairs: float = 0.0
+    """cached*(cached+1)/2 of the same requests (see `CostProfile.prefill_s_per_cached_pair`)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     order = sorted(workers, key=lambda w: w.worker_id)
     index = {w.worker_id: i for i, w in enumerate(order)}
     views = tuple(WorkerView(i, num_running=w.num_running, num_waiting=w.num_waiting,
-                             waiting_new_tokens=w.num_waiting_tokens,
+                             waiting_new_tokens=w.num_waiting_tokens, waiting_attn_pairs=w.num_waiting_pairs,
+                             waiting_cached_pairs=w.num_waiting_cached_pairs,
                              busy_until_s=now + (model.profile.decode_step_s if w.num_running else 0.0),
                              nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s)
                   for i, w in enumerate(order))

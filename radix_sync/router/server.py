@@ -59,7 +59,11 @@ class Router:
         self.tenants = tenants or (TenantTable.load(cfg.tenants_path) if cfg.tenants_path else TenantTable.open())
         self.metrics = RouterMetrics()
         self.index = ApproxPrefixIndex()
-        self.model = cost_model(cfg.costs)
+        if cfg.profile:
+            from radix_sync.policy.cost import CostModel, load_profile
+            self.model = CostModel(load_profile(cfg.profile))
+        else:
+            self.model = cost_model(cfg.costs)
         self.session: Optional[aiohttp.ClientSession] = None
         self.link: Optional[CoordinatorLink] = None
         self._tasks: list[asyncio.Task] = []
@@ -70,6 +74,8 @@ class Router:
         """url -> coordinator worker id."""
         self.outstanding: dict[str, int] = defaultdict(int)
         self.unstarted_tokens: dict[str, int] = defaultdict(int)
+        # attention work of the same requests: (new x context pairs, cached x cached pairs)
+        self.unstarted_pairs: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.down_until: dict[str, float] = {}
         self.decisions: deque = deque(maxlen=256)
 
@@ -143,10 +149,12 @@ class Router:
         # NOTE: load reports lag; what this router sent and has not seen finish is a lower bound on the queue.
         mine = self.outstanding[st.url]
         if not directory:
-            return WorkerState(st.worker_id, st.url, st.page_size, mine, 0, self.unstarted_tokens[st.url])
+            pairs, cpairs = self.unstarted_pairs[st.url]
+            return WorkerState(st.worker_id, st.url, st.page_size, mine, 0, self.unstarted_tokens[st.url], pairs,
+                               cpairs)
         return WorkerState(st.worker_id, st.url, st.page_size, st.num_running,
                            max(st.num_waiting, mine - st.num_running),
-                           max(st.num_waiting_tokens, self.unstarted_tokens[st.url]))
+                           max(st.num_waiting_tokens, self.unstarted_tokens[st.url]), *self.unstarted_pairs[st.url])
 
     # ----------------------------------------------------------------------------------------------- deciding
     async def decide(self, ids: list[int], namespace: str) -> tuple[Decision, list[int], dict[str, WorkerState]]:
@@ -196,25 +204,28 @@ class Router:
     # --------------------------------------------------------------------------------------------- forwarding
     async def forward(self, request: web.Request, path: str, body: dict, decision: Decision, endpoint: str,
                       ids: list[int], hashes: list[int], tenant: Tenant) -> web.StreamResponse:
-        """Sends the body to the ranked workers in turn until one answers; streams or returns its answer."""
+        """Sends the body to the ranked workers in turn until one answers; streams or returns its answer.
+
+        From the decision until the worker starts answering, the request counts as queued on the worker it is
+        headed for (also while it is held for a copy in flight), so the next decisions see it."""
         data = _dumps(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         headers["Content-Type"] = "application/json"
-        if decision.wait_inflight and self.cfg.max_wait_inflight_s > 0:
-            await self._wait_for_copy(decision.ranked[0])
         last_exc: Optional[BaseException] = None
         for attempt, url in enumerate(decision.ranked):
-            uncached = max(0, len(ids) - (decision.cached_tokens if attempt == 0 else 0))
+            cached = min(len(ids), decision.cached_tokens) if attempt == 0 else 0
+            unqueue = self._queue(url, len(ids) - cached, cached)
             self.outstanding[url] += 1
-            self.unstarted_tokens[url] += uncached
             started = False
             try:
+                if attempt == 0 and decision.wait_inflight and self.cfg.max_wait_inflight_s > 0:
+                    await self._wait_for_copy(url)
                 async with self.session.post(url + path, data=data, headers=headers, params=request.query,
                                              timeout=self._timeout()) as up:
                     started = True
-                    self.unstarted_tokens[url] -= uncached
                     self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt)
-                    return await self._relay(request, up)
+                    # its prefill counts as queued work until the first output arrives (a stream's first chunk)
+                    return await self._relay(request, up, unqueue)
             except _RETRYABLE as exc:
                 if started:
                     raise
@@ -224,9 +235,30 @@ class Router:
                 log.warning("worker %s failed before answering (%s); trying the next choice", url, exc)
             finally:
                 self.outstanding[url] -= 1
-                if not started:
-                    self.unstarted_tokens[url] -= uncached
+                unqueue()
         raise NoWorker(f"no worker answered: {last_exc}")
+
+    def _queue(self, url: str, uncached: int, cached: int):
+        """Counts a request's prefill work as headed for `url` and not started. Returns: the (idempotent) call
+        that stops counting it."""
+        uncached = max(0, uncached)
+        work = (uncached, uncached * cached + uncached * (uncached + 1) / 2.0, cached * (cached + 1) / 2.0)
+        self._add_queued(url, work, +1)
+        done = []
+
+        def unqueue() -> None:
+            if not done:
+                done.append(True)
+                self._add_queued(url, work, -1)
+        return unqueue
+
+    def _add_queued(self, url: str, work: tuple[int, float, float], sign: int) -> None:
+        self.unstarted_tokens[url] += sign * work[0]
+        pairs = self.unstarted_pairs[url]
+        pairs[0] += sign * work[1]
+        pairs[1] += sign * work[2]
+        if self.unstarted_tokens[url] == 0:
+            pairs[0] = pairs[1] = 0.0  # no float drift
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=None, connect=self.cfg.connect_timeout_s,
@@ -252,16 +284,19 @@ class Router:
                 item["session_id"] = session_id
             self.link.report_arrival(item)
 
-    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse) -> web.StreamResponse:
+    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
+                     on_first_output=lambda: None) -> web.StreamResponse:
         ctype = up.headers.get("Content-Type", "application/json")
         if "text/event-stream" in ctype:
             resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache"})
             await resp.prepare(request)
             async for chunk in up.content.iter_any():
+                on_first_output()
                 await resp.write(chunk)
             await resp.write_eof()
             return resp
         payload = await up.read()
+        on_first_output()
         return web.Response(body=payload, status=up.status, headers={"Content-Type": ctype})
 
     async def any_worker(self, request: web.Request, method: str, path: str) -> web.Response:

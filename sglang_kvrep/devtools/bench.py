@@ -148,14 +148,14 @@ def _progress(label: str, total: int) -> Callable:
     return on_done
 
 
-def simulate(wl, arm: str, workers: int, seed: int) -> dict:
-    """Runs the simulator (`cpu-local` profile) on the scaled workload under the arm's sim policy."""
+def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local") -> dict:
+    """Runs the simulator on the scaled workload under the arm's sim policy."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
     from radix_sync.sim.policies import build_policy
 
-    profile = load_profile("cpu-local")
+    profile = load_profile(profile_name)
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY[arm], profile, wl.page_len, seed, PlannerConfig())
     stats = Engine(profile, wl, policy, EngineConfig(num_workers=workers, duration_s=last + 1.0)).run()
@@ -254,7 +254,7 @@ def run_bench(args) -> int:
     t_start = time.monotonic()
     try:
         _say(f"starting the coordinator and {args.workers} CPU SGLang workers (model '{args.model}')")
-        coord = Coordinator(logs, extra_args=("--policy", "kvrep", "--mode", "shadow"))
+        coord = Coordinator(logs, extra_args=("--policy", "kvrep", "--mode", "shadow", "--profile", args.profile))
         procs.append(coord)
         coord.wait_ready()
         workers = []
@@ -269,7 +269,8 @@ def run_bench(args) -> int:
         coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
         rport = free_port()
         router = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(rport),
-                                 "--coordinator", coord.admin, "--tokenizer", model_path(args.model)],
+                                 "--coordinator", coord.admin, "--tokenizer", model_path(args.model),
+                                 "--profile", args.profile],
                       logs / "router.log")
         procs.append(router)
         router_url = f"http://127.0.0.1:{rport}"
@@ -313,7 +314,7 @@ def run_bench(args) -> int:
                     _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
                 samples[(wname, arm)] = [r.ttft_s for r in results if r.error is None]
                 if args.simulate:
-                    row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed)
+                    row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile)
                 rows.append(row)
                 t = row["live"]["ttft_s"]
                 _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
@@ -332,7 +333,7 @@ def run_bench(args) -> int:
     print(format_table(rows))
     if args.simulate:
         print()
-        print("simulator (cpu-local profile) vs live, TTFT P50 / P99 in seconds:")
+        print(f"simulator ({args.profile} profile) vs live, TTFT P50 / P99 in seconds:")
         print(f"{'workload':<8} {'arm':<7} {'sim policy':<13} {'live P50':>8} {'sim P50':>8} {'err':>6} "
               f"{'live P99':>8} {'sim P99':>8} {'err':>6}")
         for r in rows:
@@ -375,4 +376,6 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--max-running", type=int, default=8, help="--max-running-requests per worker")
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=not demo,
                    help="also run the simulator on the same workloads (cpu-local profile)")
+    p.add_argument("--profile", default="cpu-local",
+                   help="cost profile of the coordinator's planner and the router's TTFT rule")
     p.add_argument("--out-dir", default="logs/demo" if demo else "logs/bench")

@@ -25,7 +25,7 @@ def run_up(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     procs: list[Proc] = []
     try:
-        coord = Coordinator(logs, extra_args=("--policy", args.policy, "--mode", args.mode),
+        coord = Coordinator(logs, extra_args=("--policy", args.policy, "--mode", args.mode, "--profile", args.profile),
                             admin_port=args.admin_port or None)
         procs.append(coord)
         coord.wait_ready()
@@ -42,7 +42,8 @@ def run_up(args) -> int:
         coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
         router_port = args.router_port or free_port()
         argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(router_port), "--coordinator",
-                coord.admin, "--tokenizer", model_path(args.model), "--page-size", str(args.page_size)]
+                coord.admin, "--tokenizer", model_path(args.model), "--page-size", str(args.page_size),
+                "--profile", args.profile]
         if args.tenants:
             argv += ["--tenants", args.tenants]
         router = Proc("router", argv, logs / "router.log")

@@ -121,3 +121,23 @@ def test_fallback_others_follow_by_load():
     idx.observe("c", [5, 6], 1, 0.0)
     ws = [w("a", running=3, page_size=1), w("b", running=1, page_size=1), w("c", running=2, page_size=1)]
     assert idx.rank(ws, [5, 6], 2).ranked == ("c", "b", "a")
+
+
+def test_a_backend_that_recomputes_the_cached_prefix_prices_hits_and_queued_hits():
+    from dataclasses import replace
+
+    from radix_sync.policy.cost import CostModel
+
+    # 10 ms per new token, and 1 ms per 1,000 cached x cached pairs (torch_native-like)
+    prof = replace(COSTS.profile(), prefill_s_per_cached_pair=1e-6)
+    model = CostModel(prof)
+    assert prof.prefill_piece_s(0, 1000) == 0.0
+    assert prof.prefill_piece_s(20, 1000) == pytest.approx(0.2 + 1000 * 1001 / 2 * 1e-6)
+    # a: holds 80 of 100 tokens: 20 new (0.2 s) + 80*81/2 pairs (3.24 ms); b: cold 100 tokens (1.0 s)
+    d = rank_by_ttft([w("a"), w("b")], {"a": 80}, (), 100, "", 0.0, model)
+    assert d.ranked == ("a", "b") and d.expected_ttft_s == pytest.approx((0.2 + 3240e-6, 1.0))
+    # two hits queued at a, each recomputing attention over 1,000 cached tokens (0.5 s each): b wins now
+    busy = WorkerState("a", "http://a", 16, 0, 2, 40, num_waiting_pairs=0.0, num_waiting_cached_pairs=2 * 500500)
+    d = rank_by_ttft([busy, w("b")], {"a": 80}, (), 100, "", 0.0, model)
+    assert d.ranked == ("b", "a")
+    assert d.expected_ttft_s[1] == pytest.approx(0.4 + 2 * 0.5005 + 0.2 + 3240e-6)
