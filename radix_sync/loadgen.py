@@ -248,7 +248,8 @@ async def _hint(session, cfg: ReplayConfig, text: str, k: int) -> None:
     import aiohttp
 
     try:
-        async with session.post(cfg.hints_url, json={"kind": "fanout", "text": text, "k": k},
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        async with session.post(cfg.hints_url, json={"kind": "fanout", "text": text, "k": k}, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=10)) as resp:
             await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError):

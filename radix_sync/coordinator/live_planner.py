@@ -96,12 +96,20 @@ class LivePlanner:
                 nic_bandwidth_bytes_per_s=bw))
         page_len = min((state.workers[w].hello.page_size for w in ids), default=1)
         # candidate prefixes: what was hit, what the router saw arriving, what a hint announced
-        times: dict[int, list[float]] = {}
+        # NOTE: with a router in front, one request shows up twice: as the router's arrival and as the worker's
+        # prefix hit, both on the prefix it reuses. A prefix's demand is its arrivals when the router reported
+        # any, else its hits (workers without our router), never the sum.
+        by_arrival: dict[int, list[float]] = {}
+        by_hit: dict[int, list[float]] = {}
         namespaces: dict[int, str] = {}
-        for rec in list(state.hits) + list(state.arrivals):
-            if rec.block_hash is not None:
-                times.setdefault(rec.block_hash, []).append(rec.time_s)
-                namespaces[rec.block_hash] = rec.namespace
+        for log, out in ((state.hits, by_hit), (state.arrivals, by_arrival)):
+            for rec in log:
+                if rec.block_hash is not None:
+                    out.setdefault(rec.block_hash, []).append(rec.time_s)
+                    namespaces[rec.block_hash] = rec.namespace
+        times: dict[int, list[float]] = {b: by_arrival.get(b) or hits for b, hits in by_hit.items()}
+        for b, arrived in by_arrival.items():
+            times.setdefault(b, arrived)
         fanout: dict[int, tuple[int, float]] = {}
         keepalive: dict[int, float] = {}
         for hint in state.hints:

@@ -143,3 +143,36 @@ def test_streaming_through_the_router(cluster, router):
     assert events[-1].strip() == "data: [DONE]"
     last = json.loads(events[-2][len("data: "):])
     assert last["meta_info"]["completion_tokens"] == 6 and len(events) >= 3
+
+
+def test_a_replayed_fanout_workload_through_the_router(cluster, router):
+    """The live benchmark's load generator against the real router: a trunk with its fan-out hint, then its
+    branches together; every request answers, token counts agree, and branches reuse the trunk's pages."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from radix_sync.loadgen import Renderer, ReplayConfig, Scale, replay, scale_workload, workload_size
+    from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
+
+    cfg = GeneratorConfig(page_len=16, fanout_k=3, fanout_prefix_min_len=256, fanout_branch_len=32,
+                          fanout_output_len=4, fanout_delay_s=0.1)
+    wl = scale_workload(FanoutWorkload(cfg, rate=2.0, duration_s=4.0, seed=3, max_context_len=4096),
+                        Scale(max_output_tokens=4))
+    n = workload_size(wl)["requests"]
+    assert n >= 4
+    hints_before = http_json(cluster.coord.admin + "/status")[1]["num_live_hints"]
+    renderer = Renderer(AutoTokenizer.from_pretrained(model_path("tiny")), salt=11)
+    expected = {}
+    for _, s in wl.session_starts:
+        for t in s.turns:
+            expected.setdefault(t.prompt_len, 0)
+    results = asyncio.run(replay(wl, renderer, ReplayConfig(url=router, hints_url=router + "/kvrep/hints",
+                                                            api_key=ACME)))
+    assert len(results) == n and all(r.error is None for r in results), [r.error for r in results]
+    assert {r.prompt_tokens for r in results} <= set(expected)  # the renderer's lengths are the workers' lengths
+    assert all(r.ttft_s <= r.e2e_s and r.output_tokens == 4 for r in results)
+    trunk_len = min(expected)
+    branches = [r for r in results if r.prompt_tokens == trunk_len + 32]
+    assert branches and max(r.cached_tokens for r in branches) >= floor_page(trunk_len)
+    assert http_json(cluster.coord.admin + "/status")[1]["num_live_hints"] > hints_before

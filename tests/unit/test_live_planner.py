@@ -63,3 +63,25 @@ def test_fanout_on_a_busy_holder_is_copied_to_the_idle_worker():
 def test_no_demand_no_copy():
     st = state_with_prefix(list(range(100, 100 + 4096)), waiting_on_a=6)
     assert LivePlanner("cpu-local").decide(st, 1.0) == []
+
+
+def test_a_request_seen_by_the_router_and_the_worker_counts_once():
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=0)
+    node = page_hashes(tokens, PS)[-1]
+    # one request: the router's arrival and the holder's prefix hit, both on the same prefix
+    st.record_arrival({"input_ids": tokens + [7] * 40, "worker": "a"}, 1.0)
+    st.handle(b"A", p.PrefixHit(worker_id="a", seq=3, namespace="", block_hash=node, matched_len=1024,
+                                key_len=1064), 1.0)
+    # another prefix only a worker reported (no router in front of it): its hits count
+    other = list(range(9000, 9000 + 512))
+    st.handle(b"B", p.PagesStored(worker_id="b", seq=2, namespace="", blocks=[
+        p.BlockFact(h, par, other[i * PS:(i + 1) * PS])
+        for i, (h, par) in enumerate(zip(page_hashes(other, PS), [None] + page_hashes(other, PS)[:-1]))]), 1.0)
+    for seq in (3, 4):
+        st.handle(b"B", p.PrefixHit(worker_id="b", seq=seq, namespace="", block_hash=page_hashes(other, PS)[-1],
+                                    matched_len=512, key_len=600), 1.0 + seq / 10)
+    snap, _ = LivePlanner("cpu-local").snapshot(st, 2.0)
+    by_node = {x.node_id: x.recent_hit_times_s for x in snap.prefixes}
+    assert by_node[node] == (1.0,)
+    assert by_node[page_hashes(other, PS)[-1]] == (1.3, 1.4)
