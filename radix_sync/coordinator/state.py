@@ -99,8 +99,8 @@ class ArrivalRecord:
     time_s: float
     namespace: str
     block_hash: Optional[int]
-    """Hash of the deepest page of the prompt some worker held when it arrived (the prefix it reuses), else of the
-    prompt's last full page; None for a prompt shorter than a page."""
+    """Hash of the deepest page of the prompt some worker held when it arrived (the prefix it reuses); None when
+    no worker held any of it (no reuse to predict from)."""
     prompt_len: int
     worker_id: str
     session_id: str = ""
@@ -347,10 +347,10 @@ class ClusterState:
         hashes = page_hashes(token_ids, page_size, namespace)
         # The demand an arrival shows is for the part of its prompt already held somewhere (what it reuses; a
         # fan-out branch counts for its trunk, a session's turn for the previous turn's context), not for its
-        # own new prompt, which nobody asked for twice yet. A prompt nothing holds counts for itself (a trunk or
-        # a session's first turn: the next requests will extend it).
+        # own new prompt, which nobody asked for twice yet. A prompt nothing holds shows no reuse: it counts for
+        # nothing (a one-off prompt must not be copied; a trunk announces itself with a fan-out hint).
         held = max(self.directory.match(hashes).values(), default=0)
-        block_hash = hashes[held - 1] if held > 0 else (hashes[-1] if hashes else None)
+        block_hash = hashes[held - 1] if held > 0 else None
         rec = ArrivalRecord(now_s, namespace, block_hash, len(token_ids), worker_id, str(body.get("session_id", "")))
         self.arrivals.append(rec)
         return rec

@@ -95,6 +95,20 @@ class SglangRouter(Proc):
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         _wait_http(self.url + "/health", self, timeout_s)
+        # its /health answers before its own health checks have admitted the workers (503 "no available
+        # workers" until then): wait until it serves a request (not measured)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                status, _ = http_json(self.url + "/generate", {"text": "warm up", "sampling_params": {
+                    "max_new_tokens": 1}}, timeout=30)
+            except OSError:
+                status = 0
+            if status == 200:
+                return
+            if time.monotonic() > deadline or not self.alive():
+                raise RuntimeError(f"{self.name} does not serve (last status {status}):\n{self.tail()}")
+            time.sleep(0.5)
 
 
 def _wait_http(url: str, proc: Proc, timeout_s: float) -> None:

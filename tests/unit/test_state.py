@@ -129,9 +129,9 @@ def test_protocol_version_and_rehello(st):
 
 def test_an_arrival_counts_for_the_prefix_it_reuses(st):
     trunk = list(range(12))
-    # nothing holds it yet: the arrival counts for its own prompt (the trunk)
+    # nothing holds it yet: the arrival shows no reuse (a one-off prompt must not look popular)
     first = st.record_arrival({"input_ids": trunk, "worker": "a"}, 1.0)
-    assert first.block_hash == page_hashes(trunk, PS)[-1]
+    assert first.block_hash is None and first.prompt_len == 12
     st.handle(b"A", stored("a", 1, trunk), 1.5)
     # a branch (trunk + 8 new tokens) counts for the trunk, which a worker holds, not for its own new pages
     branch = st.record_arrival({"input_ids": trunk + [50, 51, 52, 53, 54, 55, 56, 57], "worker": "b"}, 2.0)
