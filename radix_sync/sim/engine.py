@@ -20,7 +20,7 @@ from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer
 from radix_sync.sim.policies import PolicyBundle
 from radix_sync.sim.tracker import NodeTracker
-from radix_sync.sim.worker import DECODE, PREFILL, SimWorker
+from radix_sync.sim.worker import DECODE, IDLE, PREFILL, SimWorker
 from radix_sync.sim.workload import Session, SimRequest, Workload
 
 ARRIVE, ITER, XFER, EXPIRE, TICK, START = range(6)
@@ -40,12 +40,18 @@ class EngineConfig:
     """Planner period, s."""
     replica_budget_frac: float = 0.25
     """Largest share of a worker's KV pool that replicas may take."""
+    shared_cores: int = 0
+    """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
+    more workers than cores): a prefill iteration that starts while k > N workers are busy takes k/N times as long
+    (the iteration's length is fixed when it starts; decode is not stretched)."""
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers={self.num_workers!r} must be >= 1")
         if self.duration_s <= 0 or self.tick_s <= 0:
             raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
+        if self.shared_cores < 0:
+            raise ValueError(f"shared_cores={self.shared_cores!r} must be >= 0")
         if not 0.0 <= self.replica_budget_frac <= 1.0:
             raise ValueError(f"replica_budget_frac={self.replica_budget_frac!r} must be in [0, 1]")
 
@@ -84,6 +90,15 @@ class Engine:
     def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, obj, version))
+
+    def core_stretch(self, worker: SimWorker) -> float:
+        """How much longer an iteration `worker` starts now takes because co-located workers share cores (1.0
+        unless `EngineConfig.shared_cores`)."""
+        cores = self.cfg.shared_cores
+        if cores <= 0:
+            return 1.0
+        busy = 1 + sum(1 for w in self.workers if w is not worker and w.state != IDLE)
+        return max(1.0, busy / cores)
 
     def schedule_iter_end(self, worker: SimWorker, t: float) -> None:
         self._push(t, ITER, worker, worker.version)

@@ -173,7 +173,7 @@ class SimWorker:
             self.state = PREFILL
             self._batch = batch
             self.iter_start_s = now
-            self.iter_end_s = now + p.prefill_overhead_s + dur
+            self.iter_end_s = now + (p.prefill_overhead_s + dur) * self.engine.core_stretch(self)
         elif self.running:
             b = len(self.running)
             self.state = DECODE

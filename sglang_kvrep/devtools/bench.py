@@ -14,8 +14,9 @@ sessions from a trace directory, default the sample committed in `bench/traces/c
 bursty arrivals) and `unique` (no shared prefix at all: every prompt distinct). Every arm gets its own text for
 the same workload (same lengths, same sharing, same times), so nothing one arm cached helps the next.
 
-`--simulate` also runs the simulator with the `cpu-local` profile on the identical scaled workloads (same seed)
-and prints simulated vs measured TTFT per arm (the simulator validation).
+`--simulate` also runs the simulator with the `cpu-local` profile on the identical scaled workloads (same seed,
+the workers sharing this machine's cores: `EngineConfig.shared_cores`) and prints simulated vs measured TTFT per
+arm (the simulator validation).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import asyncio
 import copy
 import json
 import math
+import os
 import sys
 import time
 import zlib
@@ -172,7 +174,9 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
     profile = load_profile(profile_name)
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY[arm], profile, wl.page_len, seed, PlannerConfig())
-    stats = Engine(profile, wl, policy, EngineConfig(num_workers=workers, duration_s=last + 1.0)).run()
+    # the CPU workers of this cluster share this machine's cores (and the client, router and coordinator do too)
+    ecfg = EngineConfig(num_workers=workers, duration_s=last + 1.0, shared_cores=os.cpu_count() or 1)
+    stats = Engine(profile, wl, policy, ecfg).run()
     return stats.to_dict()
 
 

@@ -88,3 +88,22 @@ def test_decode_step_in_progress_closed_form_matches_the_scan():
     for now in (1.0, 1.0001, 1.05, 1.5, 2.0, w.iter_start_s + w.p.decode_steps_s(300, 64, 2_000_000)):
         scan = next(k for k in range(1, 301) if 1.0 + w.p.decode_steps_s(k, 64, 2_000_000) >= now)
         assert w._steps_done_by(now) == scan, now
+
+
+def test_cached_prefix_term_and_workers_sharing_cores():
+    # A cached-prefix term (torch_native-like): B extends A's 100 tokens by 10: 0.01 + 11 x 0.001 plus
+    # 99 x 100 / 2 cached pairs x 1 us (99 cached: the last prompt token of A is recomputed).
+    prof = CostProfile(**{**PROFILE.__dict__, "prefill_s_per_cached_pair": 1e-6})
+    pages = list(range(1, 11))
+    r = run([(0.0, 100, 1, pages), (1.0, 110, 1, pages + [99])], profile=prof)
+    assert r[1].cached_len == 100
+    assert r[1].first_token_s - 1.0 == pytest.approx(0.01 + 0.010 + 100 * 101 / 2 * 1e-6)
+
+    # Three workers on two cores: two prompts at once run at full speed, the third started while two others are
+    # busy takes 3/2 as long (0.11 s x 1.5).
+    wl = Fixed([(0.0, 100, 1, [1]), (0.0, 100, 1, [2]), (0.0, 100, 1, [3])])
+    eng = Engine(PROFILE, wl, build_policy("round_robin", PROFILE, wl.page_len, 0),
+                 EngineConfig(num_workers=3, duration_s=10.0, shared_cores=2))
+    eng.run()
+    firsts = sorted(x.first_token_s for x in wl.open_requests)
+    assert firsts == pytest.approx([0.11, 0.11, 0.165])
