@@ -288,6 +288,14 @@ def _make_handler(coord: Coordinator):
             if path == "/directory/lookup" and method in ("GET", "POST"):
                 if method == "POST":
                     body = self._body()
+                    if "page_hashes" in body:  # the router's own hashes: nothing to parse or rehash
+                        hashes, page_size = body.get("page_hashes"), body.get("page_size")
+                        if (not isinstance(hashes, list) or not isinstance(page_size, int) or page_size < 1
+                                or not all(isinstance(h, int) and -(1 << 63) <= h < 1 << 63 for h in hashes)):
+                            raise AdminError("page_hashes must be a list of signed 64-bit integers with an integer "
+                                             "page_size >= 1")
+                        with coord.lock:
+                            return {"matched": coord.state.lookup_hashes(hashes, page_size)}
                     token_ids, namespace = body.get("input_ids"), body.get("cache_salt") or ""
                 else:
                     raw = (query.get("input_ids") or [""])[0]

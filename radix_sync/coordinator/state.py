@@ -383,6 +383,13 @@ class ClusterState:
                 out[wid] = matched.get(wid, 0) * page_size
         return out
 
+    def lookup_hashes(self, block_hashes: list[int], page_size: int) -> dict[str, int]:
+        """Like `lookup`, from a prompt's page hashes (namespace included in them) at `page_size`; workers with
+        another page size read 0."""
+        matched = self.directory.match(block_hashes)
+        return {wid: (matched.get(wid, 0) * page_size if rec.hello.page_size == page_size else 0)
+                for wid, rec in self.workers.items()}
+
     def rule_snapshot(self, now_s: float) -> RuleSnapshot:
         workers = []
         for wid, record in self.workers.items():

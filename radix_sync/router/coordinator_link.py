@@ -132,9 +132,17 @@ class CoordinatorLink:
                        for r in reps if r.get("state") in ("pending", "running"))
         self.state = ClusterState(tuple(w for w in workers if isinstance(w, dict)), copies, time.monotonic())
 
-    async def lookup(self, input_ids: list[int], namespace: str) -> Optional[dict[str, int]]:
-        """Returns: tokens of the prompt each worker holds, from the exact directory; None when unreachable."""
-        out = await self._call("POST", "/directory/lookup", {"input_ids": input_ids, "cache_salt": namespace})
+    async def lookup(self, input_ids: list[int], namespace: str,
+                     page_hashes: Optional[tuple[list[int], int]] = None) -> Optional[dict[str, int]]:
+        """Returns: tokens of the prompt each worker holds, from the exact directory; None when unreachable.
+
+        `page_hashes`: (the prompt's page hashes in `namespace`, their page size) when every candidate worker
+        uses that page size: the coordinator then matches them directly (no token list to send, parse, rehash)."""
+        if page_hashes is not None:
+            body = {"page_hashes": page_hashes[0], "page_size": page_hashes[1]}
+        else:
+            body = {"input_ids": input_ids, "cache_salt": namespace}
+        out = await self._call("POST", "/directory/lookup", body)
         if not isinstance(out, dict) or not isinstance(out.get("matched"), dict):
             return None
         return {str(k): int(v) for k, v in out["matched"].items()}

@@ -177,7 +177,8 @@ class Router:
         hashes = page_hashes(ids, page_size, namespace)
         matched = None
         if state is not None and ids:
-            matched = await self.link.lookup(ids, namespace)
+            same = all(self.known[u].page_size == page_size for u in cands)
+            matched = await self.link.lookup(ids, namespace, (hashes, page_size) if same and hashes else None)
         if matched is not None:
             workers = [self._with_local_load(reported.get(u, self.known[u]), True) for u in cands]
             by_url = {u: matched.get(cid, 0) for u, cid in self.coord_ids.items()}

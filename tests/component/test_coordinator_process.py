@@ -76,6 +76,18 @@ def test_facts_flow_to_lookup_over_real_sockets(coord, dealer):
     assert body["matched"]["w1"] == 12
     status, body = coord.get("/directory/lookup?input_ids=" + ",".join(map(str, toks)))
     assert status == 200 and body["matched"]["w1"] == 12
+    # the router's way: its own page hashes (namespace in them), no token list
+    status, body = coord.post("/directory/lookup", {"page_hashes": page_hashes(toks + [1, 2, 3, 4], 4),
+                                                    "page_size": 4})
+    assert status == 200 and body["matched"]["w1"] == 12
+    assert coord.post("/directory/lookup", {"page_hashes": hashes, "page_size": 16})[1]["matched"]["w1"] == 0
+    assert coord.post("/directory/lookup", {"page_hashes": page_hashes(toks, 4, "other-tenant"),
+                                            "page_size": 4})[1]["matched"]["w1"] == 0
+    for bad in ({"page_hashes": "x", "page_size": 4}, {"page_hashes": [1], "page_size": 0},
+                {"page_hashes": [-(1 << 63) - 1], "page_size": 4}, {"page_hashes": [1 << 63], "page_size": 4},
+                {"page_hashes": [1.5], "page_size": 4}):
+        status, body = coord.post("/directory/lookup", bad)
+        assert status == 400 and "page_hashes" in body["error"]
 
 
 @pytest.mark.parametrize("body,status,needle", [
