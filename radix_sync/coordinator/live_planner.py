@@ -78,6 +78,9 @@ class LivePlanner:
         kvb = next((b for b in (kv_bytes_per_token(state.workers[w].hello.fingerprint_fields) for w in ids) if b),
                    self.profile.kv_bytes_per_token)
         busy: dict[str, float] = {}
+        incoming: dict[str, int] = {}  # replica tokens on their way to each worker (not in its load report yet)
+        for r in in_flight:
+            incoming[r.target] = incoming.get(r.target, 0) + r.num_tokens
         for r in in_flight:  # queued copies keep both ends of the link busy
             seconds = r.num_tokens * kvb / bw if bw > 0 else 0.0
             for wid in (r.source, r.target):
@@ -91,7 +94,8 @@ class LivePlanner:
                 num_running=load.num_running_reqs if load else 0, num_waiting=load.num_waiting_reqs if load else 0,
                 waiting_new_tokens=load.num_waiting_tokens if load else 0, busy_until_s=now_s,
                 free_tokens=load.available_tokens if load else 0,
-                replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)),
+                replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)
+                                          - incoming.get(wid, 0)),
                 egress_busy_until_s=busy.get(wid, now_s), ingress_busy_until_s=busy.get(wid, now_s),
                 nic_bandwidth_bytes_per_s=bw))
         page_len = min((state.workers[w].hello.page_size for w in ids), default=1)

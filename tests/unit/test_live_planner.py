@@ -85,3 +85,11 @@ def test_a_request_seen_by_the_router_and_the_worker_counts_once():
     by_node = {x.node_id: x.recent_hit_times_s for x in snap.prefixes}
     assert by_node[node] == (1.0,)
     assert by_node[page_hashes(other, PS)[-1]] == (1.3, 1.4)
+
+
+def test_copies_in_flight_count_against_the_target_replica_budget():
+    tokens = list(range(100, 100 + 4096))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    st.request_replication("a", "b", tokens, "", 30.0, now_s=1.0)
+    snap, ids = LivePlanner("cpu-local").snapshot(st, 1.0)
+    assert [w.replica_budget_tokens for w in snap.workers] == [16384, 16384 - 4096]
