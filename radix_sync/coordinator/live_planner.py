@@ -127,6 +127,11 @@ class LivePlanner:
                 keepalive[hint.block_hash] = max(keepalive.get(hint.block_hash, 0.0), hint.time_s + hint.ttl_s)
         prefixes = []
         for block_hash, hit_times in times.items():
+            if len(hit_times) < 2 and block_hash not in fanout and block_hash not in keepalive:
+                # NOTE: as the simulator's tracker prunes them: one request on a prefix says nothing about the
+                # next (a session's turn reuses its previous turn once, then moves on to a longer prefix); a
+                # prefix needs repeated demand or a hint before it is worth a copy.
+                continue
             node = state.directory.node(block_hash)
             if node is None or not node.token_ids:
                 continue  # nobody holds it (or its tokens are not known yet): nothing to copy

@@ -69,10 +69,11 @@ def test_a_request_seen_by_the_router_and_the_worker_counts_once():
     tokens = list(range(100, 100 + 1024))
     st = state_with_prefix(tokens, waiting_on_a=0)
     node = page_hashes(tokens, PS)[-1]
-    # one request: the router's arrival and the holder's prefix hit, both on the same prefix
-    st.record_arrival({"input_ids": tokens + [7] * 40, "worker": "a"}, 1.0)
-    st.handle(b"A", p.PrefixHit(worker_id="a", seq=3, namespace="", block_hash=node, matched_len=1024,
-                                key_len=1064), 1.0)
+    # two requests, each seen as the router's arrival and the holder's prefix hit, on the same prefix
+    for seq, t in ((3, 1.0), (4, 1.5)):
+        st.record_arrival({"input_ids": tokens + [7] * 40, "worker": "a"}, t)
+        st.handle(b"A", p.PrefixHit(worker_id="a", seq=seq, namespace="", block_hash=node, matched_len=1024,
+                                    key_len=1064), t)
     # another prefix only a worker reported (no router in front of it): its hits count
     other = list(range(9000, 9000 + 512))
     st.handle(b"B", p.PagesStored(worker_id="b", seq=2, namespace="", blocks=[
@@ -83,8 +84,18 @@ def test_a_request_seen_by_the_router_and_the_worker_counts_once():
                                     matched_len=512, key_len=600), 1.0 + seq / 10)
     snap, _ = LivePlanner("cpu-local").snapshot(st, 2.0)
     by_node = {x.node_id: x.recent_hit_times_s for x in snap.prefixes}
-    assert by_node[node] == (1.0,)
+    assert by_node[node] == (1.0, 1.5)
     assert by_node[page_hashes(other, PS)[-1]] == (1.3, 1.4)
+
+
+def test_a_prefix_used_once_is_no_candidate():
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    st.record_arrival({"input_ids": tokens + [7] * 40, "worker": "a"}, 1.0)
+    planner = LivePlanner("cpu-local")
+    assert planner.snapshot(st, 1.5)[0].prefixes == () and planner.decide(st, 1.5) == []
+    st.record_arrival({"input_ids": tokens + [8] * 40, "worker": "a"}, 1.2)
+    assert [x.recent_hit_times_s for x in planner.snapshot(st, 1.5)[0].prefixes] == [(1.0, 1.2)]
 
 
 def test_copies_in_flight_count_against_the_target_replica_budget():
