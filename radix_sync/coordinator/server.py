@@ -61,6 +61,7 @@ class Coordinator:
         self.mode = config.mode
         self.policy = self._make_policy(config.policy)
         self.shadow_decisions: list[dict] = []
+        self._plan_now = False  # set by the ZMQ loop thread only
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
@@ -166,7 +167,11 @@ class Coordinator:
                 except queue.Empty:
                     break
                 self._sock.send_multipart([routing_id, p.encode(msg)])
-            if time.monotonic() >= next_tick:
+            if time.monotonic() >= next_tick or self._plan_now:
+                # NOTE: new pages while a hint waits: plan now, not at the next tick. A fan-out's branches follow
+                # the trunk's answer within a fraction of a second, and the trunk's pages reach the directory
+                # only around that answer (SGLang publishes KV events when the scheduler goes idle).
+                self._plan_now = False
                 self._tick()
                 next_tick = time.monotonic() + self.config.tick_s
 
@@ -194,6 +199,8 @@ class Coordinator:
             replies = [(routing_id, p.Error(error=f"internal error: {exc}", in_reply_to=type(msg).__name__))]
         for rid, reply in replies:
             self._sock.send_multipart([rid, p.encode(reply)])
+        if isinstance(msg, p.PagesStored) and self.mode == "active" and self.state.hints:
+            self._plan_now = True
 
     def _tick(self) -> None:
         now = time.monotonic()
