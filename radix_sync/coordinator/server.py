@@ -71,7 +71,7 @@ class Coordinator:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._sock.bind(config.bind)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._http = ThreadingHTTPServer((config.admin_host, config.admin_port), _make_handler(self))
+        self._http = _AdminServer((config.admin_host, config.admin_port), _make_handler(self))
         self._http.daemon_threads = True
         self.admin_port = self._http.server_address[1]
 
@@ -247,6 +247,12 @@ class Coordinator:
             out = rep.to_json()
         self.send(target_rid, expect)
         return out
+
+
+class _AdminServer(ThreadingHTTPServer):
+    # NOTE: the default listen backlog (5) refused connections when a router sent ~1,000 lookups/s, and one refused
+    # connection makes the router back off the directory altogether.
+    request_queue_size = 1024
 
 
 def _make_handler(coord: Coordinator):

@@ -35,6 +35,9 @@ class LinkConfig:
     """Arrivals are sent in batches at least this often, s."""
     max_pending_arrivals: int = 10_000
     """Arrivals beyond this while the coordinator is slow or down are dropped (and counted)."""
+    max_inflight_lookups: int = 8
+    """Directory lookups in flight at once; a request beyond it is routed from the router's own view (load
+    shedding: the coordinator is not marked down, and the lookup is counted as shed)."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -42,6 +45,8 @@ class LinkConfig:
         for name in ("timeout_s", "state_ttl_s", "backoff_min_s", "backoff_max_s", "arrivals_flush_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        if self.max_inflight_lookups < 1:
+            raise ValueError(f"max_inflight_lookups={self.max_inflight_lookups!r} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class CoordinatorLink:
         self._arrivals: list[dict] = []
         self.num_arrivals_dropped = 0
         self.num_arrivals_sent = 0
+        self.num_lookups_shed = 0
+        self._inflight_lookups = 0
 
     # -------------------------------------------------------------------------------------------- reachability
     def _ok(self) -> None:
@@ -142,7 +149,14 @@ class CoordinatorLink:
             body = {"page_hashes": page_hashes[0], "page_size": page_hashes[1]}
         else:
             body = {"input_ids": input_ids, "cache_salt": namespace}
-        out = await self._call("POST", "/directory/lookup", body)
+        if self._inflight_lookups >= self.cfg.max_inflight_lookups:
+            self.num_lookups_shed += 1
+            return None
+        self._inflight_lookups += 1
+        try:
+            out = await self._call("POST", "/directory/lookup", body)
+        finally:
+            self._inflight_lookups -= 1
         if not isinstance(out, dict) or not isinstance(out.get("matched"), dict):
             return None
         return {str(k): int(v) for k, v in out["matched"].items()}

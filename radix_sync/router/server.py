@@ -337,7 +337,8 @@ class Router:
         return {
             "coordinator": None if link is None else {
                 "url": link.cfg.url, "reachable": link.reachable, "last_error": link.last_error,
-                "arrivals_sent": link.num_arrivals_sent, "arrivals_dropped": link.num_arrivals_dropped},
+                "arrivals_sent": link.num_arrivals_sent, "arrivals_dropped": link.num_arrivals_dropped,
+                "lookups_shed": link.num_lookups_shed},
             "tokenizer": self.tokenizer is not None,
             "tenants": self.tenants.namespaces() if self.tenants.required else None,
             "workers": [{"url": u, "id": self.coord_ids.get(u), "page_size": w.page_size,
