@@ -92,20 +92,26 @@ class Env:
                                       "--coordinator", self.coord.admin, "--worker", self.a.url, "--worker",
                                       self.b.url, "--tenants", str(tmp / "tenants.json"), "--tokenizer", "none",
                                       "--connect-timeout-s", "1"], tmp / "router.log")
-        self.coord.wait_ready()
-        self.agents = [Agent(self.coord, "wA", self.a.url), Agent(self.coord, "wB", self.b.url)]
-        for proc in (self.a, self.b):
-            wait_until(lambda: ready(proc.url), what=f"{proc.name} up")
-        wait_until(lambda: ready(self.url), what="router up")
-        # Ready means routing from the directory: on a cold start (modules compiling) the router's first
-        # coordinator calls can time out and it routes from its own view until the link's backoff expires.
-        probe = ids(99)
+        self.agents = []
+        try:  # a set-up that fails must not leave its processes behind (the fixture's finally never runs)
+            self.coord.wait_ready()
+            self.agents = [Agent(self.coord, "wA", self.a.url), Agent(self.coord, "wB", self.b.url)]
+            for proc in (self.a, self.b):
+                wait_until(lambda: ready(proc.url), what=f"{proc.name} up")
+            wait_until(lambda: ready(self.url), what="router up")
+            # Ready means routing from the directory: on a cold start (modules compiling) the router's first
+            # coordinator calls can time out and it routes from its own view until the link's backoff expires.
+            probe = ids(99)
 
-        def on_directory():
-            self.generate(probe + [1])
-            known = self.status()["workers"]
-            return self.last_decision()["mode"] == "directory" and len(known) == 2 and all(w["id"] for w in known)
-        wait_until(on_directory, what="router routing from the coordinator's directory, both workers known")
+            def on_directory():
+                self.generate(probe + [1])
+                known = self.status()["workers"]
+                return (self.last_decision()["mode"] == "directory" and len(known) == 2
+                        and all(w["id"] for w in known))
+            wait_until(on_directory, what="router routing from the coordinator's directory, both workers known")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self):
         for agent in self.agents:
