@@ -133,7 +133,7 @@ def _add_sim(sub) -> None:
     p.set_defaults(func=sim_cli.run)
 
 
-def _add_demo(sub) -> None:
+def _add_demo_and_bench(sub) -> None:
     from sglang_kvrep.devtools import bench
 
     p = sub.add_parser("demo", help="3 CPU workers behind the router: agent sessions and a tree-search fan-out, "
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_coordinator(sub)
     _add_router(sub)
     _add_sim(sub)
-    _add_demo(sub)
+    _add_demo_and_bench(sub)
     _add_up(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

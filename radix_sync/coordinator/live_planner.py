@@ -111,9 +111,7 @@ class LivePlanner:
                 if rec.block_hash is not None:
                     out.setdefault(rec.block_hash, []).append(rec.time_s)
                     namespaces[rec.block_hash] = rec.namespace
-        times: dict[int, list[float]] = {b: by_arrival.get(b) or hits for b, hits in by_hit.items()}
-        for b, arrived in by_arrival.items():
-            times.setdefault(b, arrived)
+        times = {b: by_arrival.get(b) or by_hit[b] for b in {**by_hit, **by_arrival}}
         fanout: dict[int, tuple[int, float]] = {}
         keepalive: dict[int, float] = {}
         for hint in state.hints:

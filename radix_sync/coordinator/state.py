@@ -329,22 +329,17 @@ class ClusterState:
                                  expires_in_s=self.config.replication_timeout_s)
         return rep, self.workers[target].routing_id, expect
 
-    def _prefix_hash(self, token_ids: list[int], namespace: str, page_size: Optional[int]) -> tuple[Optional[int], int]:
-        if page_size is None:
-            sizes = {w.hello.page_size for w in self.workers.values()}
-            page_size = min(sizes) if sizes else 1
-        hashes = page_hashes(token_ids, page_size, namespace)
-        return (hashes[-1] if hashes else None), len(hashes) * page_size
+    def _page_size(self, worker_id: str = "") -> int:
+        """The page size of `worker_id`, else the smallest any worker uses (1 with no worker)."""
+        if worker_id in self.workers:
+            return self.workers[worker_id].hello.page_size
+        return min((w.hello.page_size for w in self.workers.values()), default=1)
 
     def record_arrival(self, body: dict, now_s: float) -> ArrivalRecord:
         """Raises AdminError on a malformed arrival."""
         token_ids, namespace = _token_ids(body), _namespace(body)
         worker_id = str(body.get("worker", ""))
-        page_size = self.workers[worker_id].hello.page_size if worker_id in self.workers else None
-        if page_size is None:
-            sizes = {w.hello.page_size for w in self.workers.values()}
-            page_size = min(sizes) if sizes else 1
-        hashes = page_hashes(token_ids, page_size, namespace)
+        hashes = page_hashes(token_ids, self._page_size(worker_id), namespace)
         # The demand an arrival shows is for the part of its prompt already held somewhere (what it reuses; a
         # fan-out branch counts for its trunk, a session's turn for the previous turn's context), not for its
         # own new prompt, which nobody asked for twice yet. A prompt nothing holds shows no reuse: it counts for
@@ -366,7 +361,9 @@ class ClusterState:
             raise AdminError("k must be an integer and ttl_s a number") from None
         if k < 1 or not ttl_s > 0:
             raise AdminError(f"need k >= 1 and ttl_s > 0, got k={k} ttl_s={ttl_s}")
-        block_hash, prefix_len = self._prefix_hash(token_ids, namespace, None)
+        page_size = self._page_size()
+        hashes = page_hashes(token_ids, page_size, namespace)
+        block_hash, prefix_len = (hashes[-1] if hashes else None), len(hashes) * page_size
         rec = HintRecord(now_s, kind, namespace, block_hash, prefix_len, k, ttl_s)
         self.hints.append(rec)
         return rec
@@ -374,13 +371,9 @@ class ClusterState:
     def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
         """Tokens of `token_ids` each worker holds (as owner or replica), per the directory."""
         out: dict[str, int] = {wid: 0 for wid in self.workers}
-        by_page_size: dict[int, list[str]] = {}
-        for wid, record in self.workers.items():
-            by_page_size.setdefault(record.hello.page_size, []).append(wid)
-        for page_size, wids in by_page_size.items():
-            matched = self.directory.match(page_hashes(token_ids, page_size, namespace))
-            for wid in wids:
-                out[wid] = matched.get(wid, 0) * page_size
+        for page_size in {w.hello.page_size for w in self.workers.values()}:
+            for wid, held in self.lookup_hashes(page_hashes(token_ids, page_size, namespace), page_size).items():
+                out[wid] = max(out[wid], held)
         return out
 
     def lookup_hashes(self, block_hashes: list[int], page_size: int) -> dict[str, int]:

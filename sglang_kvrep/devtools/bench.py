@@ -30,9 +30,12 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable
 
 from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path
+
+if TYPE_CHECKING:
+    from radix_sync.sim.workload import Workload
 
 ARMS = ("shadow", "active", "sgl-rr", "sgl-ca")
 SIM_POLICY = {"shadow": "kvrep_shadow", "active": "kvrep", "sgl-rr": "round_robin", "sgl-ca": "cache_aware"}
@@ -44,7 +47,7 @@ def _say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def build_workload(name: str, args) -> "object":
+def build_workload(name: str, args) -> "Workload":
     """Returns: the scaled workload `name` (a fresh object; the replay consumes it)."""
     from radix_sync.loadgen import Scale, scale_workload
     from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig, SharedPrefixWorkload
@@ -66,8 +69,7 @@ def build_workload(name: str, args) -> "object":
                               fanout_branch_len=32, fanout_output_len=args.max_output, fanout_delay_s=0.2)
         return scale_workload(FanoutWorkload(cfg, args.fanout_rate, d, args.seed, args.max_prompt + 256), scale)
     if name in ("shared", "unique"):
-        # `unique`: the same generator with one page per prefix and a long unique suffix: no two prompts share
-        # more than that page.
+        # `unique`: one short prefix and a long unique suffix, then that prefix made unique per request too
         if name == "shared":
             cfg = GeneratorConfig(page_len=16, shared_num_prefixes=8, shared_prefix_min_len=256,
                                   shared_suffix_len=64, shared_output_len=args.max_output)
@@ -77,7 +79,7 @@ def build_workload(name: str, args) -> "object":
         wl = SharedPrefixWorkload(cfg, args.shared_rate, d, args.seed, args.max_prompt + 256,
                                   "bursty" if name == "shared" else "poisson")
         if name == "unique":
-            for r in wl.open_requests:  # drop the one shared page too
+            for r in wl.open_requests:
                 r.pages = [p + (r.rid + 1) * 1_000_000 for p in r.pages]
         wl.name = name
         return scale_workload(wl, scale)
@@ -96,7 +98,7 @@ class SglangRouter(Proc):
         super().__init__(f"sglang-router-{policy}", argv, log_dir / f"sglang-router-{policy}.log")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        _wait_http(self.url + "/health", self, timeout_s)
+        self.wait_http(self.url + "/health", timeout_s)
         # its /health answers before its own health checks have admitted the workers (503 "no available
         # workers" until then): wait until it serves a request (not measured)
         deadline = time.monotonic() + timeout_s
@@ -111,24 +113,6 @@ class SglangRouter(Proc):
             if time.monotonic() > deadline or not self.alive():
                 raise RuntimeError(f"{self.name} does not serve (last status {status}):\n{self.tail()}")
             time.sleep(0.5)
-
-
-def _wait_http(url: str, proc: Proc, timeout_s: float) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:  # any body: sglang-router answers text
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"{proc.name} not ready at {url}:\n{proc.tail()}")
 
 
 def _wait_idle(coord: Coordinator, timeout_s: float = 60.0) -> None:
@@ -292,7 +276,7 @@ def run_bench(args) -> int:
                       logs / "router.log")
         procs.append(router)
         router_url = f"http://127.0.0.1:{rport}"
-        _wait_http(router_url + "/health", router, 120)
+        router.wait_http(router_url + "/health", 120)
         _say(f"cluster up in {time.monotonic() - t_start:.0f} s; warming up every worker")
         for w in workers:  # first-call code paths (both short and long prompts) before anything is measured
             w.generate(list(range(100, 1100)), 4)

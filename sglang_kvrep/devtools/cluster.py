@@ -103,6 +103,21 @@ class Proc:
             pass
         self._log.close()
 
+    def wait_http(self, url: str, timeout_s: float = 120.0) -> None:
+        """Until `url` answers 200 (any body); raises if this process exits or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{self.name} not ready at {url} after {timeout_s}s:\n{self.tail()}")
+
     def tail(self, num_lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])

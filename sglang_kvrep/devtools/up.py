@@ -8,10 +8,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-import time
-import urllib.error
 
-from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path
+from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, model_path
 
 
 def _say(msg: str) -> None:
@@ -49,16 +47,7 @@ def run_up(args) -> int:
         router = Proc("router", argv, logs / "router.log")
         procs.append(router)
         router_url = f"http://127.0.0.1:{router_port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if http_json(router_url + "/health", timeout=2)[0] == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline or not router.alive():
-                raise RuntimeError(f"router did not come up:\n{router.tail()}")
-            time.sleep(0.3)
+        router.wait_http(router_url + "/health", timeout_s=120)
         _say("cluster ready")
         print(f"  router       {router_url}   (OpenAI and SGLang endpoints; /kvrep/status)")
         print(f"  coordinator  {coord.admin}   (/workers /replications /status)")
