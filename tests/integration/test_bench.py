@@ -1,0 +1,44 @@
+"""`kvrep bench` / `kvrep demo` (the README's main job) end to end on real CPU workers, small and short: both arms
+run on the same cluster, every request answers, the coordinator's copies are accounted, the simulator columns,
+the JSON and the PNG are written, and nothing is left running."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_kvrep.devtools.cluster import ROOT
+
+pytestmark = pytest.mark.server
+
+
+def ours() -> set[str]:
+    """PIDs of running cluster processes (workers, coordinators, routers)."""
+    out = subprocess.run(["pgrep", "-f", "sglang.launch_server|radix_sync.cli|sglang_router"], capture_output=True,
+                         text=True).stdout
+    return set(out.split())
+
+
+def test_bench_shadow_vs_active_on_a_fanout(tmp_path):
+    out_dir = tmp_path / "bench"
+    before = ours()
+    argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2",
+            "--workloads", "fanout", "--arms", "shadow,active", "--duration-s", "8", "--fanout-rate", "2",
+            "--fanout-k", "3", "--simulate", "--out-dir", str(out_dir)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "fanout   shadow" in proc.stdout and "fanout   active" in proc.stdout
+    assert "simulator (cpu-local profile) vs live" in proc.stdout
+    res = json.loads((out_dir / "results.json").read_text())
+    rows = {r["arm"]: r for r in res["rows"]}
+    assert set(rows) == {"shadow", "active"}
+    for r in rows.values():
+        assert r["live"]["requests"] > 0 and r["live"]["errors"] == 0
+        assert r["live"]["ttft_s"]["p99"] > 0 and r["sim"]["ttft_s"]["p99"] > 0
+    # shadow decides and copies nothing; every copy the active arm made is accounted with its bytes
+    assert rows["shadow"]["replication"]["count"] == 0
+    assert all(x["state"] in ("done", "failed") for x in rows["active"]["replications"])
+    assert rows["active"]["replication"]["bytes"] == sum(x["bytes"] for x in rows["active"]["replications"]
+                                                         if x["state"] == "done")
+    assert (out_dir / "ttft_cdf.png").stat().st_size > 0
+    assert ours() <= before, "the bench left processes behind"
