@@ -1,12 +1,15 @@
 """The predictive planner (`radix_sync.policy.KvrepPlanner`) hooked to the live coordinator.
 
 Builds the planner's `ClusterSnapshot` from the coordinator's exact state (directory, loads, replications in
-flight, prefix hits, router arrivals, hints), runs the very same planner object the simulator runs, and maps its
-`Replicate` commands back to worker ids and token ids. Completed replications calibrate the cost model's transfer
-estimate online. Who calls it: `Coordinator._tick` under the state lock.
+flight, prefix hits, router arrivals, hints, and the responses the router saw end), runs the very same planner
+object the simulator runs, and maps its `Replicate` commands back to worker ids and token ids. Completed
+replications calibrate the cost model's transfer estimate online. Who calls it: `Coordinator._tick` under the
+state lock.
 
-Not available live yet (and so not in the snapshot): how a response ended (tool call or turn) and when, which the
-session-continuation predictor uses; prefixes are predicted from hits, arrivals and hints.
+Session continuation: each finished response (its prompt's pages, how it ended, the tenant's class) becomes a
+node of the simulator's own `NodeTracker`; an arrival whose held prefix runs through such a node is its
+follow-up, and the gap feeds the predictor's per-(class, stop) gap model online. Open session nodes are offered
+to the planner with their last finish, as the simulator offers them: when every worker holding one is busy.
 """
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ from typing import Optional
 from radix_sync.coordinator.state import PENDING, RUNNING, ClusterState
 from radix_sync.directory import REPLICA
 from radix_sync.policy.cost import CostModel, load_profile
+from radix_sync.policy.forecast import queue_wait_s
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
+from radix_sync.sim.tracker import NodeTracker
 
 _ITEMSIZE = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.uint8": 1}
 
@@ -56,8 +61,11 @@ class LivePlanner:
         self.profile = load_profile(profile)
         self.cost = CostModel(self.profile)
         self.planner = KvrepPlanner(self.cost, cfg=cfg)
+        self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
         self._namespaces: dict[str, int] = {"": 0}
+        self.num_followups = 0
+        """Arrivals recognised as the next turn of a finished response."""
 
     def _ns(self, namespace: str) -> int:
         return self._namespaces.setdefault(namespace, len(self._namespaces))
@@ -70,7 +78,41 @@ class LivePlanner:
                 if rep.num_bytes > 0:
                     self.cost.observe_transfer(rep.num_bytes, rep.finished_s - rep.created_s)
 
+    def consume(self, state: ClusterState, now_s: float) -> None:
+        """Feeds the finishes and arrivals recorded since the last call to the session tracker, in order."""
+        events = state.demand_events
+        page_len = max(1, state._page_size())
+        tracker = self.tracker
+        while events:
+            kind, rec, hashes, held = events.popleft()
+            if kind == "finish":
+                tracker.on_finish(hashes, rec.class_key, self._ns(rec.namespace), rec.stop, rec.time_s)
+                continue
+            # the deepest finished prompt this arrival's held prefix runs through is the turn it follows (a
+            # worker also caches the response's own tokens, so the match usually runs past the prompt)
+            nodes, abandoned = tracker.nodes, tracker.abandoned
+            for i in range(held - 1, -1, -1):
+                h = hashes[i]
+                if h in abandoned or (h in nodes and nodes[h].last_finish_s is not None):
+                    if h in nodes and nodes[h].last_finish_s is not None:
+                        self.num_followups += 1
+                    tracker.on_arrival(hashes, i + 1, rec.class_key, self._ns(rec.namespace), rec.prompt_len,
+                                       page_len, rec.time_s)
+                    break
+        tracker.prune(now_s)
+
+    def session_stats(self) -> dict:
+        """Open session nodes and what the gap models learned, for `/status`."""
+        open_nodes = sum(1 for n in self.tracker.nodes.values() if n.last_finish_s is not None)
+        models = {f"{cls or '-'}/{'tool' if tool else 'other'}": {
+            "p_continue": round(m.p_continue, 3), "median_gap_s": round(m.quantile(0.5), 3),
+            "followups": round(m.num_continued, 1), "ended": round(m.num_ended, 1)}
+            for (cls, tool), m in self.planner.predictor._gaps.items()}
+        return {"open": open_nodes, "followups": self.num_followups, "abandoned": len(self.tracker.abandoned),
+                "gap_models": models}
+
     def snapshot(self, state: ClusterState, now_s: float) -> tuple[ClusterSnapshot, list[str]]:
+        self.consume(state, now_s)
         ids = sorted(state.workers)
         index = {wid: i for i, wid in enumerate(ids)}
         bw = self.profile.nic_bandwidth_bytes_per_s
@@ -123,12 +165,27 @@ class LivePlanner:
                 fanout[hint.block_hash] = (hint.k, hint.time_s)
             elif hint.kind == "keepalive":
                 keepalive[hint.block_hash] = max(keepalive.get(hint.block_hash, 0.0), hint.time_s + hint.ttl_s)
+        # open sessions whose every holder is busy (queue wait above the least-loaded worker's by the planner's
+        # minimum gain): the simulator's selection (`Engine._prefix_views`)
+        waits = {ids[w.worker_id]: queue_wait_s(self.cost, w, now_s) for w in workers}
+        floor = min(waits.values(), default=0.0) + self.planner.cfg.min_gain_s
+        sessions = {}
+        for n in self.tracker.nodes.values():
+            if n.last_finish_s is None:
+                continue
+            dnode = state.directory.node(n.node_id)
+            if dnode is not None and dnode.holders and all(waits.get(w, 0.0) >= floor for w in dnode.holders):
+                sessions[n.node_id] = n
+                namespaces.setdefault(n.node_id, dnode.namespace)
+                times.setdefault(n.node_id, [])
+        ewma = self.tracker.new_len_ewma
         prefixes = []
         for block_hash, hit_times in times.items():
-            if len(hit_times) < 2 and block_hash not in fanout and block_hash not in keepalive:
+            session = sessions.get(block_hash)
+            if len(hit_times) < 2 and block_hash not in fanout and block_hash not in keepalive and session is None:
                 # NOTE: as the simulator's tracker prunes them: one request on a prefix says nothing about the
                 # next (a session's turn reuses its previous turn once, then moves on to a longer prefix); a
-                # prefix needs repeated demand or a hint before it is worth a copy.
+                # prefix needs repeated demand, a hint or an open session before it is worth a copy.
                 continue
             node = state.directory.node(block_hash)
             if node is None or not node.token_ids:
@@ -143,8 +200,12 @@ class LivePlanner:
             k, hint_at = fanout.get(block_hash, (0, None))
             prefixes.append(PrefixView(
                 node_id=block_hash, token_len=token_len, namespace=self._ns(namespaces.get(block_hash, "")),
-                holders=tuple(holders), recent_hit_times_s=tuple(sorted(hit_times)), fanout_hint=k,
-                hint_at_s=hint_at, keepalive_until_s=keepalive.get(block_hash)))
+                class_key=session.class_key if session else "",
+                holders=tuple(holders), recent_hit_times_s=tuple(sorted(hit_times)),
+                last_finish_s=session.last_finish_s if session else None,
+                last_stop=session.last_stop if session else None,
+                expected_new_len=int(ewma.get(session.class_key, 0)) if session else 0,
+                fanout_hint=k, hint_at_s=hint_at, keepalive_until_s=keepalive.get(block_hash)))
         snap = ClusterSnapshot(workers=tuple(workers), prefixes=tuple(prefixes), page_len=page_len,
                                kv_bytes_per_token=kvb)
         return snap, ids

@@ -101,6 +101,8 @@ class Coordinator:
             self.state.hits.clear()
             self.state.arrivals.clear()
             self.state.hints.clear()
+            self.state.finishes.clear()
+            self.state.demand_events.clear()
             self.shadow_decisions.clear()
         self.mode = mode
 
@@ -325,14 +327,16 @@ def _make_handler(coord: Coordinator):
                 return coord.admin_replicate(self._body())
             if method == "POST" and path == "/arrivals":
                 body = self._body()
-                items = body.get("arrivals")
-                if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-                    raise AdminError('body must be {"arrivals": [{"input_ids", "cache_salt"?, "worker"?, ...}]}')
+                arrivals, finishes = body.get("arrivals", []), body.get("finishes", [])
+                if not isinstance(arrivals, list) or not isinstance(finishes, list) \
+                        or not ("arrivals" in body or "finishes" in body):
+                    raise AdminError('body must be {"arrivals": [{"input_ids", "cache_salt"?, "worker"?, "class"?, '
+                                     '...}], "finishes": [{"page_hashes", "page_size" | "input_ids", '
+                                     '"cache_salt"?, "worker"?, "stop"?, "class"?}]} (either list may be absent)')
                 now = time.monotonic()
                 with coord.lock:
-                    for item in items:
-                        coord.state.record_arrival(item, now)
-                return {"recorded": len(items)}
+                    num_a, num_f = coord.state.record_demand(arrivals, finishes, now)
+                return {"recorded": num_a, "finishes_recorded": num_f}
             if method == "POST" and path == "/hints":
                 now = time.monotonic()
                 with coord.lock:
@@ -361,9 +365,12 @@ def _make_handler(coord: Coordinator):
                             "policy": coord.policy.name if coord.policy else "none", "mode": coord.mode,
                             "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
                             "num_protocol_errors": st.num_protocol_errors,
-                            "num_recent_arrivals": len(st.arrivals), "num_live_hints": len(st.hints),
+                            "num_recent_arrivals": len(st.arrivals),
+                            "num_recent_finishes": len(st.finishes), "num_live_hints": len(st.hints),
                             "replicas": [{"worker": w, "replication_id": r, **v}
                                          for (w, r), v in st.directory.replicas().items()],
+                            "sessions": (coord.policy.session_stats()
+                                         if hasattr(coord.policy, "session_stats") else None),
                             "shadow_decisions": coord.shadow_decisions[-100:]}
             if method == "GET" and path == "/health":
                 return {"ok": True}

@@ -104,6 +104,25 @@ class ArrivalRecord:
     prompt_len: int
     worker_id: str
     session_id: str = ""
+    class_key: str = ""
+    """Tenant/workload class the router put the request in (gap distributions are learned per class)."""
+
+
+@dataclass(frozen=True)
+class FinishRecord:
+    """A response the router saw end: the session-continuation signal (the next turn of a session extends this
+    prompt, after a gap that depends on how the response ended)."""
+
+    time_s: float
+    namespace: str
+    block_hash: Optional[int]
+    """Hash of the prompt's deepest full page (None: shorter than a page)."""
+    num_pages: int
+    stop: Optional[str]
+    """How the response ended, normalised by the router: `tool_use` (a tool call), `stop`, `length`, ...;
+    None when the router could not tell."""
+    class_key: str
+    worker_id: str
 
 
 @dataclass(frozen=True)
@@ -137,11 +156,16 @@ class StateConfig:
     hit_window_s: float = 120.0
     """How much prefix-hit history is kept for policies."""
     max_replications_kept: int = 10_000
+    max_demand_events: int = 100_000
+    """Arrivals and finishes (with their page hashes) kept for the policy to consume; the oldest go first when a
+    policy that does not consume them runs."""
 
     def __post_init__(self) -> None:
         for name in ("worker_timeout_s", "replication_timeout_s", "hit_window_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_demand_events < 1:
+            raise ValueError(f"max_demand_events must be >= 1, got {self.max_demand_events}")
 
 
 class ClusterState:
@@ -155,6 +179,10 @@ class ClusterState:
         self.hits: deque[HitRecord] = deque()
         self.arrivals: deque[ArrivalRecord] = deque()
         self.hints: deque[HintRecord] = deque()
+        self.finishes: deque[FinishRecord] = deque()
+        self.demand_events: deque[tuple[str, object, list[int], int]] = deque(maxlen=config.max_demand_events)
+        """(kind, record, the prompt's page hashes, pages held somewhere at arrival) of each arrival (`arrival`)
+        and finish (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
         self.num_protocol_errors = 0
         # replication id -> (source routing id, command), held until the target says it expects the transfer
         self._awaiting_target: dict[str, tuple[bytes, p.ReplicatePages]] = {}
@@ -271,7 +299,7 @@ class ClusterState:
         for rep in self.replications.values():
             if rep.state in (PENDING, RUNNING) and now_s - rep.created_s > self.config.replication_timeout_s:
                 self._fail(rep.id, f"timed out after {self.config.replication_timeout_s:g}s", now_s)
-        for log in (self.hits, self.arrivals):
+        for log in (self.hits, self.arrivals, self.finishes):
             while log and now_s - log[0].time_s > self.config.hit_window_s:
                 log.popleft()
         while self.hints and now_s - self.hints[0].time_s > max(self.hints[0].ttl_s, self.config.hit_window_s):
@@ -336,9 +364,47 @@ class ClusterState:
         return min((w.hello.page_size for w in self.workers.values()), default=1)
 
     def record_arrival(self, body: dict, now_s: float) -> ArrivalRecord:
-        """Raises AdminError on a malformed arrival."""
+        """Raises AdminError on a malformed arrival (nothing is recorded then)."""
+        return self._record_arrival(self._parse_arrival(body), now_s)
+
+    def record_finish(self, body: dict, now_s: float) -> FinishRecord:
+        """Raises AdminError on a malformed finish (nothing is recorded then)."""
+        return self._record_finish(self._parse_finish(body), now_s)
+
+    def record_demand(self, arrivals: list, finishes: list, now_s: float) -> tuple[int, int]:
+        """Records a router's batch: all of it, or (AdminError naming the bad item) none of it.
+
+        Returns:
+            (arrivals recorded, finishes recorded).
+        """
+        parsed = []
+        for kind, items, parse in (("arrivals", arrivals, self._parse_arrival),
+                                   ("finishes", finishes, self._parse_finish)):
+            for i, item in enumerate(items):
+                if not isinstance(item, dict):
+                    raise AdminError(f"{kind}[{i}] must be an object")
+                order = item.get("seq", 0)
+                if not isinstance(order, (int, float)) or isinstance(order, bool):
+                    raise AdminError(f"{kind}[{i}]: seq must be a number")
+                try:
+                    parsed.append((order, kind, parse(item)))
+                except AdminError as exc:
+                    raise AdminError(f"{kind}[{i}]: {exc}") from None
+        # NOTE: the router numbers its reports (`seq`) so a batch replays in the order things happened: a turn's
+        # finish before its follow-up's arrival, a request's arrival before its own finish.
+        parsed.sort(key=lambda x: x[0])  # stable: without seq, arrivals before finishes
+        for _, kind, item in parsed:
+            (self._record_arrival if kind == "arrivals" else self._record_finish)(item, now_s)
+        num_a = sum(1 for _, kind, _ in parsed if kind == "arrivals")
+        return num_a, len(parsed) - num_a
+
+    def _parse_arrival(self, body: dict) -> tuple:
         token_ids, namespace = _token_ids(body), _namespace(body)
-        worker_id = str(body.get("worker", ""))
+        return token_ids, namespace, str(body.get("worker", "")), _short_str(body, "session_id", 256), \
+            _short_str(body, "class", 128)
+
+    def _record_arrival(self, parsed: tuple, now_s: float) -> ArrivalRecord:
+        token_ids, namespace, worker_id, session_id, class_key = parsed
         hashes = page_hashes(token_ids, self._page_size(worker_id), namespace)
         # The demand an arrival shows is for the part of its prompt already held somewhere (what it reuses; a
         # fan-out branch counts for its trunk, a session's turn for the previous turn's context), not for its
@@ -346,8 +412,37 @@ class ClusterState:
         # nothing (a one-off prompt must not be copied; a trunk announces itself with a fan-out hint).
         held = max(self.directory.match(hashes).values(), default=0)
         block_hash = hashes[held - 1] if held > 0 else None
-        rec = ArrivalRecord(now_s, namespace, block_hash, len(token_ids), worker_id, str(body.get("session_id", "")))
+        rec = ArrivalRecord(now_s, namespace, block_hash, len(token_ids), worker_id, session_id, class_key)
         self.arrivals.append(rec)
+        self.demand_events.append(("arrival", rec, hashes, held))
+        return rec
+
+    def _parse_finish(self, body: dict) -> tuple:
+        namespace, worker_id = _namespace(body), str(body.get("worker", ""))
+        if "page_hashes" in body:
+            hashes, page_size = body.get("page_hashes"), body.get("page_size")
+            if not isinstance(hashes, list) or not all(isinstance(h, int) and -2 ** 63 <= h < 2 ** 63
+                                                       for h in hashes):
+                raise AdminError("page_hashes must be a list of signed 64-bit integers (SGLang's block hashes)")
+            if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+                raise AdminError(f"page_size must be an integer >= 1 with page_hashes, got {page_size!r}")
+            if worker_id in self.workers and self.workers[worker_id].hello.page_size != page_size:
+                raise AdminError(f"page_size {page_size} is not worker {worker_id}'s "
+                                 f"({self.workers[worker_id].hello.page_size})")
+        else:
+            hashes = page_hashes(_token_ids(body), self._page_size(worker_id), namespace)
+        stop = body.get("stop")
+        if stop is not None and (not isinstance(stop, str) or len(stop) > 64):
+            raise AdminError("stop must be a string of at most 64 characters or null")
+        return hashes, namespace, worker_id, stop, _short_str(body, "class", 128)
+
+    def _record_finish(self, parsed: tuple, now_s: float) -> FinishRecord:
+        hashes, namespace, worker_id, stop, class_key = parsed
+        rec = FinishRecord(now_s, namespace, hashes[-1] if hashes else None, len(hashes), stop, class_key,
+                           worker_id)
+        self.finishes.append(rec)
+        if hashes:
+            self.demand_events.append(("finish", rec, hashes, len(hashes)))
         return rec
 
     def record_hint(self, body: dict, now_s: float) -> HintRecord:
@@ -418,6 +513,15 @@ def _token_ids(body: dict) -> list[int]:
     if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
         raise AdminError("input_ids must be a list of non-negative integers")
     return token_ids
+
+
+def _short_str(body: dict, key: str, limit: int) -> str:
+    value = body.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise AdminError(f"{key} must be a string of at most {limit} characters")
+    return value
 
 
 def _namespace(body: dict) -> str:

@@ -1,5 +1,6 @@
 """The router's client of the coordinator's admin API: workers, loads and copies in flight (cached), directory
-lookups, batched arrival reports, hints.
+lookups, batched reports of arrivals and of finished responses (numbered, so the coordinator replays them in
+order), hints.
 
 Reachability: every call has a short timeout; a failure marks the coordinator down and the next attempt waits an
 exponentially growing backoff (`backoff_min_s` doubling to `backoff_max_s`). While down, calls return None at once
@@ -34,7 +35,8 @@ class LinkConfig:
     arrivals_flush_s: float = 0.05
     """Arrivals are sent in batches at least this often, s."""
     max_pending_arrivals: int = 10_000
-    """Arrivals beyond this while the coordinator is slow or down are dropped (and counted)."""
+    """Arrivals (and, separately, finishes) beyond this while the coordinator is slow or down are dropped (and
+    counted)."""
     max_inflight_lookups: int = 8
     """Directory lookups in flight at once; a request beyond it is routed from the router's own view (load
     shedding: the coordinator is not marked down, and the lookup is counted as shed)."""
@@ -70,8 +72,12 @@ class CoordinatorLink:
         self.reachable = False
         self.last_error = ""
         self._arrivals: list[dict] = []
+        self._finishes: list[dict] = []
+        self._report_seq = 0
         self.num_arrivals_dropped = 0
         self.num_arrivals_sent = 0
+        self.num_finishes_dropped = 0
+        self.num_finishes_sent = 0
         self.num_lookups_shed = 0
         self._inflight_lookups = 0
 
@@ -180,17 +186,30 @@ class CoordinatorLink:
         if len(self._arrivals) >= self.cfg.max_pending_arrivals:
             self.num_arrivals_dropped += 1
             return
-        self._arrivals.append(item)
+        self._report_seq += 1
+        self._arrivals.append({**item, "seq": self._report_seq})
+
+    def report_finish(self, item: dict) -> None:
+        """Queues a finished response (fire and forget); sent with the arrivals, in order with them."""
+        if len(self._finishes) >= self.cfg.max_pending_arrivals:
+            self.num_finishes_dropped += 1
+            return
+        self._report_seq += 1
+        self._finishes.append({**item, "seq": self._report_seq})
 
     async def flush_arrivals(self) -> None:
-        if not self._arrivals or not self.may_call():
+        if not (self._arrivals or self._finishes) or not self.may_call():
             return
-        batch, self._arrivals = self._arrivals, []
-        if await self._call("POST", "/arrivals", {"arrivals": batch}) is None:
-            # Arrivals are a demand signal for the next seconds: stale ones are worth little. Drop, count.
-            self.num_arrivals_dropped += len(batch)
+        arrivals, finishes = self._arrivals, self._finishes
+        self._arrivals, self._finishes = [], []
+        if await self._call("POST", "/arrivals", {"arrivals": arrivals, "finishes": finishes}) is None:
+            # Arrivals and finishes are demand signals for the next seconds: stale ones are worth little.
+            # Drop, count.
+            self.num_arrivals_dropped += len(arrivals)
+            self.num_finishes_dropped += len(finishes)
         else:
-            self.num_arrivals_sent += len(batch)
+            self.num_arrivals_sent += len(arrivals)
+            self.num_finishes_sent += len(finishes)
 
     async def run_arrivals(self) -> None:
         """Background task: flush arrivals every `arrivals_flush_s` until cancelled."""

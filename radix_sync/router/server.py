@@ -4,7 +4,8 @@ Per request: tenant from the API key (401 if unknown), prompt token ids (`tokeni
 (`policy.rank_by_ttft` on the coordinator's directory, or `ApproxPrefixIndex.rank` when it is unreachable), then
 the body with the tenant's `cache_salt` goes to the first choice; a connection failure before the worker answered
 moves on to the next choice (no request is sent twice to a worker that received it). Streams (SSE) are passed
-through chunk by chunk. The arrival is reported to the coordinator in the background.
+through chunk by chunk. The arrival, and the end of the answer (with how it ended: the session-continuation
+signal), are reported to the coordinator in the background.
 
 Workers are keyed by URL inside the router; the coordinator's ids are translated through its /workers answer.
 Run by `kvrep router` (`radix_sync.cli`), or in-process with `build_app` (tests, `scripts/bench_router.py`).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections import defaultdict, deque
 from typing import Optional
@@ -43,6 +45,23 @@ _RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aio
 _HOP_HEADERS = {"host", "content-length", "authorization", "x-api-key", "connection", "keep-alive",
                 "transfer-encoding", "te", "upgrade", "proxy-authorization", "accept-encoding"}
 ROUTER_KEY = web.AppKey("router", object)
+
+# `"finish_reason": "tool_calls"` (OpenAI) or `"finish_reason": {"type": "length", ...}` (SGLang's meta_info)
+_FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*(?:"([A-Za-z_]+)"|\{[^{}]*?"type"\s*:\s*"([A-Za-z_]+)")')
+_STOP_NAMES = {"tool_calls": "tool_use", "function_call": "tool_use"}
+_STREAM_TAIL_BYTES = 4096
+
+
+def finish_reason(data: bytes) -> Optional[str]:
+    """How an answer ended, from its last `finish_reason` (JSON body or SSE tail): `tool_use` for a tool call
+    (OpenAI's `tool_calls`), else the reported kind (`stop`, `length`, `abort`, ...); None if absent."""
+    last = None
+    for m in _FINISH_RE.finditer(data):
+        last = m.group(1) or m.group(2)
+    if last is None:
+        return None
+    name = last.decode()
+    return _STOP_NAMES.get(name, name)
 
 
 class NoWorker(Exception):
@@ -204,7 +223,8 @@ class Router:
 
     # --------------------------------------------------------------------------------------------- forwarding
     async def forward(self, request: web.Request, path: str, body: dict, decision: Decision, endpoint: str,
-                      ids: list[int], hashes: list[int], tenant: Tenant) -> web.StreamResponse:
+                      ids: list[int], hashes: list[int], tenant: Tenant,
+                      hash_page_size: int = 0) -> web.StreamResponse:
         """Sends the body to the ranked workers in turn until one answers; streams or returns its answer.
 
         From the decision until the worker starts answering, the request counts as queued on the worker it is
@@ -226,7 +246,10 @@ class Router:
                     started = True
                     self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt)
                     # its prefill counts as queued work until the first output arrives (a stream's first chunk)
-                    return await self._relay(request, up, unqueue)
+                    resp, tail = await self._relay(request, up, unqueue)
+                    if up.status == 200:
+                        self._on_finished(url, ids, hashes, hash_page_size, tenant, finish_reason(tail))
+                    return resp
             except _RETRYABLE as exc:
                 if started:
                     raise
@@ -279,26 +302,45 @@ class Router:
                                "cached_by_worker": list(decision.cached_by_worker),
                                "cached_tokens": decision.cached_tokens if attempt == 0 else None})
         if self.link is not None and ids:
-            item = {"input_ids": ids, "cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url)}
+            item = {"input_ids": ids, "cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url),
+                    "class": tenant.name}
             session_id = body.get("session_id") or body.get("user")
             if isinstance(session_id, str):
                 item["session_id"] = session_id
             self.link.report_arrival(item)
 
+    def _on_finished(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int, tenant: Tenant,
+                     stop: Optional[str]) -> None:
+        """Reports an answer's end: its prompt (page hashes when they were computed at this worker's page size)
+        and how it ended, so the coordinator can predict the session's next turn."""
+        if self.link is None or not ids:
+            return
+        item: dict = {"cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url), "stop": stop,
+                      "class": tenant.name}
+        page_size = self.known[url].page_size if url in self.known else 0
+        if hashes and page_size == hash_page_size:
+            item["page_hashes"], item["page_size"] = hashes, page_size
+        else:
+            item["input_ids"] = ids
+        self.link.report_finish(item)
+
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
-                     on_first_output=lambda: None) -> web.StreamResponse:
+                     on_first_output=lambda: None) -> tuple[web.StreamResponse, bytes]:
+        """Returns: the response sent to the client and the answer's tail (where its finish reason is)."""
         ctype = up.headers.get("Content-Type", "application/json")
         if "text/event-stream" in ctype:
             resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache"})
             await resp.prepare(request)
+            tail = b""
             async for chunk in up.content.iter_any():
                 on_first_output()
                 await resp.write(chunk)
+                tail = (tail + chunk)[-_STREAM_TAIL_BYTES:]
             await resp.write_eof()
-            return resp
+            return resp, tail
         payload = await up.read()
         on_first_output()
-        return web.Response(body=payload, status=up.status, headers={"Content-Type": ctype})
+        return web.Response(body=payload, status=up.status, headers={"Content-Type": ctype}), payload
 
     async def any_worker(self, request: web.Request, method: str, path: str) -> web.Response:
         """Proxies a read-only call (models, server info) to the first worker that answers."""
@@ -338,6 +380,7 @@ class Router:
             "coordinator": None if link is None else {
                 "url": link.cfg.url, "reachable": link.reachable, "last_error": link.last_error,
                 "arrivals_sent": link.num_arrivals_sent, "arrivals_dropped": link.num_arrivals_dropped,
+                "finishes_sent": link.num_finishes_sent, "finishes_dropped": link.num_finishes_dropped,
                 "lookups_shed": link.num_lookups_shed},
             "tokenizer": self.tokenizer is not None,
             "tenants": self.tenants.namespaces() if self.tenants.required else None,
@@ -394,11 +437,11 @@ def _proxy_handler(endpoint: str):
         t0 = time.perf_counter()
         ids = _prompt_ids(r, endpoint, body)
         try:
-            decision, hashes, _ = await r.decide(ids, tenant.namespace)
+            decision, hashes, cands = await r.decide(ids, tenant.namespace)
             decision_s = time.perf_counter() - t0
             r.metrics.decision_s.observe(decision_s)
             resp = await r.forward(request, request.path, apply_namespace(body, tenant), decision, endpoint, ids,
-                                   hashes, tenant)
+                                   hashes, tenant, min((w.page_size for w in cands.values()), default=0))
             if not resp.prepared:  # streams have sent their headers already
                 resp.headers["x-kvrep-decision-us"] = str(int(decision_s * 1e6))
             return resp

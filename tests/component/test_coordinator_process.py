@@ -122,11 +122,18 @@ def test_bad_json_body_and_unknown_endpoint(coord):
 def test_arrivals_and_hints_are_recorded_and_validated(coord):
     status, body = coord.post("/arrivals", {"arrivals": [{"input_ids": list(range(9)), "worker": "w1"},
                                                          {"input_ids": [1, 2], "cache_salt": "t"}]})
-    assert status == 200 and body == {"recorded": 2}
+    assert status == 200 and body == {"recorded": 2, "finishes_recorded": 0}
+    status, body = coord.post("/arrivals", {"finishes": [{"input_ids": list(range(9)), "stop": "tool_use"}]})
+    assert status == 200 and body == {"recorded": 0, "finishes_recorded": 1}
+    # a batch with one bad item is refused whole, naming the item
+    status, body = coord.post("/arrivals", {"arrivals": [{"input_ids": [1]}], "finishes": [{"stop": 7}]})
+    assert status == 400 and "finishes[0]" in body["error"]
+    assert coord.post("/arrivals", {})[0] == 400
     status, body = coord.post("/hints", {"kind": "fanout", "input_ids": list(range(16)), "k": 8})
     assert status == 200 and body["kind"] == "fanout"
     status_after = coord.get("/status")[1]
     assert status_after["num_recent_arrivals"] >= 2 and status_after["num_live_hints"] >= 1
+    assert status_after["num_recent_finishes"] == 1
     assert coord.post("/arrivals", {"arrivals": [{"input_ids": "x"}]})[0] == 400
     assert coord.post("/hints", {"kind": "prefetch", "input_ids": [1]})[0] == 400
     assert coord.post("/hints", {"kind": "keepalive", "input_ids": [1], "ttl_s": -1})[0] == 400

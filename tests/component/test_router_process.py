@@ -188,6 +188,37 @@ def test_streaming_is_passed_through_chunk_by_chunk(env):
     assert json.loads(events[0][6:])["sglext"]["cache_salt"] == "ns-acme"
 
 
+def test_finished_answers_reach_the_coordinator_and_the_next_turn_is_recognised(env):
+    def sessions():
+        return env.coord.get("/status")[1]["sessions"]
+
+    # (reports of the previous tests' last requests may still arrive after the reset: counts are lower bounds)
+    assert env.coord.post("/policy", {"policy": "kvrep", "mode": "shadow", "reset_demand": True})[0] == 200
+    try:
+        p11 = ids(11)
+        env.agents[0].store(p11, "ns-acme")
+        wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p11, "cache_salt": "ns-acme"})[1]
+                   ["matched"].get("wA") == 64, what="directory has p11 on A")
+        status, _, raw = call(env.url + "/generate", {"input_ids": p11 + [1, 2], "stream": True,
+                                                      "sampling_params": {"max_new_tokens": 3}}, ACME)
+        assert status == 200 and raw.decode().rstrip().endswith("[DONE]")
+        wait_until(lambda: sessions()["open"] >= 1, what="the streamed answer's end tracked as an open session")
+        assert env.status()["coordinator"]["finishes_sent"] >= 1
+        # the next turn extends the finished prompt: a follow-up of class "acme" (the tenant), stop "length"
+        assert served_by(env, p11 + [1, 2, 3, 4]) == "A"
+        wait_until(lambda: sessions()["followups"] == 1, what="the next turn recognised as the follow-up")
+        model = sessions()["gap_models"]["acme/other"]
+        assert model["followups"] == 3.0  # the prior's 2 pseudo-observations + this one
+        # another tenant's identical prompt is another namespace: no follow-up of acme's session
+        before = env.coord.get("/status")[1]["num_recent_finishes"]
+        status, _, raw = call(env.url + "/generate", {"input_ids": p11 + [1, 2, 3, 4, 5]}, GLOBEX)
+        assert status == 200
+        wait_until(lambda: env.coord.get("/status")[1]["num_recent_finishes"] > before, what="globex's finish")
+        assert sessions()["followups"] == 1
+    finally:
+        env.coord.post("/policy", {"policy": "none", "mode": "shadow", "reset_demand": True})
+
+
 def test_service_endpoints(env):
     status, _, raw = call(env.url + "/v1/models", headers=ACME)
     assert status == 200 and json.loads(raw)["data"][0]["id"] == "stub-model"

@@ -104,3 +104,59 @@ def test_copies_in_flight_count_against_the_target_replica_budget():
     st.request_replication("a", "b", tokens, "", 30.0, now_s=1.0)
     snap, ids = LivePlanner("cpu-local").snapshot(st, 1.0)
     assert [w.replica_budget_tokens for w in snap.workers] == [16384, 16384 - 4096]
+
+
+def finish(st, tokens, t, stop="tool_use", cls="acme"):
+    st.record_demand([], [{"page_hashes": page_hashes(tokens, PS), "page_size": PS, "worker": "a", "stop": stop,
+                           "class": cls}], t)
+
+
+def test_a_finished_tool_call_on_a_busy_holder_is_copied_before_the_next_turn():
+    tokens = list(range(100, 100 + 4096))
+    # ~14 s of queued prefill on a (cpu-local), the next turn expected ~8 s after a tool call (the prior)
+    st = state_with_prefix(tokens, waiting_on_a=20)
+    finish(st, tokens, 1.0)
+    planner = LivePlanner("cpu-local")
+    snap, _ = planner.snapshot(st, 1.2)
+    [prefix] = snap.prefixes
+    assert (prefix.node_id, prefix.last_finish_s, prefix.last_stop, prefix.class_key) == \
+        (page_hashes(tokens, PS)[-1], 1.0, "tool_use", "acme")
+    assert prefix.recent_hit_times_s == () and prefix.fanout_hint == 0
+    decisions = planner.decide(st, 1.2)
+    assert [(d.source, d.target, d.block_hash) for d in decisions] == [("a", "b", page_hashes(tokens, PS)[-1])]
+    assert planner.session_stats()["open"] == 1
+    # with ~4 s queued the holder is free again before the next turn is due: no copy
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    finish(st, tokens, 1.0)
+    assert LivePlanner("cpu-local").decide(st, 1.2) == []
+
+
+def test_an_open_session_on_an_idle_holder_is_no_candidate():
+    tokens = list(range(100, 100 + 4096))
+    st = state_with_prefix(tokens, waiting_on_a=0)
+    finish(st, tokens, 1.0)
+    planner = LivePlanner("cpu-local")
+    assert planner.snapshot(st, 1.2)[0].prefixes == () and planner.session_stats()["open"] == 1
+
+
+def test_the_next_turn_is_recognised_and_its_gap_learned_per_class_and_stop():
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    # the worker also cached the answer: the next turn's held prefix runs past the finished prompt
+    answer = tokens + list(range(5000, 5000 + 64))
+    hashes = page_hashes(answer, PS)
+    st.handle(b"A", p.PagesStored(worker_id="a", seq=3, namespace="", blocks=[
+        p.BlockFact(hashes[i], hashes[i - 1], answer[i * PS:(i + 1) * PS]) for i in range(64, 68)]), 1.0)
+    planner = LivePlanner("cpu-local")
+    finish(st, tokens, 1.0)
+    planner.consume(st, 1.0)
+    model = planner.planner.predictor.gap_model("acme", "tool_use")
+    before = model.num_continued
+    st.record_arrival({"input_ids": answer + [9] * 40, "worker": "a", "class": "acme"}, 3.5)
+    snap, _ = planner.snapshot(st, 3.6)
+    assert model.num_continued == before + 1 and model.counts[max(
+        i for i, e in enumerate(model.edges_s[:-1]) if e <= 2.5)] > 0
+    assert planner.session_stats()["followups"] == 1 and planner.session_stats()["open"] == 0
+    assert snap.prefixes == ()  # the session moved on: its old prompt is no candidate any more
+    # another class and another stop kind learn separately
+    assert planner.planner.predictor.gap_model("acme", "end_turn").num_continued < before + 1

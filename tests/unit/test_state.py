@@ -140,3 +140,44 @@ def test_an_arrival_counts_for_the_prefix_it_reuses(st):
     other = st.record_arrival({"input_ids": trunk[:4] + [90] * 8}, 3.0)
     assert other.block_hash == page_hashes(trunk, PS)[0]
     assert st.record_arrival({"input_ids": [1, 2]}, 4.0).block_hash is None
+
+
+def test_a_router_batch_replays_in_report_order_and_records_all_or_nothing(st):
+    toks = list(range(12))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    hashes = page_hashes(toks, PS)
+    # the finish was reported before the arrival (seq), though it sits in the other list
+    st.record_demand([{"input_ids": toks + [50] * 4, "worker": "a", "class": "acme", "seq": 2}],
+                     [{"page_hashes": hashes, "page_size": PS, "worker": "a", "stop": "tool_use", "class": "acme",
+                       "seq": 1}], 2.0)
+    assert [kind for kind, *_ in st.demand_events] == ["finish", "arrival"]
+    fin = st.finishes[-1]
+    assert (fin.block_hash, fin.num_pages, fin.stop, fin.class_key) == (hashes[-1], 3, "tool_use", "acme")
+    assert st.arrivals[-1].block_hash == hashes[-1] and st.arrivals[-1].class_key == "acme"
+    # a finish given as token ids hashes them at the worker's page size
+    st.record_demand([], [{"input_ids": toks, "worker": "a"}], 2.5)
+    assert st.finishes[-1].block_hash == hashes[-1] and st.finishes[-1].stop is None
+    before = (len(st.arrivals), len(st.finishes), len(st.demand_events))
+    bad = [
+        ([{"input_ids": toks}], [{"page_hashes": hashes, "page_size": 8, "worker": "a"}], "page_size 8"),
+        ([{"input_ids": toks}], [{"page_hashes": [2 ** 63], "page_size": PS}], "signed 64-bit"),
+        ([{"input_ids": toks}], [{"input_ids": toks, "stop": 3}], "stop must be"),
+        ([{"input_ids": toks}, {"input_ids": "x"}], [], "arrivals[1]"),
+        ([{"input_ids": toks, "class": ["x"]}], [], "class must be"),
+        ([{"input_ids": toks, "seq": "1"}], [], "seq must be"),
+        ([], ["nope"], "finishes[0] must be an object"),
+    ]
+    for arrivals, finishes, msg in bad:
+        with pytest.raises(AdminError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+            st.record_demand(arrivals, finishes, 3.0)
+    assert (len(st.arrivals), len(st.finishes), len(st.demand_events)) == before
+
+
+def test_demand_events_are_bounded_when_no_policy_drains_them():
+    s = ClusterState(StateConfig(max_demand_events=3))
+    s.handle(b"A", hello("a"), 0.0)
+    for i in range(5):
+        s.record_arrival({"input_ids": list(range(8)), "worker": "a"}, float(i))
+    assert len(s.demand_events) == 3 and s.demand_events[0][1].time_s == 2.0
+    with pytest.raises(ValueError, match="max_demand_events"):
+        StateConfig(max_demand_events=0)
