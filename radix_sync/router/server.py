@@ -89,6 +89,9 @@ class Router:
         self.known: dict[str, WorkerState] = {u.rstrip("/"): WorkerState(u.rstrip("/"), u.rstrip("/"), cfg.page_size)
                                               for u in cfg.worker_urls}
         """url -> worker, as last heard of (static workers plus every worker the coordinator ever listed)."""
+        self.static_urls = frozenset(self.known)
+        self.listed: Optional[frozenset[str]] = None
+        """Urls in the coordinator's last /workers answer (None before the first)."""
         self.coord_ids: dict[str, str] = {}
         """url -> coordinator worker id."""
         self.outstanding: dict[str, int] = defaultdict(int)
@@ -156,13 +159,24 @@ class Router:
             self.known[url] = WorkerState(url, url, st.page_size)
             self.coord_ids[url] = str(w.get("id"))
             out[url] = st
+        self.listed = frozenset(out)
         return out
 
+    def _pool(self) -> list[str]:
+        """The workers to serve from: while the coordinator answers, a worker it no longer lists (it went silent:
+        dead, or cut off) is left out unless it is a static one or nothing else is left; with the coordinator
+        down (or restarted and not yet told) every known worker stays."""
+        pool = list(self.known)
+        if self.listed and self.link is not None and self.link.reachable:
+            pool = [u for u in pool if u in self.listed or u in self.static_urls] or pool
+        return pool
+
     def _candidates(self) -> list[str]:
-        """Known workers not in cool-down (all of them if every one is)."""
+        """Workers of the pool not in cool-down (all of them if every one is)."""
         now = time.monotonic()
-        up = [u for u in self.known if self.down_until.get(u, 0.0) <= now]
-        return up or list(self.known)
+        pool = self._pool()
+        up = [u for u in pool if self.down_until.get(u, 0.0) <= now]
+        return up or pool
 
     def _with_local_load(self, st: WorkerState, directory: bool) -> WorkerState:
         # NOTE: load reports lag; what this router sent and has not seen finish is a lower bound on the queue.
@@ -246,7 +260,7 @@ class Router:
                     started = True
                     self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt)
                     # its prefill counts as queued work until the first output arrives (a stream's first chunk)
-                    resp, tail = await self._relay(request, up, unqueue)
+                    resp, tail = await self._relay(request, up, unqueue, url)
                     if up.status == 200:
                         self._on_finished(url, ids, hashes, hash_page_size, tenant, finish_reason(tail))
                     return resp
@@ -324,23 +338,46 @@ class Router:
             item["input_ids"] = ids
         self.link.report_finish(item)
 
-    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
-                     on_first_output=lambda: None) -> tuple[web.StreamResponse, bytes]:
-        """Returns: the response sent to the client and the answer's tail (where its finish reason is)."""
+    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse, on_first_output=lambda: None,
+                     url: str = "") -> tuple[web.StreamResponse, bytes]:
+        """Returns: the response sent to the client and the answer's tail (where its finish reason is).
+
+        A stream whose worker dies midway (its bytes were already sent: no failover) ends with an SSE error event
+        and no `[DONE]`, and the connection is closed; the tail is then empty (no finish to report)."""
         ctype = up.headers.get("Content-Type", "application/json")
         if "text/event-stream" in ctype:
             resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache"})
             await resp.prepare(request)
             tail = b""
-            async for chunk in up.content.iter_any():
+            chunks = up.content.iter_any().__aiter__()
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                    return await self._end_broken_stream(resp, url, exc), b""
                 on_first_output()
-                await resp.write(chunk)
+                await resp.write(chunk)  # a client that went away raises here, as it should
                 tail = (tail + chunk)[-_STREAM_TAIL_BYTES:]
             await resp.write_eof()
             return resp, tail
         payload = await up.read()
         on_first_output()
         return web.Response(body=payload, status=up.status, headers={"Content-Type": ctype}), payload
+
+    async def _end_broken_stream(self, resp: web.StreamResponse, url: str, exc: BaseException) -> web.StreamResponse:
+        self.metrics.failures[(url, "stream_" + type(exc).__name__)] += 1
+        log.warning("worker %s failed mid-stream (%s: %s); ending the client's stream with an error", url,
+                    type(exc).__name__, exc)
+        msg = {"error": {"message": f"upstream worker failed mid-stream: {type(exc).__name__}",
+                         "type": "upstream_error", "code": 502}}
+        try:
+            await resp.write(b"data: " + _dumps(msg) + b"\n\n")
+        except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError):
+            pass  # the client is gone too
+        resp.force_close()
+        return resp
 
     async def any_worker(self, request: web.Request, method: str, path: str) -> web.Response:
         """Proxies a read-only call (models, server info) to the first worker that answers."""
@@ -367,7 +404,7 @@ class Router:
                 return url, 502, f"{type(exc).__name__}: {exc}"
 
         await self.refresh_workers()
-        results = await asyncio.gather(*(one(u) for u in self.known))
+        results = await asyncio.gather(*(one(u) for u in self._pool()))
         self.index = ApproxPrefixIndex(self.index.cfg)
         ok = bool(results) and all(s == 200 for _, s, _ in results)
         return web.json_response({"success": ok, "workers": {u: {"status": s, "body": b} for u, s, b in results}},
@@ -385,6 +422,7 @@ class Router:
             "tokenizer": self.tokenizer is not None,
             "tenants": self.tenants.namespaces() if self.tenants.required else None,
             "workers": [{"url": u, "id": self.coord_ids.get(u), "page_size": w.page_size,
+                         "listed": None if self.listed is None else (u in self.listed),
                          "outstanding": self.outstanding[u],
                          "cooldown_s": round(max(0.0, self.down_until.get(u, 0.0) - now), 3)}
                         for u, w in self.known.items()],
@@ -450,6 +488,10 @@ def _proxy_handler(endpoint: str):
             return web.json_response({"error": str(exc)}, status=503)
         except asyncio.TimeoutError:
             return web.json_response({"error": "worker timed out"}, status=504)
+        except aiohttp.ClientError as exc:  # the worker failed after it started answering: no failover
+            log.warning("worker failed mid-answer: %s: %s", type(exc).__name__, exc)
+            return web.json_response({"error": f"upstream worker failed mid-answer: {type(exc).__name__}"},
+                                     status=502)
     return handler
 
 
