@@ -26,6 +26,7 @@ import copy
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import zlib
@@ -165,15 +166,18 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'workload':<8} {'arm':<7} {'reqs':>4} {'err':>3} {'TTFT mean':>9} {'P50':>7} {'P95':>7} {'P99':>7} "
-            f"{'TPOT ms':>7} {'req/s':>6} {'cached':>6} {'copies':>6} {'MB':>7} {'useful':>6}  P99 vs")
+    many = any(r.get("repeat", 0) for r in rows)
+    head = (f"{'workload':<8} {'arm':<7} {'#' if many else '':>2} {'reqs':>4} {'err':>3} {'TTFT mean':>9} {'P50':>7} "
+            f"{'P95':>7} {'P99':>7} {'TPOT ms':>7} {'req/s':>6} {'cached':>6} {'copies':>6} {'MB':>7} {'useful':>6}  "
+            f"P99 vs")
     lines = [head, "-" * len(head)]
     for r in rows:
         s, rep = r["live"], r["replication"]
         t = s["ttft_s"]
         useful = "" if rep["useful_bytes_frac"] is None else f"{rep['useful_bytes_frac']:.0%}"
         lines.append(
-            f"{r['workload']:<8} {r['arm']:<7} {s['requests']:>4} {s['errors']:>3} {t['mean']:>9.2f} {t['p50']:>7.2f} "
+            f"{r['workload']:<8} {r['arm']:<7} {r.get('repeat', 0) + 1 if many else '':>2} {s['requests']:>4} "
+            f"{s['errors']:>3} {t['mean']:>9.2f} {t['p50']:>7.2f} "
             f"{t['p95']:>7.2f} {t['p99']:>7.2f} {s['tpot_s']['mean'] * 1e3:>7.1f} {s['throughput_rps']:>6.2f} "
             f"{s['cached_token_ratio']:>6.0%} {rep['count']:>6} {rep['bytes'] / 1e6:>7.1f} {useful:>6}  "
             f"{r.get('p99_vs', '')}")
@@ -181,10 +185,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _ratios(rows: list[dict]) -> None:
-    """Adds each arm's P99 / mean TTFT ratios against the workload's baseline (sgl-ca if run, else shadow)."""
-    by_wl: dict[str, dict[str, dict]] = {}
+    """Adds each arm's P99 / mean TTFT ratios against the baseline of the same workload and round (sgl-ca if run,
+    else shadow)."""
+    by_wl: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        by_wl.setdefault(r["workload"], {})[r["arm"]] = r
+        by_wl.setdefault((r["workload"], r.get("repeat", 0)), {})[r["arm"]] = r
     for arms in by_wl.values():
         base_name = "sgl-ca" if "sgl-ca" in arms else "shadow" if "shadow" in arms else None
         if base_name is None:
@@ -196,6 +201,42 @@ def _ratios(rows: list[dict]) -> None:
             r["p99_ratio"] = t["p99"] / base["p99"] if base["p99"] else math.nan
             r["mean_ratio"] = t["mean"] / base["mean"] if base["mean"] else math.nan
             r["p99_vs"] = "" if name == base_name else f"{r['p99_ratio']:.2f}x {base_name}"
+
+
+def summarize_rounds(rows: list[dict]) -> list[dict]:
+    """Per workload and arm over the rounds: median and range of TTFT P99 and mean, and of the paired ratios
+    against the round's baseline (`_ratios` first)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["arm"]), []).append(r)
+
+    def stats(xs: list[float]) -> dict:
+        xs = sorted(x for x in xs if not math.isnan(x))
+        return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1]} if xs else {}
+    out = []
+    for (wl, arm), rs in groups.items():
+        out.append({"workload": wl, "arm": arm, "rounds": len(rs), "vs": rs[0].get("ratio_vs"),
+                    "p99_s": stats([r["live"]["ttft_s"]["p99"] for r in rs]),
+                    "mean_s": stats([r["live"]["ttft_s"]["mean"] for r in rs]),
+                    "p99_ratio": stats([r["p99_ratio"] for r in rs if "p99_ratio" in r]),
+                    "mean_ratio": stats([r["mean_ratio"] for r in rs if "mean_ratio" in r]),
+                    "copies": stats([float(r["replication"]["count"]) for r in rs])})
+    return out
+
+
+def format_summary(summary: list[dict]) -> str:
+    def rng(st: dict, fmt: str) -> str:
+        if not st:
+            return ""
+        return f"{st['median']:{fmt}} [{st['min']:{fmt}}-{st['max']:{fmt}}]"
+    head = (f"{'workload':<8} {'arm':<7} {'rounds':>6}  {'TTFT P99 s, median [range]':<26} {'mean s':<20} "
+            f"{'P99 ratio':<20} {'mean ratio':<20} vs")
+    lines = [head, "-" * len(head)]
+    for x in summary:
+        lines.append(f"{x['workload']:<8} {x['arm']:<7} {x['rounds']:>6}  {rng(x['p99_s'], '.2f'):<26} "
+                     f"{rng(x['mean_s'], '.2f'):<20} {rng(x['p99_ratio'], '.2f'):<20} "
+                     f"{rng(x['mean_ratio'], '.2f'):<20} {x['vs'] or ''}")
+    return "\n".join(lines)
 
 
 def plot(rows: list[dict], samples: dict, path: Path) -> None:
@@ -234,6 +275,9 @@ def run_bench(args) -> int:
         if a not in ARMS:
             print(f"kvrep bench: unknown arm {a!r}; known: {', '.join(ARMS)}", file=sys.stderr)
             return 2
+    if args.repeats < 1:
+        print(f"kvrep bench: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+        return 2
     if any(a.startswith("sgl-") for a in arms):
         try:
             import sglang_router  # noqa: F401
@@ -282,48 +326,56 @@ def run_bench(args) -> int:
             w.generate(list(range(100, 1100)), 4)
             w.generate(list(range(2000, 2064)), 4)
         tok = AutoTokenizer.from_pretrained(model_path(args.model))
-        for wname, wl in built.items():
-            for k, arm in enumerate(arms):
-                label = f"{wname}/{arm}"
-                sgl = None
-                mode = "active" if arm == "active" else "shadow"
-                status, answer = coord.post("/policy", {"policy": "kvrep", "mode": mode, "reset_demand": True})
-                if status != 200:
-                    raise RuntimeError(f"coordinator refused /policy: {answer}")
-                url, hints = router_url, router_url + "/kvrep/hints"
-                if arm.startswith("sgl-"):
-                    sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",
-                                       [w.url for w in workers], logs)
-                    procs.append(sgl)
-                    sgl.wait_ready()
-                    url, hints = sgl.url, None
-                before = {r["id"] for r in coord.get("/replications")[1]}
-                renderer = Renderer(tok, salt=zlib.crc32(f"{args.seed}/{wname}/{arm}".encode()))
-                todo = copy.deepcopy(wl)
-                cfg = ReplayConfig(url=url, hints_url=hints,
-                                   on_done=_progress(label, workload_size(wl)["requests"]))
-                t0 = time.monotonic()
-                results = asyncio.run(replay(todo, renderer, cfg))
-                _wait_idle(coord)
-                reps = [r for r in coord.get("/replications")[1] if r["id"] not in before]
-                row = {"workload": wname, "arm": arm, "live": summarize(results),
-                       "replication": _replication_stats(reps), "wall_s": time.monotonic() - t0,
-                       "replications": reps}
-                if not arm.startswith("sgl-"):
-                    row["router_decisions"] = http_json(router_url + "/kvrep/status")[1].get("last_decisions")
-                errors = [r.error for r in results if r.error]
-                if errors:
-                    _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
-                samples[(wname, arm)] = [r.ttft_s for r in results if r.error is None]
-                if args.simulate:
-                    row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile)
-                rows.append(row)
-                t = row["live"]["ttft_s"]
-                _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
-                     f"{row['replication']['count']} copies ({row['wall_s']:.0f} s)")
-                if sgl is not None:
-                    sgl.stop()
-                    procs.remove(sgl)
+        # NOTE: repeats interleave the arms (every arm once per round), so slow drift on a shared machine hits every
+        # arm alike; each round replays the same workload with fresh text (no cache carried over).
+        for rnd in range(args.repeats):
+            for wname, wl in built.items():
+                for k, arm in enumerate(arms):
+                    label = f"{wname}/{arm}" + (f" #{rnd + 1}" if args.repeats > 1 else "")
+                    sgl = None
+                    mode = "active" if arm == "active" else "shadow"
+                    status, answer = coord.post("/policy", {"policy": "kvrep", "mode": mode, "reset_demand": True})
+                    if status != 200:
+                        raise RuntimeError(f"coordinator refused /policy: {answer}")
+                    url, hints = router_url, router_url + "/kvrep/hints"
+                    if arm.startswith("sgl-"):
+                        sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",
+                                           [w.url for w in workers], logs)
+                        procs.append(sgl)
+                        sgl.wait_ready()
+                        url, hints = sgl.url, None
+                    before = {r["id"] for r in coord.get("/replications")[1]}
+                    renderer = Renderer(tok, salt=zlib.crc32(
+                        f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
+                    todo = copy.deepcopy(wl)
+                    cfg = ReplayConfig(url=url, hints_url=hints,
+                                       on_done=_progress(label, workload_size(wl)["requests"]))
+                    t0 = time.monotonic()
+                    results = asyncio.run(replay(todo, renderer, cfg))
+                    _wait_idle(coord)
+                    reps = [r for r in coord.get("/replications")[1] if r["id"] not in before]
+                    row = {"workload": wname, "arm": arm, "repeat": rnd, "live": summarize(results),
+                           "replication": _replication_stats(reps), "wall_s": time.monotonic() - t0,
+                           "replications": reps}
+                    if not arm.startswith("sgl-"):
+                        row["router_decisions"] = http_json(router_url + "/kvrep/status")[1].get("last_decisions")
+                        st = coord.get("/status")[1]
+                        # what the planner learned of the sessions, and (shadow) the copies it would have made
+                        row["sessions"] = st.get("sessions")
+                        row["shadow_decisions"] = st.get("shadow_decisions")
+                    errors = [r.error for r in results if r.error]
+                    if errors:
+                        _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
+                    samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
+                    if args.simulate and rnd == 0:  # the simulator is deterministic: once is enough
+                        row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile)
+                    rows.append(row)
+                    t = row["live"]["ttft_s"]
+                    _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
+                         f"{row['replication']['count']} copies ({row['wall_s']:.0f} s)")
+                    if sgl is not None:
+                        sgl.stop()
+                        procs.remove(sgl)
         coord.post("/policy", {"policy": "kvrep", "mode": "shadow"})
     finally:
         for proc in reversed(procs):
@@ -333,12 +385,19 @@ def run_bench(args) -> int:
     print(f"kvrep bench: {args.workers} CPU workers, model {args.model}, seed {args.seed}, "
           f"TTFT in seconds at the client ({time.monotonic() - t_start:.0f} s in all)")
     print(format_table(rows))
+    summary = summarize_rounds(rows) if args.repeats > 1 else None
+    if summary:
+        print()
+        print(f"over {args.repeats} rounds (arms interleaved; ratios paired within a round):")
+        print(format_summary(summary))
     if args.simulate:
         print()
         print(f"simulator ({args.profile} profile) vs live, TTFT P50 / P99 in seconds:")
         print(f"{'workload':<8} {'arm':<7} {'sim policy':<13} {'live P50':>8} {'sim P50':>8} {'err':>6} "
               f"{'live P99':>8} {'sim P99':>8} {'err':>6}")
         for r in rows:
+            if "sim" not in r:
+                continue
             live, sim = r["live"]["ttft_s"], r["sim"]["ttft_s"]
             e50 = sim["p50"] / live["p50"] - 1 if live["p50"] else math.nan
             e99 = sim["p99"] / live["p99"] - 1 if live["p99"] else math.nan
@@ -347,7 +406,8 @@ def run_bench(args) -> int:
                   f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%}")
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
-        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows}, f, indent=2, default=str)
+        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary}, f, indent=2,
+                  default=str)
     try:
         plot(rows, samples, out_dir / "ttft_cdf.png")
         print(f"\nresults: {out_dir / 'results.json'}   TTFT CDFs: {out_dir / 'ttft_cdf.png'}   logs: {logs}")
@@ -364,6 +424,8 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--arms", default="shadow,active" if demo else ",".join(ARMS),
                    help=f"comma-separated, from {', '.join(ARMS)}")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of every arm (interleaved); > 1 adds medians and ranges over the rounds")
     p.add_argument("--duration-s", type=float, default=30.0, help="arrivals (or session starts) within this time")
     p.add_argument("--trace", default=str(DEFAULT_TRACE), help="Claude Code session files for `agent`")
     p.add_argument("--agent-rate", type=float, default=0.3, help="agent sessions started per second")

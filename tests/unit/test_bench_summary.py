@@ -1,0 +1,27 @@
+"""`kvrep bench` over several rounds: ratios are paired within a round, medians and ranges over the rounds."""
+from sglang_kvrep.devtools.bench import _ratios, format_summary, format_table, summarize_rounds
+
+
+def row(wl, arm, rnd, p99, mean, copies=0):
+    return {"workload": wl, "arm": arm, "repeat": rnd, "wall_s": 1.0,
+            "live": {"requests": 10, "errors": 0, "ttft_s": {"mean": mean, "p50": mean, "p95": p99, "p99": p99},
+                     "tpot_s": {"mean": 0.01}, "throughput_rps": 1.0, "cached_token_ratio": 0.5},
+            "replication": {"count": copies, "bytes": 0, "useful_bytes_frac": None}}
+
+
+def test_ratios_are_paired_within_a_round_and_summarized_over_rounds():
+    rows = [row("agent", "shadow", 0, 4.0, 2.0), row("agent", "active", 0, 2.0, 1.0, 3),
+            row("agent", "shadow", 1, 10.0, 5.0), row("agent", "active", 1, 15.0, 5.0, 5),
+            row("agent", "shadow", 2, 8.0, 4.0), row("agent", "active", 2, 6.0, 4.0, 4)]
+    _ratios(rows)
+    assert [r["p99_ratio"] for r in rows if r["arm"] == "active"] == [0.5, 1.5, 0.75]
+    summary = {x["arm"]: x for x in summarize_rounds(rows)}
+    active = summary["active"]
+    assert active["rounds"] == 3 and active["vs"] == "shadow"
+    assert active["p99_ratio"] == {"median": 0.75, "min": 0.5, "max": 1.5}
+    assert active["p99_s"] == {"median": 6.0, "min": 2.0, "max": 15.0}
+    assert active["copies"]["median"] == 4.0
+    assert summary["shadow"]["p99_ratio"]["median"] == 1.0
+    text = format_summary(summarize_rounds(rows))
+    assert "0.75 [0.50-1.50]" in text
+    assert len(format_table(rows).splitlines()) == 2 + len(rows)
