@@ -78,6 +78,9 @@ def _add_router(sub) -> None:
     p.add_argument("--kv-bytes-per-token", type=int, default=131072)
     p.add_argument("--link-gbps", type=float, default=80.0, help="worker-to-worker copy bandwidth, Gbit/s")
     p.add_argument("--connect-timeout-s", type=float, default=2.0)
+    p.add_argument("--directory-feed", action=argparse.BooleanOptionalAction, default=True,
+                   help="mirror the coordinator's directory from its change feed and match prompts locally "
+                        "(--no-directory-feed: one lookup call to the coordinator per request)")
     p.add_argument("--read-timeout-s", type=float, default=600.0)
     p.add_argument("--max-connections-per-worker", type=int, default=256)
     p.add_argument("--shutdown-timeout-s", type=float, default=30.0)
@@ -105,7 +108,7 @@ def _run_router(args) -> int:
                               connect_timeout_s=args.connect_timeout_s,
                               read_timeout_s=args.read_timeout_s,
                               max_connections_per_worker=args.max_connections_per_worker,
-                              shutdown_timeout_s=args.shutdown_timeout_s)
+                              shutdown_timeout_s=args.shutdown_timeout_s, directory_feed=args.directory_feed)
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile

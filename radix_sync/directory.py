@@ -4,10 +4,16 @@ Built only from facts the workers publish (pages stored/removed, replicas stored
 identified by SGLang's chained page hashes, so a page's hash names its whole prefix: a lookup hashes the prompt
 page by page and walks the chain, O(pages x holders), never a scan of the directory.
 
+Every change of who holds what is also numbered in a `ChangeFeed`, from which a router keeps its own replica of
+the holdings (`radix_sync.router.directory_replica`): its per-request lookups are then local calls.
+
 Who calls it: `radix_sync.coordinator.state.ClusterState` (under its lock). Not thread-safe by itself.
 """
 from __future__ import annotations
 
+import itertools
+import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -37,12 +43,49 @@ class PageNode:
     holders: dict[str, Holding] = field(default_factory=dict)
 
 
+class ChangeFeed:
+    """Holding changes in order: `(+1 | -1, worker id, block hash)`, numbered 1, 2, ... within an epoch (a new
+    directory, e.g. after a coordinator restart, is a new epoch). The last `max_changes` are kept; a reader further
+    behind gets a snapshot instead (`PrefixDirectory.feed_since`)."""
+
+    def __init__(self, max_changes: int = 1_000_000) -> None:
+        if max_changes < 1:
+            raise ValueError(f"max_changes={max_changes!r} must be >= 1")
+        self.epoch = uuid.uuid4().hex[:12]
+        self.seq = 0
+        """Number of the last change."""
+        self._log: deque[tuple[int, str, int]] = deque(maxlen=max_changes)
+
+    def add(self, op: int, worker_id: str, block_hash: int) -> None:
+        self.seq += 1
+        self._log.append((op, worker_id, block_hash))
+
+    def since(self, seq: int, limit: int) -> Optional[list[tuple[int, str, int]]]:
+        """The changes after number `seq` (at most `limit`), or None when they are no longer all kept."""
+        oldest = self.seq - len(self._log) + 1  # number of the oldest change kept
+        if seq < oldest - 1 or seq > self.seq:
+            return None
+        start = seq - oldest + 1
+        n = min(limit, self.seq - seq)
+        if n <= 0:
+            return []
+        if start == 0 and n == len(self._log):
+            return list(self._log)
+        # a deque has no slicing: walk from the nearer end (a reader close to the head costs what it reads)
+        if start > len(self._log) // 2:
+            tail = list(itertools.islice(reversed(self._log), len(self._log) - start))
+            tail.reverse()
+            return tail[:n]
+        return list(itertools.islice(self._log, start, start + n))
+
+
 class PrefixDirectory:
     """Page-granular index: block hash -> page node with its holders; worker -> block hashes it holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_changes: int = 1_000_000) -> None:
         self._nodes: dict[int, PageNode] = {}
         self._by_worker: dict[str, set[int]] = {}
+        self.feed = ChangeFeed(max_changes)
 
     # ------------------------------------------------------------------------------------------ mutation (facts)
     def add_pages(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
@@ -72,6 +115,7 @@ class PrefixDirectory:
             if holding is None:
                 node.holders[worker_id] = Holding(role, expires_at_s, replication_id)
                 held.add(block_hash)
+                self.feed.add(1, worker_id, block_hash)
                 num_new += 1
             elif role == REPLICA:
                 holding.role, holding.expires_at_s, holding.replication_id = REPLICA, expires_at_s, replication_id
@@ -92,6 +136,8 @@ class PrefixDirectory:
                 node = PageNode(block_hash, parent, namespace, (),
                                 depth=(parent_node.depth + 1) if parent_node else 1)
                 self._nodes[block_hash] = node
+            if worker_id not in node.holders:
+                self.feed.add(1, worker_id, block_hash)
             if i >= first_written:
                 node.holders[worker_id] = Holding(REPLICA, expires_at_s, replication_id)
             elif worker_id not in node.holders:
@@ -121,6 +167,7 @@ class PrefixDirectory:
             held.discard(block_hash)
             node = self._nodes[block_hash]
             del node.holders[worker_id]
+            self.feed.add(-1, worker_id, block_hash)
             if not node.holders:
                 del self._nodes[block_hash]
             num += 1
@@ -140,6 +187,17 @@ class PrefixDirectory:
         return num
 
     # ------------------------------------------------------------------------------------------------- queries
+    def feed_since(self, epoch: str, seq: int, limit: int = 200_000) -> dict:
+        """What a replica at (`epoch`, `seq`) needs: `{"epoch", "seq", "changes": [[op, worker, hash], ...]}`, or
+        `{"epoch", "seq", "snapshot": {worker: [hash, ...]}}` when it is of another epoch or too far behind.
+        `seq` in the answer is the number of the last change included (call again while it is below `head`)."""
+        feed = self.feed
+        changes = feed.since(seq, limit) if epoch == feed.epoch else None
+        if changes is None:
+            return {"epoch": feed.epoch, "seq": feed.seq, "head": feed.seq,
+                    "snapshot": {w: list(hs) for w, hs in self._by_worker.items() if hs}}
+        return {"epoch": feed.epoch, "seq": seq + len(changes), "head": feed.seq, "changes": changes}
+
     def match(self, block_hashes: list[int]) -> dict[str, int]:
         """Pages matched from the root, per worker: the longest run of consecutive held pages."""
         matched: dict[str, int] = {}

@@ -93,6 +93,7 @@ class WorkerAgent:
         self.cancelled: set[str] = set()                # transfers the target refused (I/O thread adds)
         self._seen_rids: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._next_load_s = 0.0
+        self._reported_busy = False
         self._errors = 0
         self.disabled = False
         self._stop = threading.Event()
@@ -146,7 +147,10 @@ class WorkerAgent:
         if self.gathers:
             self._pump_gathers()
         now = time.monotonic()
-        if now >= self._next_load_s:
+        # NOTE: a worker that just went idle says so at once: its last periodic report (taken while its last
+        # request still ran) would otherwise stand, repeated by the heartbeat, until --sleep-on-idle next wakes
+        # the scheduler, and routers would keep steering around an idle worker holding the cache.
+        if now >= self._next_load_s or (self._reported_busy and self.view.is_idle()):
             self._next_load_s = now + self.config.load_interval_s
             for rid, evicted in self.replicas.expire_due():
                 self.to_io(("coord", p.ReplicaExpired(worker_id=self.config.worker_id, seq=0, replication_id=rid,
@@ -155,6 +159,7 @@ class WorkerAgent:
             self._free_replica_tokens = self.replicas.free_tokens()
             self.to_io(("coord", p.LoadReported(worker_id=self.config.worker_id, seq=0,
                                                 replica_tokens=self.replicas.live_tokens(), **load)))
+            self._reported_busy = load["num_running_reqs"] + load["num_waiting_reqs"] > 0
 
     def _run_command(self, item: tuple) -> None:
         kind = item[0]

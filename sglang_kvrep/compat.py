@@ -154,6 +154,12 @@ class SchedulerView:
             "evictable_tokens": self.evictable_tokens(),
         }
 
+    def is_idle(self) -> bool:
+        """No request queued or running (cheap: what `load` counts, without the pool sums)."""
+        s = self.scheduler
+        running = getattr(s, "running_batch", None)
+        return not (getattr(s, "waiting_queue", None) or (running is not None and running.reqs))
+
     def pool_capacity_tokens(self) -> int:
         return int(getattr(self.scheduler, "max_total_num_tokens", 0) or self.pool.size)
 

@@ -29,6 +29,8 @@ class KvrepConfig:
     """Receive buffers kept for reuse between transfers."""
     send_rate_mbps: float = 0.0
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
+    transport: str = "zmq"
+    """Name of the data-plane implementation (`sglang_kvrep.transport` registry)."""
     load_interval_s: float = 0.2
     """How often the scheduler thread reports its load."""
     shadow: bool = False
@@ -50,6 +52,14 @@ class KvrepConfig:
             raise ValueError(f"--kvrep-staging-bytes must be >= 0, got {self.staging_bytes}")
         if self.send_rate_mbps < 0:
             raise ValueError(f"--kvrep-send-rate-mbps must be >= 0, got {self.send_rate_mbps}")
+        # NOTE: imported here, not at the top: the registry pulls in torch and zmq, which only the processes that
+        # build a config need (the launcher and the scheduler, where sglang has loaded them anyway).
+        from sglang_kvrep.transport import check_transport_name
+
+        try:
+            check_transport_name(self.transport)
+        except ValueError as exc:
+            raise ValueError(f"--kvrep-transport: {exc}") from None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -77,6 +87,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kvrep-staging-bytes", type=int, default=KvrepConfig.staging_bytes,
                    help="receive buffers kept for reuse")
     g.add_argument("--kvrep-send-rate-mbps", type=float, default=0.0, help="cap on outgoing replication MB/s")
+    g.add_argument("--kvrep-transport", default=KvrepConfig.transport,
+                   help="data-plane transport between workers (default zmq)")
     g.add_argument("--kvrep-shadow", action="store_true", help="publish facts, never copy pages")
 
 
@@ -96,5 +108,6 @@ def from_namespace(ns: argparse.Namespace) -> KvrepConfig:
         chunk_bytes=ns.kvrep_chunk_bytes,
         staging_bytes=ns.kvrep_staging_bytes,
         send_rate_mbps=ns.kvrep_send_rate_mbps,
+        transport=ns.kvrep_transport,
         shadow=ns.kvrep_shadow,
     )

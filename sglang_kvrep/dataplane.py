@@ -11,7 +11,9 @@ chunk while it gathers the next and the target verifies each chunk on arrival:
       layer 1: | p0 | p1 | ... | pa ... pb | ... |   <----   | pa ... pb |   (layer 1 rows)
 
 A transfer is atomic for the target: bytes are staged and handed to the scheduler thread only once every chunk
-arrived and verified. Runs on the agent's I/O thread; nothing here touches SGLang.
+arrived and verified. The sockets are driven by `sglang_kvrep.transport.ZmqTransport` (the default `Transport`)
+on the agent's I/O thread; this module holds the state and checks any transport shares. Nothing here touches
+SGLang.
 """
 from __future__ import annotations
 

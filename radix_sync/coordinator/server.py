@@ -163,6 +163,7 @@ class Coordinator:
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         next_tick = time.monotonic()
+        notified = -1
         while not self._stop.is_set():
             timeout_ms = max(0.0, (next_tick - time.monotonic()) * 1000)
             events = dict(poller.poll(timeout_ms))
@@ -188,6 +189,10 @@ class Coordinator:
                 self._plan_now = False
                 self._tick()
                 next_tick = time.monotonic() + self.config.tick_s
+            seq = self.state.directory.feed.seq  # (an int read: no lock needed)
+            if seq != notified:
+                notified = seq
+                self._http.notify_changed()
 
     def _on_frames(self, frames: list[bytes]) -> None:
         routing_id = frames[0]
@@ -348,6 +353,7 @@ class _AdminApi:
                 return {"integrity": integrity, "coordinator_id": st.coordinator_id, "endpoint": coord.endpoint,
                         "policy": coord.policy.name if coord.policy else "none", "mode": coord.mode,
                         "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
+                        "feed": {"epoch": st.directory.feed.epoch, "seq": st.directory.feed.seq},
                         "num_protocol_errors": st.num_protocol_errors,
                         "num_recent_arrivals": len(st.arrivals),
                         "num_recent_finishes": len(st.finishes), "num_live_hints": len(st.hints),
@@ -387,16 +393,53 @@ class _AdminServer:
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._changed: Optional[asyncio.Event] = None
         self._ready = threading.Event()
 
     async def _handle(self, request: web.Request) -> web.Response:
+        if request.path == "/directory/feed" and request.method == "GET":
+            return await self._feed(request)
         raw = await request.read()
         status, obj = self.api.handle(request.method, request.path, parse_qs(request.query_string), raw)
         return web.Response(body=_dumps(obj), status=status, content_type="application/json")
 
+    async def _feed(self, request: web.Request) -> web.Response:
+        """`GET /directory/feed?epoch=E&since=S&wait_s=W`: the directory's holding changes after change S of epoch
+        E (or a snapshot), answered at once when there are any, else when the first one happens or after W s
+        (long poll, W <= 30)."""
+        coord = self.api.coord
+        q = request.query
+        try:
+            epoch, since = q.get("epoch", ""), int(q.get("since", "0"))
+            wait_s = min(max(float(q.get("wait_s", "0")), 0.0), 30.0)
+        except ValueError:
+            return web.Response(body=_dumps({"error": "since must be an integer and wait_s a number"}), status=400,
+                                content_type="application/json")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            self._changed.clear()
+            with coord.lock:
+                out = coord.state.directory.feed_since(epoch, since)
+            left = deadline - loop.time()
+            if "snapshot" in out or out["changes"] or left <= 0:
+                break
+            try:  # NOTE: cleared before reading, so a change in between still wakes us
+                await asyncio.wait_for(self._changed.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass
+        return web.Response(body=_dumps(out), content_type="application/json")
+
+    def notify_changed(self) -> None:
+        """Thread-safe: wakes the long polls of `/directory/feed` (the directory changed)."""
+        loop, event = self._loop, self._changed
+        if loop is not None and event is not None and loop.is_running():
+            loop.call_soon_threadsafe(event.set)
+
     def serve_forever(self) -> None:
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        self._changed = asyncio.Event()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -399,20 +399,38 @@ class ClusterState:
         return num_a, len(parsed) - num_a
 
     def _parse_arrival(self, body: dict) -> tuple:
-        token_ids, namespace = _token_ids(body), _namespace(body)
-        return token_ids, namespace, str(body.get("worker", "")), _short_str(body, "session_id", 256), \
+        namespace, worker_id = _namespace(body), str(body.get("worker", ""))
+        if "page_hashes" in body:  # the router's own hashes: nothing to rehash
+            hashes = self._parse_hashes(body, worker_id)
+            prompt_len = body.get("prompt_len")
+            if not isinstance(prompt_len, int) or isinstance(prompt_len, bool) or prompt_len < 0:
+                raise AdminError(f"prompt_len must be an integer >= 0 with page_hashes, got {prompt_len!r}")
+        else:
+            token_ids = _token_ids(body)
+            hashes, prompt_len = page_hashes(token_ids, self._page_size(worker_id), namespace), len(token_ids)
+        return hashes, prompt_len, namespace, worker_id, _short_str(body, "session_id", 256), \
             _short_str(body, "class", 128)
 
+    def _parse_hashes(self, body: dict, worker_id: str) -> list[int]:
+        hashes, page_size = body.get("page_hashes"), body.get("page_size")
+        if not isinstance(hashes, list) or not all(isinstance(h, int) and -2 ** 63 <= h < 2 ** 63 for h in hashes):
+            raise AdminError("page_hashes must be a list of signed 64-bit integers (SGLang's block hashes)")
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            raise AdminError(f"page_size must be an integer >= 1 with page_hashes, got {page_size!r}")
+        if worker_id in self.workers and self.workers[worker_id].hello.page_size != page_size:
+            raise AdminError(f"page_size {page_size} is not worker {worker_id}'s "
+                             f"({self.workers[worker_id].hello.page_size})")
+        return hashes
+
     def _record_arrival(self, parsed: tuple, now_s: float) -> ArrivalRecord:
-        token_ids, namespace, worker_id, session_id, class_key = parsed
-        hashes = page_hashes(token_ids, self._page_size(worker_id), namespace)
+        hashes, prompt_len, namespace, worker_id, session_id, class_key = parsed
         # The demand an arrival shows is for the part of its prompt already held somewhere (what it reuses; a
         # fan-out branch counts for its trunk, a session's turn for the previous turn's context), not for its
         # own new prompt, which nobody asked for twice yet. A prompt nothing holds shows no reuse: it counts for
         # nothing (a one-off prompt must not be copied; a trunk announces itself with a fan-out hint).
         held = max(self.directory.match(hashes).values(), default=0)
         block_hash = hashes[held - 1] if held > 0 else None
-        rec = ArrivalRecord(now_s, namespace, block_hash, len(token_ids), worker_id, session_id, class_key)
+        rec = ArrivalRecord(now_s, namespace, block_hash, prompt_len, worker_id, session_id, class_key)
         self.arrivals.append(rec)
         self.demand_events.append(("arrival", rec, hashes, held))
         return rec
@@ -420,15 +438,7 @@ class ClusterState:
     def _parse_finish(self, body: dict) -> tuple:
         namespace, worker_id = _namespace(body), str(body.get("worker", ""))
         if "page_hashes" in body:
-            hashes, page_size = body.get("page_hashes"), body.get("page_size")
-            if not isinstance(hashes, list) or not all(isinstance(h, int) and -2 ** 63 <= h < 2 ** 63
-                                                       for h in hashes):
-                raise AdminError("page_hashes must be a list of signed 64-bit integers (SGLang's block hashes)")
-            if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-                raise AdminError(f"page_size must be an integer >= 1 with page_hashes, got {page_size!r}")
-            if worker_id in self.workers and self.workers[worker_id].hello.page_size != page_size:
-                raise AdminError(f"page_size {page_size} is not worker {worker_id}'s "
-                                 f"({self.workers[worker_id].hello.page_size})")
+            hashes = self._parse_hashes(body, worker_id)
         else:
             hashes = page_hashes(_token_ids(body), self._page_size(worker_id), namespace)
         stop = body.get("stop")

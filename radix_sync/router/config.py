@@ -40,6 +40,9 @@ class RouterConfig:
     shutdown_timeout_s: float = 30.0
     """On SIGTERM/SIGINT, in-flight requests get this long to finish."""
     coordinator_timeout_s: float = 0.5
+    directory_feed: bool = True
+    """Mirror the coordinator's directory from its change feed and match prompts locally (False: one lookup
+    call to the coordinator per request)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

@@ -17,7 +17,17 @@ from typing import Any, Optional
 
 import aiohttp
 
+from radix_sync.router.directory_replica import DirectoryReplica, FeedError
 from radix_sync.router.policy import CopyInFlight
+
+try:  # orjson (an sglang dependency) parses a directory snapshot several times faster
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover
+    import json
+
+    _loads = json.loads
 
 log = logging.getLogger("kvrep.router.coordinator")
 
@@ -40,11 +50,14 @@ class LinkConfig:
     max_inflight_lookups: int = 8
     """Directory lookups in flight at once; a request beyond it is routed from the router's own view (load
     shedding: the coordinator is not marked down, and the lookup is counted as shed)."""
+    feed_wait_s: float = 1.0
+    """Long-poll window of the directory feed, s (an answer comes at once when the directory changes)."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"coordinator admin URL must be http(s)://host:port, got {self.url!r}")
-        for name in ("timeout_s", "state_ttl_s", "backoff_min_s", "backoff_max_s", "arrivals_flush_s"):
+        for name in ("timeout_s", "state_ttl_s", "backoff_min_s", "backoff_max_s", "arrivals_flush_s",
+                     "feed_wait_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
         if self.max_inflight_lookups < 1:
@@ -179,6 +192,47 @@ class CoordinatorLink:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             self._failed(exc)
             return 503, {"error": f"coordinator unreachable: {self.last_error}"}
+
+    # ------------------------------------------------------------------------------------------ directory feed
+    async def run_directory_feed(self, replica: DirectoryReplica) -> None:
+        """Background task: keeps `replica` current from the coordinator's change feed (long poll) until
+        cancelled. A failure marks the replica unusable (the router then asks per request) and the coordinator
+        down (backoff); a coordinator without the feed (404) stops the task."""
+        wait_s = self.cfg.feed_wait_s
+        timeout = aiohttp.ClientTimeout(total=wait_s + self.cfg.timeout_s + 1.0)
+        while True:
+            if not self.may_call():
+                replica.mark_unhealthy()
+                await asyncio.sleep(max(0.05, self._down_until - time.monotonic()))
+                continue
+            params = {"epoch": replica.epoch, "since": str(replica.seq), "wait_s": str(wait_s)}
+            try:
+                async with self._session.get(self.cfg.url + "/directory/feed", params=params,
+                                             timeout=timeout) as resp:
+                    data = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                replica.mark_unhealthy()
+                self._failed(exc)
+                continue
+            if status == 404:
+                replica.mark_unhealthy()
+                log.warning("coordinator %s has no directory feed; asking it per request", self.cfg.url)
+                return
+            try:
+                if status != 200:
+                    raise FeedError(f"HTTP {status}: {data[:200]!r}")
+                msg = _loads(data)
+                if not isinstance(msg, dict):
+                    raise FeedError("feed answer is not an object")
+                replica.apply(msg)
+            except (FeedError, ValueError) as exc:
+                replica.mark_unhealthy()
+                log.warning("directory feed: %s; resyncing", exc)
+                replica.reset()
+                await asyncio.sleep(self.cfg.backoff_min_s)
+                continue
+            self._ok()
 
     # ----------------------------------------------------------------------------------------------- arrivals
     def report_arrival(self, item: dict) -> None:

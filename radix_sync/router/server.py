@@ -26,6 +26,7 @@ from aiohttp import web
 from radix_sync.hashing import page_hashes
 from radix_sync.router.config import RouterConfig
 from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
+from radix_sync.router.directory_replica import DirectoryReplica
 from radix_sync.router.metrics import RouterMetrics
 from radix_sync.router.policy import (ApproxPrefixIndex, CopyInFlight, Decision, WorkerState, cost_model,
                                       rank_by_ttft)
@@ -85,6 +86,8 @@ class Router:
             self.model = cost_model(cfg.costs)
         self.session: Optional[aiohttp.ClientSession] = None
         self.link: Optional[CoordinatorLink] = None
+        self.replica: Optional[DirectoryReplica] = None
+        """The coordinator's holdings, mirrored from its change feed (None: ask it per request)."""
         self._tasks: list[asyncio.Task] = []
         self.known: dict[str, WorkerState] = {u.rstrip("/"): WorkerState(u.rstrip("/"), u.rstrip("/"), cfg.page_size)
                                               for u in cfg.worker_urls}
@@ -110,6 +113,9 @@ class Router:
             self.link = CoordinatorLink(LinkConfig(self.cfg.coordinator_url.rstrip("/"),
                                                    timeout_s=self.cfg.coordinator_timeout_s), self.session)
             self._tasks.append(asyncio.create_task(self.link.run_arrivals()))
+            if self.cfg.directory_feed:
+                self.replica = DirectoryReplica()
+                self._tasks.append(asyncio.create_task(self.link.run_directory_feed(self.replica)))
             await self.refresh_workers()
         if self.cfg.tokenizer == "auto" and self.tokenizer is None:
             self._tasks.append(asyncio.create_task(self._load_tokenizer_from_worker()))
@@ -211,7 +217,13 @@ class Router:
         matched = None
         if state is not None and ids:
             same = all(self.known[u].page_size == page_size for u in cands)
-            matched = await self.link.lookup(ids, namespace, (hashes, page_size) if same and hashes else None)
+            replica = self.replica
+            if same and replica is not None and replica.usable():
+                # NOTE: the local mirror of the directory: no call per request (the coordinator's admin API
+                # cannot answer ~1,000 lookups/s on a small machine); at most a long poll's delivery behind
+                matched = {wid: pages * page_size for wid, pages in replica.match(hashes).items()}
+            else:
+                matched = await self.link.lookup(ids, namespace, (hashes, page_size) if same and hashes else None)
         if matched is not None:
             workers = [self._with_local_load(reported.get(u, self.known[u]), True) for u in cands]
             by_url = {u: matched.get(cid, 0) for u, cid in self.coord_ids.items()}
@@ -258,7 +270,7 @@ class Router:
                 async with self.session.post(url + path, data=data, headers=headers, params=request.query,
                                              timeout=self._timeout()) as up:
                     started = True
-                    self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt)
+                    self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size)
                     # its prefill counts as queued work until the first output arrives (a stream's first chunk)
                     resp, tail = await self._relay(request, up, unqueue, url)
                     if up.status == 200:
@@ -303,7 +315,7 @@ class Router:
                                      sock_read=self.cfg.read_timeout_s)
 
     def _on_dispatched(self, url: str, endpoint: str, decision: Decision, ids: list[int], hashes: list[int],
-                       tenant: Tenant, body: dict, attempt: int) -> None:
+                       tenant: Tenant, body: dict, attempt: int, hash_page_size: int = 0) -> None:
         now = time.monotonic()
         self.index.observe(url, hashes, self.known[url].page_size if url in self.known else self.cfg.page_size, now)
         self.metrics.requests[(url, endpoint, decision.mode)] += 1
@@ -316,12 +328,18 @@ class Router:
                                "cached_by_worker": list(decision.cached_by_worker),
                                "cached_tokens": decision.cached_tokens if attempt == 0 else None})
         if self.link is not None and ids:
-            item = {"input_ids": ids, "cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url),
-                    "class": tenant.name}
+            item = {"cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url), "class": tenant.name}
+            if hashes and self._page_size_of(url) == hash_page_size:  # the coordinator needs not rehash them
+                item.update(page_hashes=hashes, page_size=hash_page_size, prompt_len=len(ids))
+            else:
+                item["input_ids"] = ids
             session_id = body.get("session_id") or body.get("user")
             if isinstance(session_id, str):
                 item["session_id"] = session_id
             self.link.report_arrival(item)
+
+    def _page_size_of(self, url: str) -> int:
+        return self.known[url].page_size if url in self.known else 0
 
     def _on_finished(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int, tenant: Tenant,
                      stop: Optional[str]) -> None:
@@ -331,9 +349,8 @@ class Router:
             return
         item: dict = {"cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url), "stop": stop,
                       "class": tenant.name}
-        page_size = self.known[url].page_size if url in self.known else 0
-        if hashes and page_size == hash_page_size:
-            item["page_hashes"], item["page_size"] = hashes, page_size
+        if hashes and self._page_size_of(url) == hash_page_size:
+            item["page_hashes"], item["page_size"] = hashes, hash_page_size
         else:
             item["input_ids"] = ids
         self.link.report_finish(item)
@@ -418,7 +435,8 @@ class Router:
                 "url": link.cfg.url, "reachable": link.reachable, "last_error": link.last_error,
                 "arrivals_sent": link.num_arrivals_sent, "arrivals_dropped": link.num_arrivals_dropped,
                 "finishes_sent": link.num_finishes_sent, "finishes_dropped": link.num_finishes_dropped,
-                "lookups_shed": link.num_lookups_shed},
+                "lookups_shed": link.num_lookups_shed,
+                "directory_replica": None if self.replica is None else self.replica.status()},
             "tokenizer": self.tokenizer is not None,
             "tenants": self.tenants.namespaces() if self.tenants.required else None,
             "workers": [{"url": u, "id": self.coord_ids.get(u), "page_size": w.page_size,

@@ -90,6 +90,34 @@ def test_facts_flow_to_lookup_over_real_sockets(coord, dealer):
         assert status == 400 and "page_hashes" in body["error"]
 
 
+def test_directory_feed_long_poll_wakes_on_a_change(coord, dealer):
+    import threading
+
+    dealer.send(p.encode(hello("w-feed")))
+    assert isinstance(reply(dealer), p.HelloAck)
+    status, snap = coord.get("/directory/feed?epoch=&since=0")
+    assert status == 200 and "snapshot" in snap and snap["seq"] == snap["head"]
+    epoch, seq = snap["epoch"], snap["seq"]
+    # nothing new: a long poll returns empty after its window
+    status, out = coord.get(f"/directory/feed?epoch={epoch}&since={seq}&wait_s=0.2")
+    assert status == 200 and out["changes"] == [] and out["seq"] == seq
+    # a long poll in flight is answered by the next change, well before its 20 s window
+    answer = {}
+    t = threading.Thread(target=lambda: answer.update(
+        out=coord.get(f"/directory/feed?epoch={epoch}&since={seq}&wait_s=20")[1]))
+    t.start()
+    time.sleep(0.3)
+    toks = list(range(300, 308))
+    hashes = page_hashes(toks, 4)
+    dealer.send(p.encode(p.PagesStored(worker_id="w-feed", seq=1, namespace="", blocks=[
+        p.BlockFact(hashes[0], None, toks[:4]), p.BlockFact(hashes[1], hashes[0], toks[4:])])))
+    t.join(15)
+    assert not t.is_alive(), "the long poll was not woken by the change"
+    assert answer["out"]["changes"] == [[1, "w-feed", hashes[0]], [1, "w-feed", hashes[1]]]
+    assert answer["out"]["seq"] == seq + 2 and coord.get("/status")[1]["feed"]["seq"] == seq + 2
+    assert coord.get("/directory/feed?since=x")[0] == 400
+
+
 @pytest.mark.parametrize("body,status,needle", [
     ({"source": "nope", "target": "w1", "input_ids": [1, 2, 3, 4]}, 404, "unknown worker"),
     ({"target": "w1", "input_ids": [1]}, 400, "missing field"),

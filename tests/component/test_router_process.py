@@ -130,6 +130,14 @@ class Env:
     def last_decision(self):
         return self.status()["last_decisions"][-1]
 
+    def wait_synced(self):
+        """Until the router's mirror of the directory has every change the coordinator has made."""
+        def synced():
+            feed = self.coord.get("/status")[1]["feed"]
+            mirror = self.status()["coordinator"]["directory_replica"]
+            return mirror["usable"] and (mirror["epoch"], mirror["seq"]) == (feed["epoch"], feed["seq"])
+        wait_until(synced, what="router's directory mirror in sync with the coordinator")
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
@@ -153,10 +161,13 @@ def test_routing_follows_the_directory_and_arrivals_are_reported(env):
     for tokens, holder in ((p1, "wB"), (p2, "wA")):
         wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": tokens, "cache_salt": "ns-acme"})[1]
                    ["matched"].get(holder) == 64, what=f"directory has the pages on {holder}")
+        env.wait_synced()
     for _ in range(3):  # the holder wins every time, whatever the order
         assert served_by(env, p1 + [5, 6, 7]) == "B"
         assert env.last_decision()["mode"] == "directory" and env.last_decision()["cached_tokens"] == 64
         assert served_by(env, p2 + [9]) == "A"
+    # matched against the router's own mirror of the directory, not one coordinator call per request
+    assert env.status()["coordinator"]["directory_replica"]["matches"] >= 6
     wait_until(lambda: env.coord.get("/status")[1]["num_recent_arrivals"] >= before + 6, what="arrivals reported")
 
 
@@ -199,6 +210,7 @@ def test_finished_answers_reach_the_coordinator_and_the_next_turn_is_recognised(
         env.agents[0].store(p11, "ns-acme")
         wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p11, "cache_salt": "ns-acme"})[1]
                    ["matched"].get("wA") == 64, what="directory has p11 on A")
+        env.wait_synced()
         status, _, raw = call(env.url + "/generate", {"input_ids": p11 + [1, 2], "stream": True,
                                                       "sampling_params": {"max_new_tokens": 3}}, ACME)
         assert status == 200 and raw.decode().rstrip().endswith("[DONE]")
@@ -259,13 +271,14 @@ def test_coordinator_down_falls_back_then_recovers(env):
     env.agents[1].store(p5, "ns-acme")
     wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p5, "cache_salt": "ns-acme"})[1]
                ["matched"].get("wB") == 64, what="directory has p5 on B")
+    env.wait_synced()
     assert served_by(env, p5 + [1]) == "B"  # the router's own view now also has p5 on B
     env.coord.stop(5)
     for k in range(4):  # the router's own view: longest match, B, even for new suffixes (a hang fails call()'s
         assert served_by(env, p5 + [2, k]) == "B"  # own 10 s timeout)
         assert env.last_decision()["mode"] == "fallback"
     st = env.status()["coordinator"]
-    assert st["reachable"] is False and st["last_error"]
+    assert st["reachable"] is False and st["last_error"] and st["directory_replica"]["usable"] is False
     assert 'kvrep_router_fallback_decisions_total 0' not in call(env.url + "/metrics")[2].decode()
     # restart on the same ports; the agents say hello again; A now holds p6
     env.coord = Coordinator(env.tmp, extra_args=("--policy", "none", "--worker-timeout-s", "120"),
@@ -278,6 +291,7 @@ def test_coordinator_down_falls_back_then_recovers(env):
     env.agents[0].store(p6, "ns-acme")
     wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p6, "cache_salt": "ns-acme"})[1]
                ["matched"].get("wA") == 64, what="new coordinator has p6 on A")
+    env.wait_synced()
 
     def back():
         env.generate(p6 + [3])
@@ -291,6 +305,7 @@ def test_killed_upstream_fails_over_without_hanging(env):
     env.agents[1].store(p7, "ns-acme")
     wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p7, "cache_salt": "ns-acme"})[1]
                ["matched"].get("wB") == 64, what="directory has p7 on B")
+    env.wait_synced()
     env.b.stop(5)  # B is still in the directory: the router picks it first and must move on
     meta = env.generate(p7 + [1])
     assert meta["served_by"] == "A"

@@ -22,6 +22,17 @@ RULES = ("--policy", "rules", "--rule-min-prefix-len", "256", "--rule-min-hits",
 
 
 
+def wait_router_synced(coord: Coordinator, router_url: str, timeout_s: float = 30.0) -> None:
+    """Until a router's mirror of the directory has every change `coord` has made (its decisions then see them)."""
+    from sglang_kvrep.devtools.cluster import http_json
+
+    def synced():
+        feed = coord.get("/status")[1]["feed"]
+        mirror = http_json(router_url + "/kvrep/status")[1]["coordinator"]["directory_replica"]
+        return mirror["usable"] and mirror["epoch"] == feed["epoch"] and mirror["seq"] >= feed["seq"]
+    wait_until(synced, timeout_s, what="router's directory mirror in sync with the coordinator")
+
+
 def prompt(seed: int, length: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(10, 4000) for _ in range(length)]

@@ -12,7 +12,7 @@ import pytest
 
 from sglang_kvrep.devtools.cluster import Proc, free_port, http_json, model_path
 
-from .conftest import LOGS, PAGE_SIZE, wait_until
+from .conftest import LOGS, PAGE_SIZE, wait_router_synced, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -83,6 +83,7 @@ def test_second_turn_lands_on_the_worker_holding_the_first(cluster, router, hold
     assert len(_ids(turn1)) == turn1_len
     wait_until(lambda: cluster.lookup(_ids(turn1), "ns-acme").get(holder.worker_id, 0) >= floor_page(turn1_len),
                what="directory shows turn 1 on the holder")
+    wait_router_synced(cluster.coord, router)
     meta = generate(router, turn1 + " zulu yankee xray and a follow-up question", ACME)
     d = last_decision(router)
     assert d["worker"] == holder.url, d

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from sglang_kvrep.devtools.cluster import Coordinator, Proc, free_port, http_json, model_path
-from tests.integration.conftest import LOGS, PAGE_SIZE, RULES, prompt, wait_until
+from tests.integration.conftest import LOGS, PAGE_SIZE, RULES, prompt, wait_router_synced, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -46,6 +46,7 @@ def test_workers_survive_and_resync_after_coordinator_restart(cluster, router):
     P = prompt(90, 800)
     a.generate(P, 2)
     wait_until(lambda: cluster.lookup(P)[a.worker_id] >= len(P) - PAGE_SIZE, 10, what="P in the directory")
+    wait_router_synced(old, router)
     meta, d = route(router, P + prompt(93, 8))
     assert (d["mode"], d["worker"]) == ("directory", a.url) and meta["cached_tokens"] >= len(P) - PAGE_SIZE
     old.kill(signal.SIGKILL)
@@ -70,6 +71,7 @@ def test_workers_survive_and_resync_after_coordinator_restart(cluster, router):
     probes = iter(range(200, 400))
     wait_until(lambda: route(router, prompt(next(probes), 40))[1]["mode"] == "directory", 20,
                what="router routing from the new coordinator's directory")
+    wait_router_synced(new, router)
     # ... and Q, which it never routed, goes to B, which resynced it
     meta, d = route(router, Q + prompt(95, 8))
     assert (d["mode"], d["worker"]) == ("directory", b.url) and meta["cached_tokens"] >= len(Q) - PAGE_SIZE

@@ -85,3 +85,29 @@ def test_namespaces_are_disjoint(d):
     assert d.match(page_hashes(toks, 4, "t1")) == {"a": 2}
     assert d.match(page_hashes(toks, 4, "t2")) == {}
     assert d.match(page_hashes(toks, 4)) == {}
+
+
+def test_change_feed_replays_holdings_and_falls_back_to_a_snapshot():
+    from radix_sync.directory import ChangeFeed
+
+    d = PrefixDirectory(max_changes=5)
+    d.add_pages("w1", "", [(1, None, [0]), (2, 1, [1])])
+    d.add_pages("w1", "", [(1, None, [0])])  # no new holding, no change
+    d.mark_replica("w2", "", [1, 2, 3], 1, 10.0, "r1")
+    epoch = d.feed.epoch
+    out = d.feed_since(epoch, 0)
+    assert out["changes"] == [(1, "w1", 1), (1, "w1", 2), (1, "w2", 1), (1, "w2", 2), (1, "w2", 3)]
+    assert out["seq"] == out["head"] == 5
+    d.remove_pages("w2", [3])
+    assert d.feed_since(epoch, 5) == {"epoch": epoch, "seq": 6, "head": 6, "changes": [(-1, "w2", 3)]}
+    assert d.feed_since(epoch, 6)["changes"] == []
+    assert d.feed_since(epoch, 4, limit=1) == {"epoch": epoch, "seq": 5, "head": 6, "changes": [(1, "w2", 3)]}
+    # change 1 is gone (5 kept): a reader at 0, of another epoch, or ahead of the head gets a snapshot
+    for e, seq in ((epoch, 0), ("other", 6), (epoch, 99)):
+        snap = d.feed_since(e, seq)
+        assert "changes" not in snap and {w: sorted(h) for w, h in snap["snapshot"].items()} == \
+            {"w1": [1, 2], "w2": [1, 2]} and snap["seq"] == 6
+    f = ChangeFeed(max_changes=10)
+    for i in range(10):
+        f.add(1, "w", i)
+    assert [c[2] for c in f.since(7, 100)] == [7, 8, 9] and [c[2] for c in f.since(1, 2)] == [1, 2]

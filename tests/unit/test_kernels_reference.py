@@ -93,6 +93,39 @@ def test_both_torch_strategies_match_oracle(monkeypatch, strategy, kind, layout)
     assert not oracle_gather(dst, others, layout).view(torch.uint8).any()
 
 
+@pytest.mark.parametrize("numpy_scatter", [True, False], ids=["numpy", "no-numpy"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("kind,layout", CASES)
+def test_page_copy_strategy_matches_oracle(monkeypatch, kind, layout, page_size, dtype, numpy_scatter):
+    """The per-page memcpy path (forced here: the test pools' pages are small), with and without NumPy."""
+    monkeypatch.setattr(torch_copy, "PAGE_COPY_MIN_BYTES", 0)
+    if not numpy_scatter:
+        def no_numpy(self):
+            raise RuntimeError("Numpy is not available")
+        monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    pool = make_pool(kind, dtype, page_size, seed=page_size + 1)
+    ids = page_list(pool.num_pages, gen_seed=5)
+    plan = plan_mod.make_plan(pool.k, pool.v, torch.tensor(ids), page_size, layout)
+    assert torch_copy.use_page_copies(plan)
+    expected = oracle_gather(pool, ids, layout)
+    buf = kk.gather_pages(pool.k, pool.v, torch.tensor(ids), page_size, layout=layout)
+    assert bits_equal(buf, expected)
+    dst = zeros_like_pool(pool)
+    kk.scatter_pages(buf, dst.k, dst.v, torch.tensor(ids), page_size, layout=layout)
+    assert bits_equal(oracle_gather(dst, ids, layout), expected)
+    others = [p for p in range(pool.num_pages) if p not in ids]
+    assert not oracle_gather(dst, others, layout).view(torch.uint8).any()
+
+
+def test_page_copy_strategy_is_picked_by_page_bytes():
+    """Llama-8B pages (8 heads x 128, bf16): 32 KiB per tensor at ps 16 take the per-page path, 2 KiB at ps 1 not."""
+    for page_size, expected in ((16, True), (2, True), (1, False)):
+        pool = make_pool("fused", torch.bfloat16, page_size, num_layers=1, num_heads=8, head_dim=128, num_pages=4)
+        plan = plan_mod.make_plan(pool.k, pool.v, torch.tensor([1, 2]), page_size, "NHD")
+        assert torch_copy.use_page_copies(plan) == expected, page_size
+
+
 def test_gather_allows_repeats_and_fills_given_out():
     pool = make_pool("separate", torch.float16, 4)
     ids = [3, 3, 5]

@@ -154,6 +154,9 @@ def test_a_router_batch_replays_in_report_order_and_records_all_or_nothing(st):
     fin = st.finishes[-1]
     assert (fin.block_hash, fin.num_pages, fin.stop, fin.class_key) == (hashes[-1], 3, "tool_use", "acme")
     assert st.arrivals[-1].block_hash == hashes[-1] and st.arrivals[-1].class_key == "acme"
+    # an arrival given as the router's page hashes is the same arrival, not rehashed
+    st.record_demand([{"page_hashes": hashes + [123], "page_size": PS, "prompt_len": 17, "worker": "a"}], [], 2.2)
+    assert (st.arrivals[-1].block_hash, st.arrivals[-1].prompt_len) == (hashes[-1], 17)
     # a finish given as token ids hashes them at the worker's page size
     st.record_demand([], [{"input_ids": toks, "worker": "a"}], 2.5)
     assert st.finishes[-1].block_hash == hashes[-1] and st.finishes[-1].stop is None
@@ -165,6 +168,7 @@ def test_a_router_batch_replays_in_report_order_and_records_all_or_nothing(st):
         ([{"input_ids": toks}, {"input_ids": "x"}], [], "arrivals[1]"),
         ([{"input_ids": toks, "class": ["x"]}], [], "class must be"),
         ([{"input_ids": toks, "seq": "1"}], [], "seq must be"),
+        ([{"page_hashes": hashes, "page_size": PS}], [], "prompt_len must be"),
         ([], ["nope"], "finishes[0] must be an object"),
     ]
     for arrivals, finishes, msg in bad:

@@ -1,0 +1,102 @@
+"""The router's replica of the coordinator's directory: who holds which page, kept current from the
+coordinator's change feed (`GET /directory/feed`, a long poll), so a routing decision matches a prompt's page
+hashes locally instead of asking the coordinator per request.
+
+Only holdings are mirrored (block hash -> worker ids): roles, expiry and tokens stay at the coordinator. A replica
+is usable while its feed is healthy: the last long poll answered within `max_silence_s`; otherwise the router
+asks the coordinator per request (and falls back to its own view when that fails too). Owned by
+`radix_sync.router.server.Router`; runs on its event loop.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+
+class FeedError(ValueError):
+    """A feed answer the replica cannot apply (malformed); the replica resyncs from a snapshot."""
+
+
+class DirectoryReplica:
+    def __init__(self, max_silence_s: float = 3.0) -> None:
+        self.max_silence_s = max_silence_s
+        self.epoch = ""
+        self.seq = 0
+        """Number of the last change applied (of `epoch`)."""
+        self._holders: dict[int, set[str]] = {}
+        self._answered_at = -float("inf")
+        self.healthy = False
+        self.num_snapshots = 0
+        self.num_changes = 0
+        self.num_matches = 0
+
+    # ---------------------------------------------------------------------------------------------- updating
+    def apply(self, msg: dict, now: Optional[float] = None) -> None:
+        """Applies one feed answer. Raises FeedError (and forgets everything, so the next call asks for a
+        snapshot) on a malformed one."""
+        try:
+            epoch, seq = msg["epoch"], msg["seq"]
+            if not isinstance(epoch, str) or not isinstance(seq, int):
+                raise TypeError("epoch must be a string and seq an integer")
+            if "snapshot" in msg:
+                holders: dict[int, set[str]] = {}
+                for worker_id, hashes in msg["snapshot"].items():
+                    for h in hashes:
+                        holders.setdefault(int(h), set()).add(str(worker_id))
+                self._holders = holders
+                self.num_snapshots += 1
+            else:
+                if epoch != self.epoch:
+                    raise ValueError(f"changes of epoch {epoch!r} on a replica of epoch {self.epoch!r}")
+                holders = self._holders
+                for op, worker_id, h in msg["changes"]:
+                    if op == 1:
+                        holders.setdefault(h, set()).add(worker_id)
+                    elif op == -1:
+                        ws = holders.get(h)
+                        if ws is not None:
+                            ws.discard(worker_id)
+                            if not ws:
+                                del holders[h]
+                    else:
+                        raise ValueError(f"unknown change op {op!r}")
+                    self.num_changes += 1
+        except (KeyError, TypeError, ValueError) as exc:
+            self.reset()
+            raise FeedError(f"bad directory feed answer: {type(exc).__name__}: {exc}") from None
+        self.epoch, self.seq = epoch, seq
+        self._answered_at = time.monotonic() if now is None else now
+        self.healthy = True
+
+    def reset(self) -> None:
+        """Forgets everything (the next feed call gets a snapshot)."""
+        self.epoch, self.seq, self._holders, self.healthy = "", 0, {}, False
+
+    def mark_unhealthy(self) -> None:
+        self.healthy = False
+
+    # ----------------------------------------------------------------------------------------------- queries
+    def usable(self, now: Optional[float] = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self.healthy and now - self._answered_at <= self.max_silence_s
+
+    def match(self, block_hashes: list[int]) -> dict[str, int]:
+        """Pages matched from the root, per worker (as `PrefixDirectory.match`)."""
+        self.num_matches += 1
+        matched: dict[str, int] = {}
+        alive: Optional[set[str]] = None
+        holders = self._holders
+        for i, h in enumerate(block_hashes):
+            ws = holders.get(h)
+            if not ws:
+                break
+            alive = set(ws) if alive is None else alive & ws
+            if not alive:
+                break
+            for w in alive:
+                matched[w] = i + 1
+        return matched
+
+    def status(self) -> dict:
+        return {"epoch": self.epoch, "seq": self.seq, "usable": self.usable(), "pages": len(self._holders),
+                "snapshots": self.num_snapshots, "changes": self.num_changes, "matches": self.num_matches}

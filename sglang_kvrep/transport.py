@@ -1,0 +1,398 @@
+"""The worker-to-worker data plane behind one interface: `Transport` (what the agent's I/O thread needs to move a
+transfer's pages), the facts a transport reports, and the registry that picks an implementation by name
+(`--kvrep-transport`, default "zmq"). `ZmqTransport` is the default and today the only implementation; its wire
+(typed MessagePack control frames, zero-copy payload frames, a checksum per chunk, atomic staging) is described
+in `sglang_kvrep.dataplane`. Called by `sglang_kvrep.io_loop.IoLoop` on the I/O thread only; nothing here
+touches SGLang.
+
+Who decides what: a transport moves and verifies bytes (framing, checksums, staging, the rate cap, stalls); its
+owner decides whether a transfer may land at all (`admit`: the coordinator's grant, the local geometry and
+replica budget) and what a finished one means (page hashes against the grant, install, facts to the
+coordinator).
+
+    owner (IoLoop)                      source transport          target transport        owner (IoLoop)
+    send(header, endpoint)         -->  header ------------------> admit(header) ------->  None | Refusal
+    push_chunk(tid, k, buf) x N    -->  chunk k ----------------->  verify, stage
+    ChunkSent(tid, n)              <--  (per chunk on the wire)
+    TransferSent(header, ...)      <--  end --------------------->  all chunks verified --> TransferReceived(inc)
+                                                                    answer(inc, ...)   <--  install, then answer
+                                        (reply consumed)       <--  Accepted / Refused
+    TransferFailed(role=...)       <--  on either side when a transfer ends without landing: refused, corrupt,
+                                        stalled; the target's staging is already freed when it is reported
+
+To add an implementation: write a class with the `Transport` methods whose constructor takes
+`(config, admit, on_event, ctx, poller)`, and `register_transport("name", TheClass)` before the agent starts
+(`KvrepConfig.transport` is checked against this registry). See docs/transport.md for what a transport that
+writes into registered memory (Mooncake, NIXL) additionally needs on the wire.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Container, Optional, Protocol, Union, runtime_checkable
+
+import torch
+import zmq
+
+from radix_sync import protocol as p
+from sglang_kvrep.dataplane import Incoming, Outgoing, StagingPool, TokenBucket, chunk_frames
+
+if TYPE_CHECKING:
+    from sglang_kvrep.config import KvrepConfig
+
+log = logging.getLogger("kvrep.agent")
+
+
+# ------------------------------------------------------------------------------------- facts and answers
+@dataclass(frozen=True)
+class ChunkSent:
+    """Source: chunk number `num_sent` of `transfer_id` went to the wire (the gatherer may run further ahead)."""
+
+    transfer_id: str
+    num_sent: int
+
+
+@dataclass(frozen=True)
+class TransferSent:
+    """Source: every chunk and the end marker left; the target's answer is still to come."""
+
+    header: p.TransferHeader
+    gather_s: float
+    """Scheduler-thread time spent gathering this transfer's chunks."""
+    send_s: float
+    """From `send` to the end marker leaving."""
+
+
+@dataclass(frozen=True)
+class TransferReceived:
+    """Target: every chunk arrived and passed its checksum. `incoming` (and its staging buffer) is lent to the
+    owner until it calls `Transport.answer`, which the owner must do exactly once."""
+
+    incoming: Incoming
+
+
+@dataclass(frozen=True)
+class TransferFailed:
+    """Either side: the transfer ended without landing; nothing of it is kept (a target's staging buffer is
+    already back in its pool). A source's owner stops gathering it."""
+
+    transfer_id: str
+    replication_id: str
+    role: str
+    """"source" or "target": which side saw it fail."""
+    error: str
+    tell_coordinator: bool = True
+    """False when someone else reports it, or no one should: a target refusing a transfer it could not
+    authenticate (a stranger must not fail someone else's replication), a source learning of a refusal the
+    target reports itself."""
+
+
+TransportEvent = Union[ChunkSent, TransferSent, TransferReceived, TransferFailed]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An owner's answer to `admit`: the transfer may not land. The source is told `error`."""
+
+    error: str
+    tell_coordinator: bool = True
+
+
+Admit = Callable[[p.TransferHeader], Optional[Refusal]]
+"""Called once per incoming header before a byte is staged: None admits it."""
+OnEvent = Callable[[TransportEvent], None]
+"""Receives every fact, synchronously, on the I/O thread (so the owner sees them in wire order)."""
+
+
+# ------------------------------------------------------------------------------------------- interface
+@runtime_checkable
+class Transport(Protocol):
+    """Moves transfers' pages between worker agents. I/O thread only.
+
+    A peer's fault (garbage, corruption, a wrong token, silence) never raises out of a method: it is answered on
+    the wire and reported as `TransferFailed`. Every method returns quickly (no blocking I/O).
+    """
+
+    name: str
+    endpoint: str
+    """This worker's data endpoint, advertised in the Hello; sources pass it to `send`."""
+
+    def send(self, header: p.TransferHeader, endpoint: str) -> None:
+        """Start a transfer to the target at `endpoint`. Its chunks follow through `push_chunk`; the transfer
+        fails (`TransferFailed(role="source")`) if it makes no progress for `config.transfer_timeout_s`."""
+
+    def push_chunk(self, transfer_id: str, index: int, buffer: torch.Tensor, gather_s: float) -> None:
+        """Queue gathered chunk `index` of `transfer_id`: a contiguous CPU tensor (layers, pages of the chunk,
+        page bytes) that the transport keeps alive until sent. Chunks leave in the order pushed, under the
+        per-link rate cap (`config.send_rate_mbps`). Ignored for a transfer that already ended."""
+
+    def progress(self, ready: Container) -> float:
+        """Do the I/O that is possible now: receive (`ready` is what the owner's poller returned), send, check
+        stalls; facts go to `on_event` as they happen. Returns seconds until the next call is due at the latest."""
+
+    def answer(self, incoming: Incoming, *, inserted_len: int = 0, error: Optional[str] = None) -> None:
+        """End a `TransferReceived` transfer: tell its source it was accepted (`inserted_len` tokens inserted) or
+        refused (`error`), and take its staging buffer back. The owner reports a refusal itself."""
+
+    def close(self) -> None:
+        """Close every socket; pending transfers are dropped without answers. The transport is unusable after."""
+
+
+TransportFactory = Callable[["KvrepConfig", Admit, OnEvent, zmq.Context, zmq.Poller], Transport]
+_TRANSPORTS: dict[str, TransportFactory] = {}
+
+
+def register_transport(name: str, factory: TransportFactory) -> None:
+    """Make `factory` selectable as `--kvrep-transport name`. Re-registering a name replaces it."""
+    _TRANSPORTS[name] = factory
+
+
+def known_transports() -> tuple[str, ...]:
+    return tuple(sorted(_TRANSPORTS))
+
+
+def check_transport_name(name: str) -> None:
+    """Raises:
+        ValueError: `name` is not a registered transport (the message lists the known ones)."""
+    if name not in _TRANSPORTS:
+        raise ValueError(f"unknown transport {name!r} (known: {', '.join(known_transports())})")
+
+
+def make_transport(name: str, config: "KvrepConfig", admit: Admit, on_event: OnEvent, ctx: zmq.Context,
+                   poller: zmq.Poller) -> Transport:
+    """Build the transport registered as `name`; it registers its sockets with `poller`.
+
+    Raises:
+        ValueError: unknown name.
+    """
+    check_transport_name(name)
+    return _TRANSPORTS[name](config, admit, on_event, ctx, poller)
+
+
+# ---------------------------------------------------------------------------------------------- ZeroMQ
+class ZmqTransport:
+    """The ZeroMQ data plane: a ROUTER bound on this worker's data endpoint receives, one DEALER per target
+    sends. Payload frames go zero-copy from the gathered tensors; the target checks each chunk's checksum on
+    arrival and stages it in a reused buffer (`StagingPool`)."""
+
+    name = "zmq"
+
+    def __init__(self, config: "KvrepConfig", admit: Admit, on_event: OnEvent, ctx: zmq.Context,
+                 poller: zmq.Poller, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = config
+        self.admit = admit
+        self.on_event = on_event
+        self.ctx = ctx
+        self.poller = poller
+        self.clock = clock
+        self.data = ctx.socket(zmq.ROUTER)
+        self.data.setsockopt(zmq.LINGER, 0)
+        self.data.setsockopt(zmq.RCVHWM, 64)  # bound what libzmq buffers ahead of staging (TCP pushes back)
+        addr = f"tcp://{config.data_host}"
+        if config.data_port:
+            self.data.bind(f"{addr}:{config.data_port}")
+            port = config.data_port
+        else:
+            port = self.data.bind_to_random_port(addr)
+        self.endpoint = f"{addr}:{port}"
+        poller.register(self.data, zmq.POLLIN)
+        self.peers: dict[str, zmq.Socket] = {}
+        self.incoming: dict[str, Incoming] = {}
+        self.staging = StagingPool(config.staging_bytes)
+        self.outgoing: dict[str, Outgoing] = {}
+        self.send_queue: collections.deque[str] = collections.deque()
+        self.bucket = TokenBucket(config.send_rate_mbps * 1e6, config.chunk_bytes)
+        self.bucket.t = clock()
+
+    # ------------------------------------------------------------------------------------------ interface
+    def send(self, header: p.TransferHeader, endpoint: str) -> None:
+        sock = self.peers.get(endpoint)
+        if sock is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            # a short send queue keeps the wire honest: `send_s` then measures the link, not queueing in libzmq
+            sock.setsockopt(zmq.SNDHWM, 16)
+            sock.connect(endpoint)
+            self.peers[endpoint] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        now = self.clock()
+        self.outgoing[header.transfer_id] = Outgoing(header, endpoint, now, last_progress_s=now)
+        self.send_queue.append(header.transfer_id)
+
+    def push_chunk(self, transfer_id: str, index: int, buffer: torch.Tensor, gather_s: float) -> None:
+        out = self.outgoing.get(transfer_id)
+        if out is not None:
+            out.chunks.append((index, buffer))
+            out.gather_s += gather_s
+
+    def progress(self, ready: Container) -> float:
+        if self.data in ready:
+            for _ in range(256):
+                try:
+                    frames = self.data.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    self._on_data(frames)
+                except Exception:  # a bad peer must not take the I/O thread down
+                    log.exception("kvrep: error handling a data-plane message; dropping it")
+        for sock in self.peers.values():
+            if sock in ready:
+                self._on_reply(sock)
+        next_wait = self._pump_sends()
+        self._check_timeouts(self.clock())
+        return min(next_wait, 0.1 if (self.incoming or self.outgoing) else 0.5)
+
+    def answer(self, incoming: Incoming, *, inserted_len: int = 0, error: Optional[str] = None) -> None:
+        h = incoming.header
+        self.staging.release(incoming.storage)  # the scheduler thread is done with it
+        if error is not None:
+            log.warning("kvrep: refused transfer %s: %s", h.transfer_id, error)
+            reply = p.TransferRefused(transfer_id=h.transfer_id, error=error)
+        else:
+            reply = p.TransferAccepted(transfer_id=h.transfer_id, inserted_len=inserted_len)
+        self.data.send_multipart([incoming.peer, p.encode(reply)])
+
+    def close(self) -> None:
+        for sock in (*self.peers.values(), self.data):
+            try:
+                self.poller.unregister(sock)
+            except KeyError:
+                pass
+            sock.close(linger=0)
+        self.peers.clear()
+        self.incoming.clear()
+        self.outgoing.clear()
+        self.send_queue.clear()
+
+    # ------------------------------------------------------------------------------------------ receiving
+    def _on_data(self, frames: list) -> None:
+        peer, raw = frames[0], frames[1]
+        try:
+            msg = p.decode_data_plane(raw.bytes if hasattr(raw, "bytes") else raw)
+        except p.ProtocolError as exc:
+            self.data.send_multipart([peer, p.encode(p.TransferRefused(transfer_id="", error=str(exc)))])
+            return
+        now = self.clock()
+        if isinstance(msg, p.TransferHeader):
+            refusal = self.admit(msg)
+            if refusal is None and msg.transfer_id in self.incoming:
+                refusal = Refusal("duplicate transfer id")
+            if refusal is not None:
+                return self._refuse(peer, msg.transfer_id, msg.replication_id, refusal.error,
+                                    refusal.tell_coordinator)
+            self.incoming[msg.transfer_id] = Incoming(msg, peer, self.staging.acquire(msg.num_bytes), now, now)
+        elif isinstance(msg, p.TransferChunk):
+            inc = self.incoming.get(msg.transfer_id)
+            if inc is None:
+                return  # refused or timed out already
+            if len(frames) != 3:
+                err = "chunk without payload frame"
+            else:
+                payload = frames[2].buffer if hasattr(frames[2], "buffer") else memoryview(frames[2])
+                err = inc.add_chunk(msg, payload, now)
+            if err is not None:
+                del self.incoming[msg.transfer_id]
+                self.staging.release(inc.storage)
+                self._refuse(peer, msg.transfer_id, inc.header.replication_id, err)
+        elif isinstance(msg, p.TransferEnd):
+            inc = self.incoming.pop(msg.transfer_id, None)
+            if inc is None:
+                return
+            err = inc.finish()
+            if err is not None:
+                self.staging.release(inc.storage)
+                return self._refuse(peer, msg.transfer_id, inc.header.replication_id, err)
+            inc.last_progress_s = now
+            self.on_event(TransferReceived(inc))
+        elif isinstance(msg, (p.TransferAccepted, p.TransferRefused)):
+            pass  # replies arrive on the peer DEALERs, not here
+
+    def _refuse(self, peer, transfer_id: str, replication_id: str, error: str, tell_coordinator: bool = True) -> None:
+        log.warning("kvrep: refused transfer %s: %s", transfer_id, error)
+        self.data.send_multipart([peer, p.encode(p.TransferRefused(transfer_id=transfer_id, error=error))])
+        self.on_event(TransferFailed(transfer_id, replication_id, "target", error, tell_coordinator))
+
+    # -------------------------------------------------------------------------------------------- sending
+    def _pump_sends(self) -> float:
+        """Send what the bandwidth cap allows, oldest transfer first. Returns seconds until the next try."""
+        while self.send_queue:
+            tid = self.send_queue[0]
+            out = self.outgoing.get(tid)
+            if out is None or out.end_sent_s is not None:
+                self.send_queue.popleft()
+                continue
+            sock = self.peers[out.endpoint]
+            h = out.header
+            if not out.header_sent:
+                if not sock.poll(0, zmq.POLLOUT):
+                    return 0.005
+                sock.send(p.encode(h))
+                out.header_sent = True
+            while out.chunks:
+                index, buffer = out.chunks[0]
+                if not sock.poll(0, zmq.POLLOUT):
+                    return 0.005  # the peer's queue is full: come back when it drains
+                wait = self.bucket.wait_s(buffer.numel() * buffer.element_size(), self.clock())
+                if wait > 0:
+                    return wait
+                sock.send_multipart(chunk_frames(h, index, buffer), copy=False)
+                out.chunks.popleft()
+                out.num_sent += 1
+                out.last_progress_s = self.clock()
+                self.on_event(ChunkSent(tid, out.num_sent))
+            if out.num_sent < h.num_chunks:
+                return 1.0  # waiting for the scheduler thread to gather more
+            if not sock.poll(0, zmq.POLLOUT):
+                return 0.005
+            sock.send(p.encode(p.TransferEnd(transfer_id=tid)))
+            out.end_sent_s = self.clock()
+            self.send_queue.popleft()
+            self.on_event(TransferSent(h, out.gather_s, out.end_sent_s - out.started_s))
+        return 1.0
+
+    def _on_reply(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = p.decode_data_plane(frames[-1])
+            except p.ProtocolError:
+                continue
+            tid = getattr(msg, "transfer_id", "")
+            out = self.outgoing.pop(tid, None)
+            if out is not None and isinstance(msg, p.TransferRefused):
+                log.warning("kvrep: target refused %s: %s", tid, msg.error)
+                if out.end_sent_s is None:  # stop gathering and sending the rest; the target reports it
+                    self.on_event(TransferFailed(tid, out.header.replication_id, "source", msg.error,
+                                                 tell_coordinator=False))
+
+    # ------------------------------------------------------------------------------------------- timeouts
+    def _check_timeouts(self, now: float) -> None:
+        limit = self.cfg.transfer_timeout_s
+        for tid, inc in list(self.incoming.items()):
+            if now - inc.last_progress_s > limit:
+                del self.incoming[tid]
+                self.staging.release(inc.storage)
+                log.warning("kvrep: transfer %s timed out after %.1fs without progress", tid, limit)
+                self.on_event(TransferFailed(
+                    tid, inc.header.replication_id, "target",
+                    f"transfer timed out: no data for {limit:g}s "
+                    f"({inc.received_bytes}/{inc.header.num_bytes} bytes received; source dead?)"))
+        for tid, out in list(self.outgoing.items()):
+            if out.end_sent_s is not None:
+                if now - out.end_sent_s > limit:
+                    del self.outgoing[tid]  # the target never answered; it reports its own failure
+            elif now - out.last_progress_s > limit:
+                # the target stopped taking data (dead or stuck): give up, release the source's lock
+                del self.outgoing[tid]
+                self.on_event(TransferFailed(
+                    tid, out.header.replication_id, "source",
+                    f"send stalled for {limit:g}s ({out.num_sent}/{out.header.num_chunks} chunks sent)"))
+
+
+register_transport(ZmqTransport.name, ZmqTransport)

@@ -1,0 +1,318 @@
+"""The `Transport` interface through its ZeroMQ implementation, over real loopback sockets: transfers land
+bit-exact; corruption, a wrong token and silence end as `TransferFailed` with the staging buffer back in its pool;
+the rate cap holds; the registry refuses unknown names. Then the agent's I/O loop driving two transports end to end
+against a fake coordinator. Stall timeouts and the rate cap run on an injected clock."""
+import os
+import queue
+import select
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+import zmq
+
+from radix_sync import protocol as p
+from radix_sync.hashing import page_hashes
+from sglang_kvrep.config import KvrepConfig
+from sglang_kvrep.dataplane import LocalGeometry, send_transfer, split_pages
+from sglang_kvrep.io_loop import IoLoop
+from sglang_kvrep.transport import (ChunkSent, Refusal, TransferFailed, TransferReceived, TransferSent, Transport,
+                                    ZmqTransport, known_transports, make_transport)
+
+GEO = LocalGeometry("fp", 4, "torch.bfloat16", "NHD", (2, 4, 2, 8), num_layers=3, itemsize=2)  # 768 B per page
+
+
+def header(tid="t1", token="good", num_pages=3, pages_per_chunk=2, rid="r1", **kw) -> p.TransferHeader:
+    fields = dict(transfer_id=tid, replication_id=rid, auth_token=token, source_id="a", fingerprint="fp",
+                  namespace="", token_ids=list(range(num_pages * 4)), page_size=4, num_pages=num_pages,
+                  dtype="torch.bfloat16", layout="NHD", buffer_shape=GEO.buffer_shape(num_pages),
+                  num_bytes=GEO.num_bytes(num_pages), pages_per_chunk=pages_per_chunk,
+                  num_chunks=-(-num_pages // pages_per_chunk), checksum_kind="xxh3", ttl_s=5.0)
+    fields.update(kw)
+    return p.TransferHeader(**fields)
+
+
+def payload_of(h: p.TransferHeader, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (h.num_bytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def chunk(h: p.TransferHeader, payload: torch.Tensor, index: int) -> torch.Tensor:
+    return split_pages(h, payload.numpy().tobytes(), index)
+
+
+def admit_token(h: p.TransferHeader):
+    return None if h.auth_token == "good" else Refusal("bad token", tell_coordinator=False)
+
+
+class Side:
+    """One transport with its own poller, the events it reported, and an optional injected clock."""
+
+    def __init__(self, ctx, clock=None, **cfg) -> None:
+        self.poller = zmq.Poller()
+        self.events: list = []
+        self.now = 0.0
+        extra = {} if clock is None else {"clock": lambda: self.now}
+        self.t = ZmqTransport(KvrepConfig(**cfg), admit_token, self.events.append, ctx, self.poller, **extra)
+
+    def step(self, timeout_ms: int = 5) -> float:
+        return self.t.progress(dict(self.poller.poll(timeout_ms)))
+
+    def of(self, kind) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def pump(sides, until, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, "condition not reached"
+        for s in sides:
+            s.step()
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+def test_registry_knows_zmq_and_rejects_unknown_names(ctx):
+    assert "zmq" in known_transports()
+    with pytest.raises(ValueError, match=r"unknown transport 'mooncake' \(known: .*zmq"):
+        make_transport("mooncake", KvrepConfig(), admit_token, print, ctx, zmq.Poller())
+    with pytest.raises(ValueError, match=r"--kvrep-transport: unknown transport 'tcp' \(known: .*zmq"):
+        KvrepConfig(transport="tcp")
+    t = make_transport("zmq", KvrepConfig(), admit_token, print, ctx, zmq.Poller())
+    assert isinstance(t, Transport) and t.name == "zmq" and t.endpoint.startswith("tcp://127.0.0.1:")
+    t.close()
+
+
+def test_transfer_lands_bit_exact_and_staging_is_reused(ctx):
+    src, dst = Side(ctx), Side(ctx)
+    h = header()
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint)
+    src.t.push_chunk(h.transfer_id, 0, chunk(h, payload, 0), 0.25)  # chunk 1 is still being "gathered"
+    pump([src, dst], lambda: src.of(ChunkSent))
+    assert not src.of(TransferSent)
+    src.t.push_chunk(h.transfer_id, 1, chunk(h, payload, 1), 0.5)
+    pump([src, dst], lambda: dst.of(TransferReceived))
+    assert src.of(ChunkSent) == [ChunkSent("t1", 1), ChunkSent("t1", 2)]
+    [sent] = src.of(TransferSent)
+    assert sent.header == h and sent.gather_s == 0.75 and sent.send_s >= 0
+    [received] = dst.of(TransferReceived)
+    inc = received.incoming
+    assert inc.header == h and inc.chunks == {0, 1} and inc.received_bytes == h.num_bytes
+    assert torch.equal(inc.buffer, payload)  # every byte, in the buffer layout
+    assert dst.t.staging.cached_bytes() == 0  # lent to the owner until it answers
+    dst.t.answer(inc, inserted_len=12)
+    pump([src, dst], lambda: not src.t.outgoing)  # the source consumed the TransferAccepted
+    assert dst.t.staging.cached_bytes() == h.num_bytes and not dst.t.incoming
+    assert not src.of(TransferFailed) and not dst.of(TransferFailed)
+    # the next transfer reuses the staging buffer
+    h2 = header(tid="t2", num_pages=1)
+    src.t.send(h2, dst.t.endpoint)
+    src.t.push_chunk("t2", 0, chunk(h2, payload_of(h2, 1), 0), 0.0)
+    pump([src, dst], lambda: len(dst.of(TransferReceived)) == 2)
+    assert dst.of(TransferReceived)[1].incoming.storage.data_ptr() == inc.storage.data_ptr()
+    src.t.close()
+    dst.t.close()
+
+
+def test_corrupted_chunk_is_refused_and_staging_freed(ctx):
+    dst = Side(ctx)
+    h = header()
+    payload = payload_of(h)
+    replies = []
+    sender = threading.Thread(target=lambda: replies.append(
+        send_transfer(dst.t.endpoint, h, payload.numpy().tobytes(), timeout_s=20, corrupt_chunk=1)))
+    sender.start()
+    pump([dst], lambda: dst.of(TransferFailed))
+    sender.join(20)
+    [failed] = dst.of(TransferFailed)
+    assert (failed.transfer_id, failed.replication_id, failed.role, failed.tell_coordinator) == ("t1", "r1", "target",
+                                                                                                 True)
+    assert failed.error.startswith("checksum mismatch in chunk 1")
+    assert isinstance(replies[0], p.TransferRefused) and replies[0].error == failed.error
+    assert not dst.of(TransferReceived) and not dst.t.incoming
+    assert dst.t.staging.cached_bytes() == h.num_bytes  # the slot went back to the pool
+    dst.t.close()
+
+
+def test_wrong_token_is_refused_before_staging_and_the_source_stops(ctx):
+    src, dst = Side(ctx), Side(ctx)
+    h = header(token="forged")
+    src.t.send(h, dst.t.endpoint)
+    pump([src, dst], lambda: src.of(TransferFailed))
+    assert dst.of(TransferFailed) == [TransferFailed("t1", "r1", "target", "bad token", tell_coordinator=False)]
+    assert src.of(TransferFailed) == [TransferFailed("t1", "r1", "source", "bad token", tell_coordinator=False)]
+    assert not dst.t.incoming and dst.t.staging.cached_bytes() == 0  # nothing was ever staged
+    src.t.push_chunk("t1", 0, chunk(h, payload_of(h), 0), 0.0)  # a late chunk of the ended transfer
+    assert not src.t.outgoing and src.step() == 0.5
+    src.t.close()
+    dst.t.close()
+
+
+def test_silent_source_times_out_on_the_target(ctx):
+    dst = Side(ctx, clock=True, transfer_timeout_s=5.0)
+    h = header()
+    payload = payload_of(h).numpy().tobytes()
+    assert send_transfer(dst.t.endpoint, h, payload, stop_after_chunks=1) is None  # dies after chunk 0
+    pump([dst], lambda: "t1" in dst.t.incoming and dst.t.incoming["t1"].chunks == {0})
+    dst.now = 5.0
+    dst.step(0)
+    assert not dst.of(TransferFailed)  # exactly the limit: not yet
+    dst.now = 5.01
+    dst.step(0)
+    [failed] = dst.of(TransferFailed)
+    assert failed.role == "target" and failed.tell_coordinator
+    assert failed.error == f"transfer timed out: no data for 5s ({h.num_bytes // 3 * 2}/{h.num_bytes} bytes " \
+                           "received; source dead?)"
+    assert not dst.t.incoming and dst.t.staging.cached_bytes() == h.num_bytes
+    dst.t.close()
+
+
+def test_stalled_send_fails_on_the_source(ctx):
+    src = Side(ctx, clock=True, transfer_timeout_s=5.0)
+    h = header()
+    src.t.send(h, "tcp://127.0.0.1:9")  # nobody there: libzmq queues, the header never gets an answer
+    src.step(0)
+    src.now = 5.01
+    src.step(0)
+    assert src.of(TransferFailed) == [TransferFailed("t1", "r1", "source", "send stalled for 5s (0/2 chunks sent)")]
+    assert not src.t.outgoing
+    src.t.close()
+
+
+def test_rate_cap_spaces_chunks(ctx):
+    # 1000 B/s, burst 4096 B; chunks of 4 pages = 3072 B: the first goes, the second waits for 2048 more tokens
+    src, dst = Side(ctx, clock=True, send_rate_mbps=0.001, chunk_bytes=4096), Side(ctx)
+    h = header(num_pages=12, pages_per_chunk=4)
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint)
+    for i in range(3):
+        src.t.push_chunk("t1", i, chunk(h, payload, i), 0.0)
+    pump([src, dst], lambda: src.of(ChunkSent))
+    for _ in range(3):
+        src.step(0)
+    assert src.of(ChunkSent) == [ChunkSent("t1", 1)]
+    src.now = 2.0
+    src.step(0)
+    assert len(src.of(ChunkSent)) == 1
+    src.now = 2.05
+    src.step(0)
+    assert src.of(ChunkSent)[-1] == ChunkSent("t1", 2)
+    src.now = 5.2
+    pump([src, dst], lambda: dst.of(TransferReceived))
+    assert torch.equal(dst.of(TransferReceived)[0].incoming.buffer, payload)
+    src.t.close()
+    dst.t.close()
+
+
+# ----------------------------------------------------------------------------- the agent's I/O loop on top
+class StubAgent:
+    """What `IoLoop` reads from a `WorkerAgent`, without SGLang: queues, pipes and the local geometry."""
+
+    def __init__(self, worker_id: str, coordinator: str) -> None:
+        self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport="zmq")
+        self.fingerprint, self.fingerprint_fields, self.page_size, self.capacity = "fp", {}, 4, 1000
+        self.replicas = SimpleNamespace(budget_tokens=100)
+        self.geometry, self._free_replica_tokens = GEO, 100
+        self.sched_q: queue.SimpleQueue = queue.SimpleQueue()
+        self.io_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._bell_r, self._bell_w = os.pipe()
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._bell_r, self._wake_r, self._bell_w, self._wake_w):
+            os.set_blocking(fd, False)
+        self.sent_chunks: dict = {}
+        self.cancelled: set = set()
+        self._stop, self._ready = threading.Event(), threading.Event()
+        self.data_endpoint = ""
+        self.loop = IoLoop(self)
+        self.thread = threading.Thread(target=self.loop.run, daemon=True)
+        self.thread.start()
+
+    def to_io(self, item: tuple) -> None:
+        self.io_q.put(item)
+        os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        self.to_io(("stop",))
+        self.thread.join(10)
+        self.loop.coord.close(linger=0)
+        self.loop.ctx.term()
+        for fd in (self._bell_r, self._wake_r, self._bell_w, self._wake_w):
+            os.close(fd)
+
+
+class FakeCoordinator:
+    def __init__(self, ctx) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.ids: dict[str, bytes] = {}
+        self.got: list = []
+
+    def wait_for(self, kind, n: int = 1, timeout_s: float = 20.0) -> list:
+        deadline = time.monotonic() + timeout_s
+        while len([m for m in self.got if isinstance(m, kind)]) < n:
+            assert time.monotonic() < deadline, f"no {kind.__name__} from the workers"
+            if self.sock.poll(50):
+                ident, data = self.sock.recv_multipart()
+                msg = p.decode_for_coordinator(data)
+                self.got.append(msg)
+                if isinstance(msg, p.Hello):
+                    self.ids[msg.worker_id] = ident
+        return [m for m in self.got if isinstance(m, kind)]
+
+    def grant(self, worker_id: str, h: p.TransferHeader) -> None:
+        self.sock.send_multipart([self.ids[worker_id], p.encode(p.ExpectReplica(
+            replication_id=h.replication_id, source_id="a", namespace="", page_size=4,
+            block_hashes=page_hashes(h.token_ids, 4, ""), auth_token="good", expires_in_s=60.0))])
+
+
+def test_io_loop_replicates_through_the_transport_and_reports_failures(ctx):
+    coord = FakeCoordinator(ctx)
+    a, b = StubAgent("a", coord.endpoint), StubAgent("b", coord.endpoint)
+    try:
+        coord.wait_for(p.Hello, 2)
+        assert coord.ids.keys() == {"a", "b"}
+        h = header()
+        payload = payload_of(h)
+        coord.grant("b", h)
+        coord.wait_for(p.ReplicaExpected)
+        # a wrong token is refused without consuming the grant or telling the coordinator
+        a.to_io(("send_begin", SimpleNamespace(target_endpoint=b.data_endpoint), header(tid="x", token="forged")))
+        deadline = time.monotonic() + 20
+        while "x" not in a.cancelled:  # the source's loop rings its scheduler when it learns of the refusal
+            assert time.monotonic() < deadline, "the source never learned of the refusal"
+            select.select([a._bell_r], [], [], 0.05)
+        # the real transfer: chunks arrive as the "scheduler" gathers them
+        a.to_io(("send_begin", SimpleNamespace(target_endpoint=b.data_endpoint), h))
+        for i in range(h.num_chunks):
+            a.to_io(("send_chunk", h.transfer_id, i, chunk(h, payload, i), 0.125))
+        kind, inc, hashes = b.sched_q.get(timeout=20)
+        assert kind == "install" and hashes == page_hashes(h.token_ids, 4, "")
+        assert torch.equal(inc.buffer, payload)
+        b.to_io(("install_done", inc, SimpleNamespace(inserted_len=12, scatter_s=0.0, insert_s=0.0), None, hashes))
+        [stored] = coord.wait_for(p.ReplicaStored)
+        [sent] = coord.wait_for(p.SourceSent)
+        assert (stored.worker_id, stored.replication_id, stored.inserted_len) == ("b", "r1", 12)
+        assert (sent.worker_id, sent.num_tokens, sent.num_bytes, sent.gather_s) == ("a", 12, h.num_bytes, 0.25)
+        assert "t1" not in a.sent_chunks
+        # a corrupted chunk of a granted transfer: refused, the grant consumed, the coordinator told
+        h2 = header(tid="t2", rid="r2")
+        coord.grant("b", h2)
+        coord.wait_for(p.ReplicaExpected, 2)
+        reply = send_transfer(b.data_endpoint, h2, payload_of(h2).numpy().tobytes(), corrupt_chunk=0)
+        assert isinstance(reply, p.TransferRefused) and "checksum mismatch in chunk 0" in reply.error
+        [failed] = coord.wait_for(p.ReplicationFailed)
+        assert (failed.worker_id, failed.replication_id, failed.role) == ("b", "r2", "target")
+        assert not any(isinstance(m, p.ReplicationFailed) and m.replication_id == "r1" for m in coord.got)
+    finally:
+        a.close()
+        b.close()
+        coord.sock.close()
+    assert not b.loop.expected and b.loop.transport.staging.cached_bytes() == h.num_bytes  # one buffer, reused
