@@ -40,6 +40,8 @@ class LinkConfig:
     """Per-call timeout (connect + answer), s."""
     state_ttl_s: float = 0.1
     """How long workers/loads/copies are reused before refreshing, s."""
+    state_stale_ok_s: float = 0.5
+    """Up to this age a request routes on the last view while a refresh runs in the background, s."""
     backoff_min_s: float = 0.25
     backoff_max_s: float = 5.0
     arrivals_flush_s: float = 0.05
@@ -56,7 +58,7 @@ class LinkConfig:
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"coordinator admin URL must be http(s)://host:port, got {self.url!r}")
-        for name in ("timeout_s", "state_ttl_s", "backoff_min_s", "backoff_max_s", "arrivals_flush_s",
+        for name in ("timeout_s", "state_ttl_s", "state_stale_ok_s", "backoff_min_s", "backoff_max_s", "arrivals_flush_s",
                      "feed_wait_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
@@ -138,11 +140,15 @@ class CoordinatorLink:
         Concurrent callers share one refresh.
         """
         st = self.state
-        if not force and st is not None and time.monotonic() - st.fetched_at_s < self.cfg.state_ttl_s \
-                and self.reachable:
+        age = time.monotonic() - st.fetched_at_s if st is not None else float("inf")
+        if not force and self.reachable and age < self.cfg.state_ttl_s:
             return st
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._refresh())
+        if not force and self.reachable and age < self.cfg.state_stale_ok_s:
+            # NOTE: a request does not wait for the refresh it started (two calls to the coordinator): it routes on
+            # the view of at most `state_stale_ok_s` ago; the next one gets the fresh view
+            return st
         await asyncio.shield(self._refreshing)
         return self.state if self.reachable else None
 
