@@ -146,6 +146,9 @@ class WorkerAgent:
             self._run_command(item)
         if self.gathers:
             self._pump_gathers()
+        # NOTE: the pages the previous iteration cached (a prefill just done) reach the coordinator now, while the
+        # request decodes, not when its answer is done: a fan-out's copies can start before its branches arrive
+        self.view.flush_kv_events()
         now = time.monotonic()
         # NOTE: a worker that just went idle says so at once: its last periodic report (taken while its last
         # request still ran) would otherwise stand, repeated by the heartbeat, until --sleep-on-idle next wakes

@@ -154,6 +154,14 @@ class SchedulerView:
             "evictable_tokens": self.evictable_tokens(),
         }
 
+    def flush_kv_events(self) -> None:
+        """Publish the radix tree's pending KV events now (SGLang publishes them only at the next prefill batch,
+        every `--decode-log-interval` decode steps, or on idle: a prompt's pages would reach the coordinator only
+        when its answer is done). Scheduler thread; a no-op when nothing is pending."""
+        publisher = getattr(self.scheduler, "kv_events_publisher", None)
+        if publisher is not None:
+            publisher.publish_kv_events()
+
     def is_idle(self) -> bool:
         """No request queued or running (cheap: what `load` counts, without the pool sums)."""
         s = self.scheduler
