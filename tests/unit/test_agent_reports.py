@@ -1,0 +1,59 @@
+"""The worker agent's scheduler-thread duties, on a stand-in for SGLang's scheduler (no I/O thread started): KV
+events are flushed every iteration, and a worker that goes idle reports its load at once."""
+import torch
+
+from radix_sync import protocol as p
+from sglang_kvrep.agent import WorkerAgent
+from sglang_kvrep.config import KvrepConfig
+
+
+class FakeView:
+    page_size = 16
+
+    def __init__(self):
+        self.running, self.waiting, self.flushes = 1, 0, 0
+
+    def fingerprint_fields(self):
+        return {"model": "fake"}
+
+    def kv_buffers(self):
+        k = [torch.zeros(64, 2, 8) for _ in range(2)]
+        return k, [torch.zeros(64, 2, 8) for _ in range(2)], "NHD"
+
+    def pool_capacity_tokens(self):
+        return 64
+
+    def load(self):
+        return {"num_running_reqs": self.running, "num_waiting_reqs": self.waiting, "num_waiting_tokens": 0,
+                "available_tokens": 10, "evictable_tokens": 0}
+
+    def is_idle(self):
+        return self.running == 0 and self.waiting == 0
+
+    def flush_kv_events(self):
+        self.flushes += 1
+
+
+def loads(agent):
+    out = []
+    while not agent.io_q.empty():
+        item = agent.io_q.get()
+        if item[0] == "coord" and isinstance(item[1], p.LoadReported):
+            out.append(item[1])
+    return out
+
+
+def test_events_flush_every_iteration_and_going_idle_is_reported_at_once():
+    view = FakeView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0))
+    agent.on_iteration()  # first report is due at once
+    [first] = loads(agent)
+    assert first.num_running_reqs == 1 and view.flushes == 1
+    agent.on_iteration()  # busy, not due: nothing
+    assert loads(agent) == [] and view.flushes == 2
+    view.running = 0  # the last request finished: the next iteration says so, whatever the interval
+    agent.on_iteration()
+    [idle] = loads(agent)
+    assert idle.num_running_reqs == 0 and idle.num_waiting_reqs == 0
+    agent.on_iteration()  # still idle: no repeat before the interval
+    assert loads(agent) == [] and view.flushes == 4
