@@ -245,6 +245,18 @@ class Coordinator:
                 self._outbox.put((target_rid, expect))
 
     # --------------------------------------------------------------------------------------------- admin API
+    def drop_replicas(self, worker: Optional[str] = None) -> int:
+        """Tells the holders of live (unpromoted) replicas, of `worker` or of all workers, to evict them now; the
+        directory forgets them when the workers confirm (`ReplicaExpired`). Returns: replicas asked to go."""
+        with self.lock:
+            if worker is not None and worker not in self.state.workers:
+                raise AdminError(f"unknown worker {worker!r}", 404)
+            todo = [(self.state.workers[w].routing_id, rid) for (w, rid) in self.state.directory.replicas(worker)
+                    if w in self.state.workers]
+        for routing_id, rid in todo:
+            self.send(routing_id, p.DropReplica(replication_id=rid))
+        return len(todo)
+
     def admin_replicate(self, body: dict) -> dict:
         for key in ("source", "target", "input_ids"):
             if key not in body:
@@ -312,6 +324,11 @@ class _AdminApi:
                 raise AdminError("input_ids must be a list of integers")
             with coord.lock:
                 return {"matched": coord.state.lookup(token_ids, namespace)}
+        if method == "POST" and path == "/replicas/drop":
+            worker = _json_body(raw).get("worker")
+            if worker is not None and not isinstance(worker, str):
+                raise AdminError("worker must be a worker id or absent (all workers)")
+            return {"dropped": coord.drop_replicas(worker)}
         if method == "POST" and path == "/replicate":
             return coord.admin_replicate(_json_body(raw))
         if method == "POST" and path == "/arrivals":

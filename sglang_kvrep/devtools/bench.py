@@ -128,6 +128,12 @@ def _wait_idle(coord: Coordinator, timeout_s: float = 60.0) -> None:
         time.sleep(0.3)
 
 
+def _wait_no_replicas(coord: Coordinator, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and coord.get("/status")[1]["replicas"]:
+        time.sleep(0.1)
+
+
 def _replication_stats(reps: list[dict]) -> dict:
     done = [r for r in reps if r["state"] == "done"]
     total = sum(r["bytes"] for r in done)
@@ -337,6 +343,10 @@ def run_bench(args) -> int:
                     status, answer = coord.post("/policy", {"policy": "kvrep", "mode": mode, "reset_demand": True})
                     if status != 200:
                         raise RuntimeError(f"coordinator refused /policy: {answer}")
+                    # the previous arm's replicas go too: they would hold replica budget (a session copy may live
+                    # minutes) that this arm's copies need
+                    coord.post("/replicas/drop", {})
+                    _wait_no_replicas(coord)
                     url, hints = router_url, router_url + "/kvrep/hints"
                     if arm.startswith("sgl-"):
                         sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",

@@ -45,6 +45,13 @@ def test_directory_lists_target_as_replica_holder(cluster):
     entry = replicas[(b.worker_id, rep["id"])]
     assert entry["num_pages"] == rep["inserted_len"] // PAGE_SIZE == len(P) // PAGE_SIZE
     assert cluster.lookup(P)[b.worker_id] == len(P) // PAGE_SIZE * PAGE_SIZE
+    # an admin can evict replicas at once (a benchmark between arms): the directory forgets them when B confirms
+    assert coord.post("/replicas/drop", {"worker": "no-such-worker"})[0] == 404
+    status, out = coord.post("/replicas/drop", {"worker": b.worker_id})
+    assert status == 200 and out["dropped"] >= 1
+    wait_until(lambda: all(r["worker"] != b.worker_id for r in coord.get("/status")[1]["replicas"]), 15,
+               what="B's replicas dropped")
+    assert cluster.lookup(P)[b.worker_id] == 0 and cluster.lookup(P)[a.worker_id] > 0
 
 
 def test_replica_without_hit_expires(cluster):
