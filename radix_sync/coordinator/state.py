@@ -137,6 +137,9 @@ class HintRecord:
     prefix_len: int
     k: int
     ttl_s: float
+    delay_s: float = 0.5
+    """Fan-out: the branches follow the trunk's answer after about this long (the client's estimate; default
+    0.5 s, a short answer plus client work). The branches cannot come before the trunk is computed."""
 
 
 class AdminError(ValueError):
@@ -462,14 +465,16 @@ class ClusterState:
         token_ids, namespace = _token_ids(body), _namespace(body)
         try:
             k, ttl_s = int(body.get("k", 1)), float(body.get("ttl_s", 60.0))
+            delay_s = float(body.get("delay_s", 0.5))
         except (TypeError, ValueError):
-            raise AdminError("k must be an integer and ttl_s a number") from None
-        if k < 1 or not ttl_s > 0:
-            raise AdminError(f"need k >= 1 and ttl_s > 0, got k={k} ttl_s={ttl_s}")
+            raise AdminError("k must be an integer, ttl_s and delay_s numbers") from None
+        if k < 1 or not ttl_s > 0 or not 0 <= delay_s <= 60:
+            raise AdminError(f"need k >= 1, ttl_s > 0 and 0 <= delay_s <= 60, got k={k} ttl_s={ttl_s} "
+                             f"delay_s={delay_s}")
         page_size = self._page_size()
         hashes = page_hashes(token_ids, page_size, namespace)
         block_hash, prefix_len = (hashes[-1] if hashes else None), len(hashes) * page_size
-        rec = HintRecord(now_s, kind, namespace, block_hash, prefix_len, k, ttl_s)
+        rec = HintRecord(now_s, kind, namespace, block_hash, prefix_len, k, ttl_s, delay_s)
         self.hints.append(rec)
         return rec
 

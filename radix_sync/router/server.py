@@ -557,7 +557,7 @@ async def _hints(request: web.Request) -> web.Response:
     if not ids:
         return web.json_response({"error": "hint needs input_ids, text or messages (text needs a tokenizer)"},
                                  status=400)
-    hint = {k: body[k] for k in ("kind", "k", "ttl_s") if k in body}
+    hint = {k: body[k] for k in ("kind", "k", "ttl_s", "delay_s") if k in body}
     hint.update(input_ids=ids, cache_salt=tenant.namespace)
     status, answer = await r.link.hint(hint)
     return web.json_response(answer, status=status)

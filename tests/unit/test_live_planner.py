@@ -160,3 +160,27 @@ def test_the_next_turn_is_recognised_and_its_gap_learned_per_class_and_stop():
     assert snap.prefixes == ()  # the session moved on: its old prompt is no candidate any more
     # another class and another stop kind learn separately
     assert planner.planner.predictor.gap_model("acme", "end_turn").num_continued < before + 1
+
+
+def test_a_fanout_hint_sent_before_its_trunk_is_due_after_the_trunk_is_computed():
+    tokens = list(range(100, 100 + 2000))
+    st = ClusterState()
+    st.handle(b"A", hello("a"), 0.0)
+    st.handle(b"B", hello("b"), 0.0)
+    st.handle(b"A", load("a", 1, 0, 0), 0.0)
+    st.handle(b"B", load("b", 1, 0, 0), 0.0)
+    # the client sends the hint with the trunk, long before the trunk's prefill is done
+    st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 6, "delay_s": 0.5}, 0.0)
+    planner = LivePlanner("cpu-local")
+    assert planner.decide(st, 0.5) == []  # nothing held yet: nothing to copy
+    hashes = page_hashes(tokens, PS)
+    st.handle(b"A", p.PagesStored(worker_id="a", seq=2, namespace="", blocks=[
+        p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+        for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]), 3.0)
+    snap, _ = planner.snapshot(st, 3.0)
+    [prefix] = snap.prefixes
+    assert prefix.fanout_hint == 6 and prefix.hint_at_s == 3.5  # due delay_s after the pages showed up
+    decisions = planner.decide(st, 3.0)  # six branches on an idle holder, one at a time: a copy pays
+    assert [(d.source, d.target) for d in decisions] == [("a", "b")]
+    # past the branches' time (and the grace), the hint asks for nothing more
+    assert planner.snapshot(st, 5.0)[0].prefixes == () and planner.decide(st, 5.0) == []
