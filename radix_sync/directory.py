@@ -15,7 +15,7 @@ import itertools
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Collection, Iterable, Optional
 
 OWNER = "owner"
 REPLICA = "replica"
@@ -41,6 +41,24 @@ class PageNode:
     depth: int
     """Number of pages from the root to this page, this one included."""
     holders: dict[str, Holding] = field(default_factory=dict)
+
+
+def match_runs(block_hashes: list[int], holders_of: Callable[[int], Optional[Collection[str]]]) -> dict[str, int]:
+    """Pages matched from the root, per worker: the longest run of consecutive pages `holders_of` says the worker
+    holds (chained hashes: a page held means its whole prefix is). Shared by the directory and a router's mirror
+    of it (`radix_sync.router.directory_replica`)."""
+    matched: dict[str, int] = {}
+    alive: Optional[set[str]] = None
+    for i, block_hash in enumerate(block_hashes):
+        holders = holders_of(block_hash)
+        if not holders:
+            break
+        alive = set(holders) if alive is None else alive & holders
+        if not alive:
+            break
+        for worker_id in alive:
+            matched[worker_id] = i + 1
+    return matched
 
 
 class ChangeFeed:
@@ -200,19 +218,8 @@ class PrefixDirectory:
 
     def match(self, block_hashes: list[int]) -> dict[str, int]:
         """Pages matched from the root, per worker: the longest run of consecutive held pages."""
-        matched: dict[str, int] = {}
-        alive: Optional[set[str]] = None
-        for i, block_hash in enumerate(block_hashes):
-            node = self._nodes.get(block_hash)
-            if node is None:
-                break
-            holders = set(node.holders) if alive is None else alive & node.holders.keys()
-            if not holders:
-                break
-            for worker_id in holders:
-                matched[worker_id] = i + 1
-            alive = holders
-        return matched
+        nodes = self._nodes
+        return match_runs(block_hashes, lambda h: nodes[h].holders.keys() if h in nodes else None)
 
     def holders(self, block_hash: int) -> dict[str, Holding]:
         node = self._nodes.get(block_hash)

@@ -97,9 +97,10 @@ class LivePlanner:
             nodes, abandoned = tracker.nodes, tracker.abandoned
             for i in range(held - 1, -1, -1):
                 h = hashes[i]
-                if h in abandoned or (h in nodes and nodes[h].last_finish_s is not None):
-                    if h in nodes and nodes[h].last_finish_s is not None:
-                        self.num_followups += 1
+                node = nodes.get(h)
+                open_session = node is not None and node.last_finish_s is not None
+                if open_session or h in abandoned:
+                    self.num_followups += open_session
                     tracker.on_arrival(hashes, i + 1, rec.class_key, self._ns(rec.namespace), rec.prompt_len,
                                        page_len, rec.time_s)
                     break
@@ -111,7 +112,7 @@ class LivePlanner:
         models = {f"{cls or '-'}/{'tool' if tool else 'other'}": {
             "p_continue": round(m.p_continue, 3), "median_gap_s": round(m.quantile(0.5), 3),
             "followups": round(m.num_continued, 1), "ended": round(m.num_ended, 1)}
-            for (cls, tool), m in self.planner.predictor._gaps.items()}
+            for (cls, tool), m in self.planner.predictor.gap_models().items()}
         return {"open": open_nodes, "followups": self.num_followups, "abandoned": len(self.tracker.abandoned),
                 "gap_models": models}
 

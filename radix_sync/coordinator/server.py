@@ -7,7 +7,6 @@ message gets an `Error` reply and is counted; nothing a worker sends can stop th
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import queue
@@ -21,19 +20,11 @@ from urllib.parse import parse_qs
 import zmq
 from aiohttp import web
 
+from radix_sync.fastjson import dumps as _dumps, loads as _loads
 from radix_sync import protocol as p
 from radix_sync.coordinator.rules import RuleBasedPolicy, RuleConfig
-from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig
+from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig, parse_page_hashes
 
-try:  # orjson (an sglang dependency) parses and writes long lists of ints several times faster
-    import orjson
-
-    _loads = orjson.loads
-
-    def _dumps(obj) -> bytes:
-        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
-except ImportError:  # pragma: no cover
-    _loads, _dumps = json.loads, (lambda obj: json.dumps(obj).encode())
 
 log = logging.getLogger("kvrep.coordinator")
 POLICIES = ("kvrep", "rules", "none")
@@ -184,8 +175,8 @@ class Coordinator:
                 self._sock.send_multipart([routing_id, p.encode(msg)])
             if time.monotonic() >= next_tick or self._plan_now:
                 # NOTE: new pages while a hint waits: plan now, not at the next tick. A fan-out's branches follow
-                # the trunk's answer within a fraction of a second, and the trunk's pages reach the directory
-                # only around that answer (SGLang publishes KV events when the scheduler goes idle).
+                # the trunk's answer within a fraction of a second; its pages reach the directory only after its
+                # prefill (the agent flushes SGLang's KV events every scheduler iteration).
                 self._plan_now = False
                 self._tick()
                 next_tick = time.monotonic() + self.config.tick_s
@@ -305,11 +296,7 @@ class _AdminApi:
             if method == "POST":
                 body = _json_body(raw)
                 if "page_hashes" in body:  # the router's own hashes: nothing to parse or rehash
-                    hashes, page_size = body.get("page_hashes"), body.get("page_size")
-                    if (not isinstance(hashes, list) or not isinstance(page_size, int) or page_size < 1
-                            or not all(isinstance(h, int) and -(1 << 63) <= h < 1 << 63 for h in hashes)):
-                        raise AdminError("page_hashes must be a list of signed 64-bit integers with an integer "
-                                         "page_size >= 1")
+                    hashes, page_size = parse_page_hashes(body)
                     with coord.lock:
                         return {"matched": coord.state.lookup_hashes(hashes, page_size)}
                 token_ids, namespace = body.get("input_ids"), body.get("cache_salt") or ""

@@ -370,10 +370,6 @@ class ClusterState:
         """Raises AdminError on a malformed arrival (nothing is recorded then)."""
         return self._record_arrival(self._parse_arrival(body), now_s)
 
-    def record_finish(self, body: dict, now_s: float) -> FinishRecord:
-        """Raises AdminError on a malformed finish (nothing is recorded then)."""
-        return self._record_finish(self._parse_finish(body), now_s)
-
     def record_demand(self, arrivals: list, finishes: list, now_s: float) -> tuple[int, int]:
         """Records a router's batch: all of it, or (AdminError naming the bad item) none of it.
 
@@ -415,11 +411,7 @@ class ClusterState:
             _short_str(body, "class", 128)
 
     def _parse_hashes(self, body: dict, worker_id: str) -> list[int]:
-        hashes, page_size = body.get("page_hashes"), body.get("page_size")
-        if not isinstance(hashes, list) or not all(isinstance(h, int) and -2 ** 63 <= h < 2 ** 63 for h in hashes):
-            raise AdminError("page_hashes must be a list of signed 64-bit integers (SGLang's block hashes)")
-        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-            raise AdminError(f"page_size must be an integer >= 1 with page_hashes, got {page_size!r}")
+        hashes, page_size = parse_page_hashes(body)
         if worker_id in self.workers and self.workers[worker_id].hello.page_size != page_size:
             raise AdminError(f"page_size {page_size} is not worker {worker_id}'s "
                              f"({self.workers[worker_id].hello.page_size})")
@@ -528,6 +520,18 @@ def _token_ids(body: dict) -> list[int]:
     if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
         raise AdminError("input_ids must be a list of non-negative integers")
     return token_ids
+
+
+def parse_page_hashes(body: dict) -> tuple[list[int], int]:
+    """`body["page_hashes"]`, `body["page_size"]` as a router sends them (SGLang's signed 64-bit block hashes of a
+    prompt's full pages). Raises AdminError when malformed."""
+    hashes, page_size = body.get("page_hashes"), body.get("page_size")
+    if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                               and -2 ** 63 <= h < 2 ** 63 for h in hashes):
+        raise AdminError("page_hashes must be a list of signed 64-bit integers (SGLang's block hashes)")
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+        raise AdminError(f"page_size must be an integer >= 1 with page_hashes, got {page_size!r}")
+    return hashes, page_size
 
 
 def _short_str(body: dict, key: str, limit: int) -> str:

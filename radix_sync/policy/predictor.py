@@ -208,6 +208,10 @@ class DemandPredictor:
             self._gaps[key] = m
         return m
 
+    def gap_models(self) -> dict[tuple[str, bool], GapModel]:
+        """Returns: the gap models created so far, by (class, ended in a tool call)."""
+        return dict(self._gaps)
+
     def observe_followup(self, class_key: str, stop: Optional[str], gap_s: float) -> None:
         """Feeds a follow-up that arrived `gap_s` after a response that ended with `stop`."""
         self.gap_model(class_key, stop).observe_gap(gap_s)

@@ -17,17 +17,10 @@ from typing import Any, Optional
 
 import aiohttp
 
+from radix_sync.fastjson import loads as _loads
 from radix_sync.router.directory_replica import DirectoryReplica, FeedError
 from radix_sync.router.policy import CopyInFlight
 
-try:  # orjson (an sglang dependency) parses a directory snapshot several times faster
-    import orjson
-
-    _loads = orjson.loads
-except ImportError:  # pragma: no cover
-    import json
-
-    _loads = json.loads
 
 log = logging.getLogger("kvrep.router.coordinator")
 
@@ -243,19 +236,21 @@ class CoordinatorLink:
     # ----------------------------------------------------------------------------------------------- arrivals
     def report_arrival(self, item: dict) -> None:
         """Queues an arrival (fire and forget); `run_arrivals` sends them in batches."""
-        if len(self._arrivals) >= self.cfg.max_pending_arrivals:
+        if not self._enqueue(self._arrivals, item):
             self.num_arrivals_dropped += 1
-            return
-        self._report_seq += 1
-        self._arrivals.append({**item, "seq": self._report_seq})
 
     def report_finish(self, item: dict) -> None:
         """Queues a finished response (fire and forget); sent with the arrivals, in order with them."""
-        if len(self._finishes) >= self.cfg.max_pending_arrivals:
+        if not self._enqueue(self._finishes, item):
             self.num_finishes_dropped += 1
-            return
+
+    def _enqueue(self, queue: list[dict], item: dict) -> bool:
+        """Numbers a report in the order of all reports; False (not queued) when `queue` is full."""
+        if len(queue) >= self.cfg.max_pending_arrivals:
+            return False
         self._report_seq += 1
-        self._finishes.append({**item, "seq": self._report_seq})
+        queue.append({**item, "seq": self._report_seq})
+        return True
 
     async def flush_arrivals(self) -> None:
         if not (self._arrivals or self._finishes) or not self.may_call():

@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from radix_sync.directory import match_runs
+
 
 class FeedError(ValueError):
     """A feed answer the replica cannot apply (malformed); the replica resyncs from a snapshot."""
@@ -83,19 +85,7 @@ class DirectoryReplica:
     def match(self, block_hashes: list[int]) -> dict[str, int]:
         """Pages matched from the root, per worker (as `PrefixDirectory.match`)."""
         self.num_matches += 1
-        matched: dict[str, int] = {}
-        alive: Optional[set[str]] = None
-        holders = self._holders
-        for i, h in enumerate(block_hashes):
-            ws = holders.get(h)
-            if not ws:
-                break
-            alive = set(ws) if alive is None else alive & ws
-            if not alive:
-                break
-            for w in alive:
-                matched[w] = i + 1
-        return matched
+        return match_runs(block_hashes, self._holders.get)
 
     def status(self) -> dict:
         return {"epoch": self.epoch, "seq": self.seq, "usable": self.usable(), "pages": len(self._holders),

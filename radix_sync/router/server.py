@@ -23,6 +23,7 @@ from typing import Optional
 import aiohttp
 from aiohttp import web
 
+from radix_sync.fastjson import dumps as _dumps, loads as _loads
 from radix_sync.hashing import page_hashes
 from radix_sync.router.config import RouterConfig
 from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
@@ -33,12 +34,6 @@ from radix_sync.router.policy import (ApproxPrefixIndex, CopyInFlight, Decision,
 from radix_sync.router.tenants import Tenant, TenantTable, Unauthorized, apply_namespace
 from radix_sync.router.tokenize import BadRequest, PromptTokenizer
 
-try:  # orjson (an sglang dependency) parses and writes long token-id lists several times faster
-    import orjson
-
-    _loads, _dumps = orjson.loads, orjson.dumps
-except ImportError:  # pragma: no cover
-    _loads, _dumps = json.loads, (lambda obj: json.dumps(obj).encode())
 
 log = logging.getLogger("kvrep.router")
 
@@ -196,11 +191,11 @@ class Router:
                            max(st.num_waiting_tokens, self.unstarted_tokens[st.url]), *self.unstarted_pairs[st.url])
 
     # ----------------------------------------------------------------------------------------------- deciding
-    async def decide(self, ids: list[int], namespace: str) -> tuple[Decision, list[int], dict[str, WorkerState]]:
+    async def decide(self, ids: list[int], namespace: str) -> tuple[Decision, list[int], int]:
         """Ranks the candidate workers for a prompt.
 
         Returns:
-            the decision, the prompt's page hashes (for the router's own view) and the candidates.
+            the decision, the prompt's page hashes (for the router's own view) and their page size.
         """
         state = await self.link.cluster_state() if self.link is not None else None
         reported = self._sync_workers(state.workers) if state is not None else {}
@@ -235,7 +230,7 @@ class Router:
             workers = [self._with_local_load(self.known[u], False) for u in cands]
             decision = self.index.rank(workers, hashes, len(ids))
             self.metrics.fallbacks += 1
-        return decision, hashes, {w.url: w for w in workers}
+        return decision, hashes, page_size
 
     async def _wait_for_copy(self, url: str) -> None:
         """Holds a request (bounded) until the copy in flight to `url` is no longer pending/running."""
@@ -328,32 +323,29 @@ class Router:
                                "cached_by_worker": list(decision.cached_by_worker),
                                "cached_tokens": decision.cached_tokens if attempt == 0 else None})
         if self.link is not None and ids:
-            item = {"cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url), "class": tenant.name}
-            if hashes and self._page_size_of(url) == hash_page_size:  # the coordinator needs not rehash them
-                item.update(page_hashes=hashes, page_size=hash_page_size, prompt_len=len(ids))
-            else:
-                item["input_ids"] = ids
+            item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "prompt_len": len(ids)}
             session_id = body.get("session_id") or body.get("user")
             if isinstance(session_id, str):
                 item["session_id"] = session_id
             self.link.report_arrival(item)
 
-    def _page_size_of(self, url: str) -> int:
-        return self.known[url].page_size if url in self.known else 0
+    def _report_fields(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int,
+                       tenant: Tenant) -> dict:
+        """What an arrival or finish report says of a request: its prompt as page hashes when they were computed
+        at this worker's page size (the coordinator needs not rehash them), else as token ids."""
+        item: dict = {"cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url), "class": tenant.name}
+        page_size = self.known[url].page_size if url in self.known else 0
+        if hashes and page_size == hash_page_size:
+            item.update(page_hashes=hashes, page_size=page_size)
+        else:
+            item["input_ids"] = ids
+        return item
 
     def _on_finished(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int, tenant: Tenant,
                      stop: Optional[str]) -> None:
-        """Reports an answer's end: its prompt (page hashes when they were computed at this worker's page size)
-        and how it ended, so the coordinator can predict the session's next turn."""
-        if self.link is None or not ids:
-            return
-        item: dict = {"cache_salt": tenant.namespace, "worker": self.coord_ids.get(url, url), "stop": stop,
-                      "class": tenant.name}
-        if hashes and self._page_size_of(url) == hash_page_size:
-            item["page_hashes"], item["page_size"] = hashes, hash_page_size
-        else:
-            item["input_ids"] = ids
-        self.link.report_finish(item)
+        """Reports an answer's end and how it ended, so the coordinator can predict the session's next turn."""
+        if self.link is not None and ids:
+            self.link.report_finish({**self._report_fields(url, ids, hashes, hash_page_size, tenant), "stop": stop})
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse, on_first_output=lambda: None,
                      url: str = "") -> tuple[web.StreamResponse, bytes]:
@@ -493,11 +485,11 @@ def _proxy_handler(endpoint: str):
         t0 = time.perf_counter()
         ids = _prompt_ids(r, endpoint, body)
         try:
-            decision, hashes, cands = await r.decide(ids, tenant.namespace)
+            decision, hashes, hash_page_size = await r.decide(ids, tenant.namespace)
             decision_s = time.perf_counter() - t0
             r.metrics.decision_s.observe(decision_s)
             resp = await r.forward(request, request.path, apply_namespace(body, tenant), decision, endpoint, ids,
-                                   hashes, tenant, min((w.page_size for w in cands.values()), default=0))
+                                   hashes, tenant, hash_page_size)
             if not resp.prepared:  # streams have sent their headers already
                 resp.headers["x-kvrep-decision-us"] = str(int(decision_s * 1e6))
             return resp

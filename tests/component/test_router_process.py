@@ -300,6 +300,34 @@ def test_coordinator_down_falls_back_then_recovers(env):
     assert served_by(env, p6 + [4]) == "A" and env.status()["coordinator"]["reachable"] is True
 
 
+def test_without_the_directory_feed_the_router_asks_the_coordinator_per_request(env):
+    p12 = ids(12)
+    env.agents[0].store(p12, "ns-acme")
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p12, "cache_salt": "ns-acme"})[1]
+               ["matched"].get("wA") == 64, what="directory has p12 on A")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc("router-nofeed", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
+                                  "--coordinator", env.coord.admin, "--worker", env.a.url, "--worker", env.b.url,
+                                  "--tenants", str(env.tmp / "tenants.json"), "--tokenizer", "none",
+                                  "--no-directory-feed"], env.tmp / "router-nofeed.log")
+    try:
+        wait_until(lambda: ready(url), what="router without the feed up")
+
+        def on_directory():  # a cold router's first coordinator calls may time out: probe until it is on it
+            call(url + "/generate", {"input_ids": ids(98) + [1]}, ACME)
+            return json.loads(call(url + "/kvrep/status")[2])["last_decisions"][-1]["mode"] == "directory"
+        wait_until(on_directory, what="router without the feed routing from the coordinator's directory")
+        for _ in range(3):  # the holder wins every time: the coordinator's per-request lookup found it
+            status, _, raw = call(url + "/generate", {"input_ids": p12 + [5]}, ACME)
+            assert status == 200 and json.loads(raw)["meta_info"]["served_by"] == "A", raw
+        st = json.loads(call(url + "/kvrep/status")[2])
+        assert st["coordinator"]["directory_replica"] is None
+        assert st["last_decisions"][-1]["mode"] == "directory" and st["last_decisions"][-1]["cached_tokens"] == 64
+    finally:
+        proc.stop(5)
+
+
 def test_killed_upstream_fails_over_without_hanging(env):
     p7 = ids(7)
     env.agents[1].store(p7, "ns-acme")

@@ -1,17 +1,11 @@
 """The router's link to the coordinator: lookups beyond the in-flight bound are shed, not a reason to back off."""
 import asyncio
-import socket
 
 import aiohttp
 from aiohttp import web
 
 from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.util import serve_app
 
 
 def test_lookups_beyond_the_bound_are_shed_and_the_coordinator_stays_reachable():
@@ -26,23 +20,15 @@ def test_lookups_beyond_the_bound_are_shed_and_the_coordinator_stays_reachable()
     async def main():
         app = web.Application()
         app.router.add_post("/directory/lookup", lookup)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = _free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                link = CoordinatorLink(LinkConfig(url=f"http://127.0.0.1:{port}", timeout_s=5.0,
-                                                  max_inflight_lookups=2), session)
-                calls = [asyncio.ensure_future(link.lookup([1] * 32, "", ([7, 8], 16))) for _ in range(5)]
-                while len(seen) < 2:
-                    await asyncio.sleep(0.01)
-                release.set()
-                out = await asyncio.gather(*calls)
-                again = await link.lookup([1] * 32, "t")
-                return out, link, again
-        finally:
-            await runner.cleanup()
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            link = CoordinatorLink(LinkConfig(url=url, timeout_s=5.0, max_inflight_lookups=2), session)
+            calls = [asyncio.ensure_future(link.lookup([1] * 32, "", ([7, 8], 16))) for _ in range(5)]
+            while len(seen) < 2:
+                await asyncio.sleep(0.01)
+            release.set()
+            out = await asyncio.gather(*calls)
+            again = await link.lookup([1] * 32, "t")
+            return out, link, again
 
     out, link, again = asyncio.run(main())
     assert out.count({"w1": 32}) == 2 and out.count(None) == 3

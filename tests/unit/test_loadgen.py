@@ -1,7 +1,6 @@
 """The live load generator: scaling a simulator workload, rendering pages to text, replaying it over HTTP."""
 import asyncio
 import math
-import socket
 
 import pytest
 from aiohttp import web
@@ -9,6 +8,7 @@ from aiohttp import web
 from radix_sync.loadgen import Renderer, ReplayConfig, Result, Scale, replay, scale_workload, summarize, workload_size
 from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
 from radix_sync.sim.workload import Session, SimRequest, TurnSpec, Workload
+from tests.util import serve_app
 
 
 class WordTokenizer:
@@ -107,12 +107,6 @@ def test_summarize_statistics_and_errors():
     assert math.isnan(summarize([])["ttft_s"]["mean"])
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_replay_sends_sessions_closed_loop_with_hints_then_all_branches():
     """A real HTTP server (aiohttp) records what arrives and when."""
     from radix_sync.router.stub_worker import build_stub
@@ -140,15 +134,8 @@ def test_replay_sends_sessions_closed_loop_with_hints_then_all_branches():
     assert n >= 4
 
     async def main():
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = _free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            url = f"http://127.0.0.1:{port}"
+        async with serve_app(app) as url:
             return await replay(wl, Renderer(tok, 0), ReplayConfig(url=url, hints_url=url + "/kvrep/hints"))
-        finally:
-            await runner.cleanup()
 
     results = asyncio.run(main())
     assert len(results) == n == len(seen)

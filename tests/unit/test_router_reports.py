@@ -1,13 +1,13 @@
 """What the router reports to the coordinator: how an answer ended, and arrivals and finishes in order."""
 import asyncio
 import json
-import socket
 
 import aiohttp
 from aiohttp import web
 
 from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
 from radix_sync.router.server import finish_reason
+from tests.util import serve_app
 
 
 def test_finish_reason_from_sglang_openai_and_streamed_answers():
@@ -28,12 +28,6 @@ def test_finish_reason_from_sglang_openai_and_streamed_answers():
     assert finish_reason(b'{"error": "bad"}') is None and finish_reason(b"") is None
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_arrivals_and_finishes_go_in_one_batch_numbered_in_report_order():
     bodies = []
     status = [200]
@@ -45,24 +39,17 @@ def test_arrivals_and_finishes_go_in_one_batch_numbered_in_report_order():
     async def main():
         app = web.Application()
         app.router.add_post("/arrivals", arrivals)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = _free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                link = CoordinatorLink(LinkConfig(url=f"http://127.0.0.1:{port}", timeout_s=5.0), session)
-                link.report_arrival({"input_ids": [1, 2]})
-                link.report_finish({"input_ids": [1, 2], "stop": "length"})
-                link.report_arrival({"input_ids": [3]})
-                await link.flush_arrivals()
-                await link.flush_arrivals()  # nothing queued: no call
-                status[0] = 400  # a refused batch is dropped and counted, not retried forever
-                link.report_finish({"input_ids": [4]})
-                await link.flush_arrivals()
-                return link
-        finally:
-            await runner.cleanup()
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            link = CoordinatorLink(LinkConfig(url=url, timeout_s=5.0), session)
+            link.report_arrival({"input_ids": [1, 2]})
+            link.report_finish({"input_ids": [1, 2], "stop": "length"})
+            link.report_arrival({"input_ids": [3]})
+            await link.flush_arrivals()
+            await link.flush_arrivals()  # nothing queued: no call
+            status[0] = 400  # a refused batch is dropped and counted, not retried forever
+            link.report_finish({"input_ids": [4]})
+            await link.flush_arrivals()
+            return link
 
     link = asyncio.run(main())
     assert len(bodies) == 2
