@@ -64,8 +64,6 @@ class LivePlanner:
         self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
         self._namespaces: dict[str, int] = {"": 0}
-        self._hint_held_s: dict[int, float] = {}
-        """Hinted prefix -> when the planner first saw it held (the trunk's prefill done)."""
         self.hint_grace_s = 1.0
         """A fan-out hint stops asking for copies this long after its branches were due, s."""
         self.num_followups = 0
@@ -171,9 +169,7 @@ class LivePlanner:
                 # in the directory (a prefill done), not at the hint's own time (sent with the trunk, before
                 # it is computed: taken as due at once, no copy could ever land in time). Once that moment is
                 # past by more than the grace, the branches have come: the hint asks for nothing more.
-                seen = self._hint_held_s.get(hint.block_hash)
-                if seen is None and state.directory.node(hint.block_hash) is not None:
-                    seen = self._hint_held_s[hint.block_hash] = now_s
+                seen = state.hint_times.get(hint.block_hash, {}).get("stored_s")
                 if seen is None:
                     continue
                 due = max(hint.time_s, seen) + hint.delay_s
@@ -195,8 +191,6 @@ class LivePlanner:
                 namespaces.setdefault(n.node_id, dnode.namespace)
                 times.setdefault(n.node_id, [])
         ewma = self.tracker.new_len_ewma
-        live = {h.block_hash for h in state.hints if h.kind == "fanout"}
-        self._hint_held_s = {b: t for b, t in self._hint_held_s.items() if b in live}
         prefixes = []
         for block_hash, hit_times in times.items():
             session = sessions.get(block_hash)

@@ -13,6 +13,7 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import parse_qs
@@ -57,6 +58,38 @@ class CoordinatorConfig:
             raise ValueError(f"tick_s must be > 0, got {self.tick_s}")
 
 
+class _LoopStats:
+    """How long the ZMQ loop spends planning and handling worker messages (the loop does both on one thread:
+    a slow tick delays every worker fact behind it). Written by the loop thread, read under no lock."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self.tick_s: deque[float] = deque(maxlen=keep)
+        self.batch_s: deque[float] = deque(maxlen=keep)
+        self.num_ticks = 0
+        self.num_messages = 0
+        self.max_tick_s = 0.0
+        self.max_batch_s = 0.0
+
+    def tick(self, seconds: float) -> None:
+        self.tick_s.append(seconds)
+        self.num_ticks += 1
+        self.max_tick_s = max(self.max_tick_s, seconds)
+
+    def batch(self, n: int, seconds: float) -> None:
+        self.batch_s.append(seconds)
+        self.num_messages += n
+        self.max_batch_s = max(self.max_batch_s, seconds)
+
+    def summary(self) -> dict:
+        def ms(xs: list[float], q: float) -> float:
+            return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 2) if xs else 0.0
+        ticks, batches = list(self.tick_s), list(self.batch_s)
+        return {"ticks": self.num_ticks, "messages": self.num_messages,
+                "tick_ms": {"p50": ms(ticks, 0.5), "p99": ms(ticks, 0.99), "max": round(self.max_tick_s * 1e3, 2)},
+                "batch_ms": {"p50": ms(batches, 0.5), "p99": ms(batches, 0.99),
+                             "max": round(self.max_batch_s * 1e3, 2)}}
+
+
 class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
@@ -66,6 +99,7 @@ class Coordinator:
         self.policy = self._make_policy(config.policy)
         self.shadow_decisions: list[dict] = []
         self._plan_now = False  # set by the ZMQ loop thread only
+        self.loop_stats = _LoopStats()
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
@@ -104,6 +138,7 @@ class Coordinator:
             self.state.hits.clear()
             self.state.arrivals.clear()
             self.state.hints.clear()
+            self.state.hint_times.clear()
             self.state.finishes.clear()
             self.state.demand_events.clear()
             self.shadow_decisions.clear()
@@ -161,12 +196,16 @@ class Coordinator:
             if self._wake_r in events:
                 os.read(self._wake_r, 4096)
             if self._sock in events:
-                for _ in range(1000):
+                t0 = time.monotonic()
+                n = 0
+                for n in range(1, 1001):
                     try:
                         frames = self._sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
+                        n -= 1
                         break
                     self._on_frames(frames)
+                self.loop_stats.batch(n, time.monotonic() - t0)
             while True:
                 try:
                     routing_id, msg = self._outbox.get_nowait()
@@ -178,7 +217,9 @@ class Coordinator:
                 # the trunk's answer within a fraction of a second; its pages reach the directory only after its
                 # prefill (the agent flushes SGLang's KV events every scheduler iteration).
                 self._plan_now = False
+                t0 = time.monotonic()
                 self._tick()
+                self.loop_stats.tick(time.monotonic() - t0)
                 next_tick = time.monotonic() + self.config.tick_s
             seq = self.state.directory.feed.seq  # (an int read: no lock needed)
             if seq != notified:
@@ -365,6 +406,9 @@ class _AdminApi:
                                      for (w, r), v in st.directory.replicas().items()],
                         "sessions": (coord.policy.session_stats()
                                      if hasattr(coord.policy, "session_stats") else None),
+                        "loop": coord.loop_stats.summary(),
+                        "hints": [{"block_hash": b, **{k: round(v, 3) for k, v in t.items()}}
+                                  for b, t in list(st.hint_times.items())[-20:]],
                         "shadow_decisions": coord.shadow_decisions[-100:]}
         if method == "GET" and path == "/health":
             return {"ok": True}

@@ -186,6 +186,10 @@ class ClusterState:
         self.demand_events: deque[tuple[str, object, list[int], int]] = deque(maxlen=config.max_demand_events)
         """(kind, record, the prompt's page hashes, pages held somewhere at arrival) of each arrival (`arrival`)
         and finish (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
+        self.hint_times: dict[int, dict[str, float]] = {}
+        """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
+        trunk's prefill is done) and `copy_s` (the first copy of it was issued): when a fan-out's branches are
+        due, and, in `/status`, whether its copies could have landed in time."""
         self.num_protocol_errors = 0
         # replication id -> (source routing id, command), held until the target says it expects the transfer
         self._awaiting_target: dict[str, tuple[bytes, p.ReplicatePages]] = {}
@@ -238,6 +242,11 @@ class ClusterState:
         elif isinstance(msg, p.PagesStored):
             if msg.medium == "GPU":
                 d.add_pages(wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks))
+                if self.hint_times:
+                    for b in msg.blocks:
+                        times = self.hint_times.get(b.block_hash)
+                        if times is not None:
+                            times.setdefault("stored_s", now_s)
         elif isinstance(msg, p.PagesRemoved):
             d.remove_pages(wid, msg.block_hashes)
         elif isinstance(msg, p.AllPagesCleared):
@@ -307,6 +316,9 @@ class ClusterState:
                 log.popleft()
         while self.hints and now_s - self.hints[0].time_s > max(self.hints[0].ttl_s, self.config.hit_window_s):
             self.hints.popleft()
+        if len(self.hint_times) > len(self.hints):
+            live = {h.block_hash for h in self.hints}
+            self.hint_times = {b: t for b, t in self.hint_times.items() if b in live}
         while len(self.replications) > self.config.max_replications_kept:
             oldest = next(iter(self.replications))
             del self.replications[oldest]
@@ -349,6 +361,8 @@ class ClusterState:
                           created_s=now_s, block_hash=block_hash)
         rep.started_s = now_s
         self.replications[rep.id] = rep
+        if block_hash in self.hint_times:
+            self.hint_times[block_hash].setdefault("copy_s", now_s)
         prefix = list(token_ids[:num_tokens])
         auth_token = secrets.token_hex(16)
         cmd = p.ReplicatePages(replication_id=rep.id, auth_token=auth_token, token_ids=prefix, namespace=namespace,
@@ -468,6 +482,10 @@ class ClusterState:
         block_hash, prefix_len = (hashes[-1] if hashes else None), len(hashes) * page_size
         rec = HintRecord(now_s, kind, namespace, block_hash, prefix_len, k, ttl_s, delay_s)
         self.hints.append(rec)
+        if block_hash is not None:
+            times = self.hint_times.setdefault(block_hash, {"hint_s": now_s})
+            if self.directory.node(block_hash) is not None:
+                times.setdefault("stored_s", now_s)  # computed before the hint came
         return rec
 
     def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:

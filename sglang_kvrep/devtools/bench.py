@@ -366,13 +366,18 @@ def run_bench(args) -> int:
                     reps = [r for r in coord.get("/replications")[1] if r["id"] not in before]
                     row = {"workload": wname, "arm": arm, "repeat": rnd, "live": summarize(results),
                            "replication": _replication_stats(reps), "wall_s": time.monotonic() - t0,
-                           "replications": reps}
+                           "replications": reps,
+                           "requests": [{"rid": r.rid, "kind": r.kind, "sent_s": round(r.sent_s, 3),
+                                         "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+                                         "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
+                                         "error": r.error} for r in results]}
                     if not arm.startswith("sgl-"):
                         row["router_decisions"] = http_json(router_url + "/kvrep/status")[1].get("last_decisions")
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
                         row["sessions"] = st.get("sessions")
                         row["shadow_decisions"] = st.get("shadow_decisions")
+                        row["hints"], row["coordinator_loop"] = st.get("hints"), st.get("loop")
                     errors = [r.error for r in results if r.error]
                     if errors:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")

@@ -184,3 +184,29 @@ def test_a_fanout_hint_sent_before_its_trunk_is_due_after_the_trunk_is_computed(
     assert [(d.source, d.target) for d in decisions] == [("a", "b")]
     # past the branches' time (and the grace), the hint asks for nothing more
     assert planner.snapshot(st, 5.0)[0].prefixes == () and planner.decide(st, 5.0) == []
+
+
+def test_a_hinted_trunk_is_due_from_when_its_pages_arrived_not_from_the_planners_next_look():
+    tokens = list(range(100, 100 + 2000))
+    st = ClusterState()
+    st.handle(b"A", hello("a"), 0.0)
+    st.handle(b"B", hello("b"), 0.0)
+    st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 6, "delay_s": 0.5}, 0.0)
+    hashes = page_hashes(tokens, PS)
+    blocks = [p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+              for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
+    st.handle(b"A", p.PagesStored(worker_id="a", seq=1, namespace="", blocks=blocks[:60]), 2.0)
+    assert "stored_s" not in st.hint_times[hashes[-1]]  # part of the trunk is no trunk
+    st.handle(b"A", p.PagesStored(worker_id="a", seq=2, namespace="", blocks=blocks[60:]), 3.0)
+    assert st.hint_times[hashes[-1]] == {"hint_s": 0.0, "stored_s": 3.0}
+    # the planner looks 0.4 s later (a slow tick): the branches are still due at 3.5
+    [prefix] = LivePlanner("cpu-local").snapshot(st, 3.4)[0].prefixes
+    assert prefix.hint_at_s == 3.5
+    # a hint on a prefix already held is due delay_s after the hint itself
+    st.record_hint({"kind": "fanout", "input_ids": tokens[:1600], "k": 2, "delay_s": 0.5}, 4.0)
+    assert st.hint_times[hashes[99]] == {"hint_s": 4.0, "stored_s": 4.0}
+    # the first copy of a hinted prefix is stamped
+    st.handle(b"A", load("a", 3, 0, 0), 4.0)
+    st.handle(b"B", load("b", 1, 0, 0), 4.0)
+    st.request_replication("a", "b", tokens, "", 10.0, 4.1, block_hash=hashes[-1])
+    assert st.hint_times[hashes[-1]]["copy_s"] == 4.1
