@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 
 class _Node:
-    __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp")
+    __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp", "stale")
 
     def __init__(self, parent: Optional[int], now: float, replica: bool) -> None:
         self.parent = parent
@@ -28,6 +28,7 @@ class _Node:
         self.lock_count = 0
         self.replica = replica
         self.stamp = -1
+        self.stale = False
 
 
 class PageTree:
@@ -75,7 +76,7 @@ class PageTree:
         if node.num_children == 0 and node.lock_count == 0:
             self._seq += 1
             node.stamp = self._seq
-            heapq.heappush(self._heaps[node.replica], (node.last_access_s, self._seq, page))
+            heapq.heappush(self._heaps[node.replica or node.stale], (node.last_access_s, self._seq, page))
 
     def insert(self, pages: Sequence[int], upto: int, now: float, replica: bool = False) -> list[int]:
         """Inserts `pages[:upto]`; pages already present are left as they are (not touched).
@@ -110,6 +111,10 @@ class PageTree:
         """Marks `page` (and, implicitly, its ancestors) used at `now`."""
         node = self.nodes[page]
         node.last_access_s = now
+        cur = node
+        while cur is not None and cur.stale:
+            cur.stale = False
+            cur = self.nodes[cur.parent] if cur.parent is not None else None
         self._push(page, node)
 
     def lock(self, page: int) -> None:
@@ -141,6 +146,32 @@ class PageTree:
             self._push(cur, node)
             cur = node.parent
         self.num_replica_pages -= n
+        return n
+
+    def demote(self, page: int) -> int:
+        """Marks the unshared chain of pages ending at the leaf `page` stale: evicted with the replicas, before
+        any ordinary page (another worker now serves the session this chain belongs to). A later hit clears it.
+
+        Returns:
+            pages demoted (0 when `page` is absent or not a leaf).
+        """
+        node = self.nodes.get(page)
+        if node is None or node.num_children:
+            return 0
+        n = 0
+        cur = node
+        while True:
+            if not cur.stale and not cur.replica:
+                cur.stale = True
+                n += 1
+            if cur.parent is None:
+                break
+            parent = self.nodes[cur.parent]
+            if parent.num_children != 1:
+                break
+            cur = parent
+        if n:
+            self._push(page, node)
         return n
 
     def _remove(self, page: int, node: _Node) -> None:

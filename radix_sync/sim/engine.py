@@ -159,6 +159,9 @@ class Engine:
                                  if x.hi <= n and req.pages[x.hi - 1] == x.pages[x.hi - 1])
             req.global_match_len = max(cached) // page if cached else 0
             if self.tracker is not None:
+                if req.global_match_len:
+                    prev = self.tracker.nodes.get(req.pages[req.global_match_len - 1])
+                    req.followup = prev is not None and prev.last_finish_s is not None
                 node = self.tracker.on_arrival(req.pages, req.global_match_len, req.class_key, req.namespace,
                                                req.prompt_len, page, now)
                 if node is not None and self.shadow:
@@ -211,6 +214,8 @@ class Engine:
 
     def on_admit(self, worker: SimWorker, req: SimRequest, matched_pages: int, now: float) -> None:
         """A request was admitted with `matched_pages` cached: account copies it uses."""
+        if req.followup and matched_pages and self.policy.demote_stale and worker.cache.oracle_pages is None:
+            self._demote_others(worker.wid, req.pages, matched_pages)
         recs = self.copies[worker.wid]
         if not recs or matched_pages == 0:
             return
@@ -229,6 +234,21 @@ class Engine:
         if used:
             req.copy_hit_len = used * self.page_len
             self.stats.on_copy_hit(req, matched_pages * self.page_len)
+
+    def _demote_others(self, wid: int, pages, matched_pages: int) -> None:
+        """A session's next turn runs on `wid`: the other workers' copies of its history that go no further
+        become evict-first (the session moves on from `wid`; a hit on an old copy takes this back)."""
+        holders = self.directory.holders
+        last = pages[matched_pages - 1]
+        bits = holders.get(last, 0) & ~(1 << wid)
+        if matched_pages < len(pages):
+            bits &= ~holders.get(pages[matched_pages], 0)  # those holding more of the prompt keep theirs
+        i = 0
+        while bits:
+            if bits & 1:
+                self.workers[i].cache.tree.demote(last)
+            bits >>= 1
+            i += 1
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
         if self.pending:

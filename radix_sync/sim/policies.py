@@ -29,6 +29,10 @@ class PolicyBundle:
     """Planner decisions are accounted, never executed (and the router never copies)."""
     oracle: bool = False
     """Every worker holds every prefix ever computed, at no cost (the lower bound)."""
+    demote_stale: bool = False
+    """When a request reuses a prefix on one worker, the other workers' copies of it that go no deeper (the
+    history of a session that moved, by a copy or a recompute) become evict-first, like replicas: the cluster
+    keeps one live copy of each history instead of losing other sessions' unique histories to LRU."""
 
 
 POLICIES: Registry[PolicyBundle] = Registry("policy")
@@ -52,7 +56,15 @@ for _name in ("round_robin", "least_load", "cache_aware", "cost", "pull", "e2"):
 def _kvrep(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
     ctx = _ctx(profile, page_len, seed)
     planner = KvrepPlanner(ctx["cost"], DemandPredictor(), replace(planner_cfg, chain_sources=True))
-    return PolicyBundle("kvrep", make_router("expected_ttft", allow_pull=planner_cfg.allow_pull, **ctx), planner)
+    return PolicyBundle("kvrep", make_router("expected_ttft", allow_pull=planner_cfg.allow_pull, **ctx), planner,
+                        demote_stale=True)
+
+
+@POLICIES.register("kvrep_keep")
+def _kvrep_keep(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: `kvrep` that leaves a moved session's old copies to plain LRU (no demotion)."""
+    bundle = _kvrep(profile, page_len, seed, planner_cfg)
+    return replace(bundle, name="kvrep_keep", demote_stale=False)
 
 
 @POLICIES.register("kvrep_nopull")
@@ -61,7 +73,8 @@ def _kvrep_nopull(profile: CostProfile, page_len: int, seed: int, planner_cfg: P
     ctx = _ctx(profile, page_len, seed)
     cfg = replace(planner_cfg, allow_pull=False, chain_sources=True)
     planner = KvrepPlanner(ctx["cost"], DemandPredictor(), cfg)
-    return PolicyBundle("kvrep_nopull", make_router("expected_ttft", allow_pull=False, **ctx), planner)
+    return PolicyBundle("kvrep_nopull", make_router("expected_ttft", allow_pull=False, **ctx), planner,
+                        demote_stale=True)
 
 
 @POLICIES.register("kvrep_shadow")

@@ -27,7 +27,7 @@ class SimRequest:
                  # runtime
                  "worker", "ready_s", "admitted", "cached_len", "remaining_new", "reserved", "lock_page",
                  "est_new", "est_pairs", "est_cached", "join_step", "first_token_s", "finish_s", "copy_hit_len",
-                 "global_match_len", "inflight_xfer")
+                 "global_match_len", "inflight_xfer", "followup")
 
     def __init__(self, rid: int, prompt_len: int, output_len: int, pages: list[int], namespace: int = 0,
                  class_key: str = "", stop: Optional[str] = None, session: Optional["Session"] = None,
@@ -60,6 +60,8 @@ class SimRequest:
         self.copy_hit_len = 0
         self.global_match_len = 0
         self.inflight_xfer = None
+        self.followup = False
+        """The planner's tracker saw this arrival continue a finished request (a session's next turn)."""
 
 
 @dataclass

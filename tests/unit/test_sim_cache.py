@@ -69,3 +69,30 @@ def test_directory_match_lens_equal_per_worker_tree_matches():
     assert d.match_lens([1, 2, 3, 4, 5], 3) == [4, 2, 3] == [c.match_len([1, 2, 3, 4, 5]) for c in caches]
     assert d.match_lens([7, 2], 3) == [0, 0, 0]
     assert d.match_lens([], 3) == [0, 0, 0]
+
+
+def test_demote_marks_the_unshared_chain_evict_first_and_a_hit_clears_it():
+    t = PageTree()
+    t.insert([1, 2, 3, 4], 4, 5.0)      # a session's history: system prompt [1, 2], then its own turns [3, 4]
+    t.insert([1, 2, 7], 3, 0.0)         # another session's history, older
+    assert t.demote(3) == 0             # not a leaf: nothing demoted
+    assert t.demote(99) == 0            # absent
+    assert t.demote(4) == 2             # the chain 4, 3, up to the shared page 2 (two children): not 2 or 1
+    assert t.demote(4) == 0             # already stale
+    # the stale chain goes before the older, ordinary leaf 7; the shared prefix stays while 7 lives
+    assert evicted_in_order(t, 3) == [4, 3, 7]
+    t2 = PageTree()
+    t2.insert([1, 2, 3, 4], 4, 5.0)
+    t2.insert([1, 2, 7], 3, 0.0)
+    t2.demote(4)
+    t2.touch(4, 6.0)                    # the session came back: ordinary cache again
+    assert evicted_in_order(t2, 1) == [7]
+    t2.check_integrity()
+
+
+def test_demote_leaves_replica_pages_counted_as_replicas():
+    t = PageTree()
+    t.insert([1, 2], 2, 0.0)
+    t.insert([1, 2, 3], 3, 1.0, replica=True)
+    assert t.demote(3) == 2 and t.num_replica_pages == 1  # page 3 was a replica already: only 2 and 1 demoted
+    t.check_integrity()

@@ -107,3 +107,20 @@ def test_cached_prefix_term_and_workers_sharing_cores():
     eng.run()
     firsts = sorted(x.first_token_s for x in wl.open_requests)
     assert firsts == pytest.approx([0.11, 0.11, 0.165])
+
+
+@pytest.mark.parametrize("policy,stale", [("kvrep", True), ("kvrep_keep", False), ("cache_aware", False)])
+def test_a_session_served_elsewhere_leaves_its_old_copy_evict_first(policy, stale):
+    wl = Fixed([])
+    eng = Engine(PROFILE, wl, build_policy(policy, PROFILE, wl.page_len, 0), EngineConfig(num_workers=3,
+                                                                                          duration_s=1.0))
+    old, new, deeper = (w.cache for w in eng.workers)
+    old.insert([1, 2, 3], 3, 0.0)            # where the session ran
+    new.insert([1, 2, 3], 3, 1.0)            # copied here (a pull or a replica)
+    deeper.insert([1, 2, 3, 4, 5], 5, 0.5)   # holds more of the next prompt: the better copy, kept as it is
+    req = SimRequest(wl.new_rid(), 60, 1, [1, 2, 3, 4, 5, 6])
+    req.followup = True  # the tracker saw it continue a finished turn
+    eng.on_admit(eng.workers[1], req, 3, 2.0)
+    assert old.tree.nodes[3].stale is stale and old.tree.nodes[1].stale is stale
+    assert not any(n.stale for n in new.tree.nodes.values())
+    assert not any(n.stale for n in deeper.tree.nodes.values())
