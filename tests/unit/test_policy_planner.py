@@ -20,7 +20,7 @@ PROFILE = CostProfile(name="t", kv_bytes_per_token=1, kv_capacity_tokens=10_000,
 def snapshot(holder_waiting_tokens=2000, budget=10_000, hint_at=1.0, fanout=1):
     ws = tuple(WorkerView(i, free_tokens=10_000, replica_budget_tokens=budget, nic_bandwidth_bytes_per_s=1000.0)
                for i in range(2))
-    ws = (replace(ws[0], num_waiting=1, waiting_new_tokens=holder_waiting_tokens),) + ws[1:]
+    ws = (ws[0]._replace(num_waiting=1, waiting_new_tokens=holder_waiting_tokens),) + ws[1:]
     node = PrefixView(node_id=7, token_len=100, holders=(HolderView(0, depth_len=100),), expected_new_len=10,
                       fanout_hint=fanout, hint_at_s=hint_at)
     return ClusterSnapshot(ws, (node,), (), page_len=1, kv_bytes_per_token=1)
@@ -93,7 +93,7 @@ def test_chained_copy_from_a_replica_in_flight_beats_the_busy_first_holder():
     # 0.15 s); a copy to w2 lets both start at once (mean 0.1 s). From w1 it lands at 0.1 + 0.1 = 0.2 s, from
     # w0 at 0.5 + 0.1 = 0.6 s: w1 is the source. gain = 2 x 0.05 - 0.05 x 0.1 s link = 0.095 s.
     ws = idle_workers(3)
-    ws = (replace(ws[0], num_waiting=1, waiting_new_tokens=2000, egress_busy_until_s=0.5),) + ws[1:]
+    ws = (ws[0]._replace(num_waiting=1, waiting_new_tokens=2000, egress_busy_until_s=0.5),) + ws[1:]
     node = PrefixView(7, 100, holders=(HolderView(0, depth_len=100), HolderView(1, "replica", 100, None, 0.1)),
                       expected_new_len=10, fanout_hint=2, hint_at_s=1.0)
     out = planner(chain_sources=True).plan(ClusterSnapshot(ws, (node,), (), 1, 1), 0.0)

@@ -1,7 +1,5 @@
 """Pins every router's decision on small hand-computed cases."""
 
-from dataclasses import replace
-
 import pytest
 
 from radix_sync.policy.cost import CostModel, CostProfile
@@ -19,7 +17,7 @@ PROFILE = CostProfile(name="t", kv_bytes_per_token=1, kv_capacity_tokens=10_000,
 def workers(n, **overrides):
     out = [WorkerView(i, nic_bandwidth_bytes_per_s=2000.0, free_tokens=10_000) for i in range(n)]
     for i, kw in overrides.items():
-        out[int(i[1:])] = replace(out[int(i[1:])], **kw)
+        out[int(i[1:])] = out[int(i[1:])]._replace(**kw)
     return tuple(out)
 
 
