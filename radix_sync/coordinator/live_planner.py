@@ -68,6 +68,8 @@ class LivePlanner:
         """A fan-out hint stops asking for copies this long after its branches were due, s."""
         self.num_followups = 0
         """Arrivals recognised as the next turn of a finished response."""
+        self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
+        """Hinted prefix -> what the planner made of it, each change with its time (for `/status`)."""
 
     def _ns(self, namespace: str) -> int:
         return self._namespaces.setdefault(namespace, len(self._namespaces))
@@ -226,7 +228,18 @@ class LivePlanner:
         self.observe(state)
         snap, ids = self.snapshot(state, now_s)
         out = []
-        for cmd in self.planner.plan(snap, now_s):
+        commands = self.planner.plan(snap, now_s)
+        for prefix in snap.prefixes:
+            if prefix.fanout_hint:
+                seen = self.hint_outcomes.setdefault(prefix.node_id, [])
+                what = self.planner.outcomes.get(prefix.node_id, "not planned")
+                if not seen or seen[-1][1] != what:
+                    seen.append((now_s, what))
+                    del seen[:-6]
+        live = {h.block_hash for h in state.hints}
+        if len(self.hint_outcomes) > len(live):
+            self.hint_outcomes = {b: v for b, v in self.hint_outcomes.items() if b in live}
+        for cmd in commands:
             node = state.directory.node(cmd.node_id)
             if node is None:
                 continue

@@ -407,7 +407,9 @@ class _AdminApi:
                         "sessions": (coord.policy.session_stats()
                                      if hasattr(coord.policy, "session_stats") else None),
                         "loop": coord.loop_stats.summary(),
-                        "hints": [{"block_hash": b, **{k: round(v, 3) for k, v in t.items()}}
+                        "hints": [{"block_hash": b, **{k: round(v, 3) for k, v in t.items()},
+                                   "planner": [[round(when, 3), what] for when, what in
+                                               getattr(coord.policy, "hint_outcomes", {}).get(b, [])]}
                                   for b, t in list(st.hint_times.items())[-20:]],
                         "shadow_decisions": coord.shadow_decisions[-100:]}
         if method == "GET" and path == "/health":

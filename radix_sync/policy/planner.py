@@ -111,6 +111,8 @@ class KvrepPlanner:
         self.predictor = predictor or DemandPredictor()
         self.cfg = cfg
         self._page_len = 1
+        self.outcomes: dict[int, str] = {}
+        """Node id -> what the last `plan` made of it (copies, or why none): for operators, not for decisions."""
 
     # ---- expected TTFT of the demand of one node, given its holders ----
     def _option_s(self, np_: _NodePlan, w: int, fc: WaitForecast, workers: tuple[WorkerView, ...],
@@ -162,6 +164,7 @@ class KvrepPlanner:
                 continue
             demand = self.predictor.predict(node, now, self.cfg.horizon_s)
             if demand.expected_count <= 0.0:
+                self.outcomes[node.node_id] = "no demand predicted"
                 continue
             depth, eta = {}, {}
             for h in node.holders:
@@ -172,6 +175,7 @@ class KvrepPlanner:
                     else:
                         eta.pop(h.worker_id, None)
             if not depth or (not self.cfg.chain_sources and len(eta) == len(depth)):
+                self.outcomes[node.node_id] = "no holder has the pages yet"
                 continue
             source = min(depth, key=lambda w: (w in eta and not self.cfg.chain_sources, -depth[w], eta.get(w, now), w))
             new_len = node.expected_new_len or self.cfg.default_new_len
@@ -199,6 +203,7 @@ class KvrepPlanner:
             the copies to make, best first.
         """
         cfg, workers, kvb = self.cfg, snap.workers, snap.kv_bytes_per_token
+        self.outcomes = {}
         if kvb <= 0 or len(workers) < 2:
             return []
         self._page_len = max(1, snap.page_len)
@@ -238,6 +243,7 @@ class KvrepPlanner:
             # With copies on the critical path available, a pre-copy saves at most the copy's time per request.
             src = workers[np_.source]
             if count * self.cost.transfer_s(np_.node.token_len * kvb, src.nic_bandwidth_bytes_per_s) < cfg.min_gain_s:
+                self.outcomes[np_.node.node_id] = "a copy on the request's path is as good"
                 return
         # Cheap bound: even an idle target cannot save more than the holder's wait per request, plus, for several
         # requests, the time they would queue behind each other at the holder (k(k-1)/2 hit prefills).
@@ -245,11 +251,15 @@ class KvrepPlanner:
         k = max(1, min(cfg.max_spread, math.ceil(count - 1e-9)))
         self_queue = self.cost.prefill_s(np_.new_len, np_.node.token_len) * k * (k - 1) / 2.0
         if (holder_wait - min_wait) * count + self_queue < cfg.min_gain_s:
+            self.outcomes[np_.node.node_id] = f"holders not busy enough (wait {holder_wait:.2f} s, {count:.1f} requests)"
             return
+        made = 0
+        why: dict[str, int] = {}
         while len(out) < cfg.max_copies_per_tick:
-            best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, now)
+            best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, now, why)
             if best is None:
                 break
+            made += 1
             gain, target, depth, src, land = best
             egress[src] = ingress[target] = land
             budget[target] -= depth - np_.depth.get(target, 0)
@@ -257,11 +267,19 @@ class KvrepPlanner:
             np_.depth[target] = depth
             np_.eta[target] = land
             out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain))
+        self.outcomes[np_.node.node_id] = (f"{made} cop{'y' if made == 1 else 'ies'}; then no target: "
+                                           + ", ".join(f"{k} x{v}" for k, v in sorted(why.items())))
 
     def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
                         egress: list[float], ingress: list[float], budget: list[int], free: list[int],
-                        now: float) -> Optional[tuple[float, int, int, int, float]]:
-        """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None."""
+                        now: float, why: Optional[dict[str, int]] = None
+                        ) -> Optional[tuple[float, int, int, int, float]]:
+        """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None.
+        `why` counts the reasons candidates were turned down."""
+        def no(reason: str) -> None:
+            if why is not None:
+                why[reason] = why.get(reason, 0) + 1
+
         cfg, L = self.cfg, np_.node.token_len
         limit = now + cfg.max_link_backlog_s
         # a link's backlog counts from when its holder has the pages (a prefill or copy in flight is no backlog)
@@ -269,6 +287,7 @@ class KvrepPlanner:
                    if (cfg.chain_sources or s not in np_.eta)
                    and egress[s] <= max(now, np_.eta.get(s, now)) + cfg.max_link_backlog_s]
         if not sources:
+            no("every source's link is booked")
             return None
         sources.sort()
         opts = [self._option_s(np_, w, fc, workers, kvb) for w in range(len(workers))]
@@ -282,7 +301,10 @@ class KvrepPlanner:
         for w in workers:
             t = w.worker_id
             held = np_.depth.get(t, 0)
-            if w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0 or ingress[t] > limit:
+            if w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0:
+                continue
+            if ingress[t] > limit:
+                no("target link booked")
                 continue
             wait_t = fc.wait_at(t, t_a)
             target_best = None
@@ -293,6 +315,7 @@ class KvrepPlanner:
                     continue
                 tokens = depth - held
                 if tokens > budget[t]:
+                    no("replica budget")
                     continue
                 nbytes = tokens * kvb
                 # the source that lands the copy first (a holder is a source from its own arrival on)
@@ -307,10 +330,12 @@ class KvrepPlanner:
                     if max(now, ready, ingress[t]) + x < land:
                         src, land, xfer = s, max(now, ready, ingress[t]) + x, x
                 if src < 0:
+                    no("no source")
                     continue
                 svc = self.cost.prefill_s(np_.new_len + L - depth, depth)
                 new_opt = (max(wait_t, land - t_a) + svc, svc)
                 if new_opt[0] >= opts[t][0]:
+                    no("no faster there")
                     continue
                 saved, opts[t] = opts[t], new_opt
                 with_s = self._spread_s(opts, count)
@@ -319,7 +344,9 @@ class KvrepPlanner:
                 mem_cost = cfg.displaced_reuse_prob * self.cost.prefill_s(displaced, 0) if displaced else 0.0
                 gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost
                 # depth by marginal gain: the deepest copy wins unless a shallower one nets more
-                if gain >= cfg.min_gain_s and (target_best is None or gain > target_best[0]):
+                if gain < cfg.min_gain_s:
+                    no("gain below minimum")
+                elif target_best is None or gain > target_best[0]:
                     target_best = (gain, t, depth, src, land, nbytes)
             if target_best is not None:
                 ratio = target_best[0] / target_best[5]

@@ -182,6 +182,9 @@ def test_a_fanout_hint_sent_before_its_trunk_is_due_after_the_trunk_is_computed(
     assert prefix.fanout_hint == 6 and prefix.hint_at_s == 3.5  # due delay_s after the pages showed up
     decisions = planner.decide(st, 3.0)  # six branches on an idle holder, one at a time: a copy pays
     assert [(d.source, d.target) for d in decisions] == [("a", "b")]
+    # what the planner made of the hint, for /status: one copy, then no target left (b holds it now)
+    [(when, what)] = planner.hint_outcomes[hashes[-1]]
+    assert when == 3.0 and what.startswith("1 copy; then no target")
     # past the branches' time (and the grace), the hint asks for nothing more
     assert planner.snapshot(st, 5.0)[0].prefixes == () and planner.decide(st, 5.0) == []
 
