@@ -91,6 +91,9 @@ class LoadReported(_Msg, tag="LoadReported"):
     available_tokens: int
     evictable_tokens: int
     replica_tokens: int
+    iteration_s: float = 0.0
+    """Recent length of one scheduler iteration while busy (EWMA), s: a command (a gather, a replica's install)
+    runs between iterations, so on a busy worker it waits up to this long."""
 
 
 class ReplicaStored(_Msg, tag="ReplicaStored"):

@@ -94,6 +94,10 @@ class WorkerAgent:
         self._seen_rids: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._next_load_s = 0.0
         self._reported_busy = False
+        self._last_iter_s: Optional[float] = None
+        self._was_busy = False
+        self._iteration_s = 0.0
+        """EWMA of the scheduler's iteration length while it had work (reported with the load)."""
         self._errors = 0
         self.disabled = False
         self._stop = threading.Event()
@@ -150,10 +154,15 @@ class WorkerAgent:
         # request decodes, not when its answer is done: a fan-out's copies can start before its branches arrive
         self.view.flush_kv_events()
         now = time.monotonic()
+        busy = not self.view.is_idle()
+        if busy and self._was_busy and self._last_iter_s is not None:  # an iteration with work from end to end
+            took = now - self._last_iter_s
+            self._iteration_s = took if self._iteration_s == 0.0 else 0.8 * self._iteration_s + 0.2 * took
+        self._last_iter_s, self._was_busy = now, busy
         # NOTE: a worker that just went idle says so at once: its last periodic report (taken while its last
         # request still ran) would otherwise stand, repeated by the heartbeat, until --sleep-on-idle next wakes
         # the scheduler, and routers would keep steering around an idle worker holding the cache.
-        if now >= self._next_load_s or (self._reported_busy and self.view.is_idle()):
+        if now >= self._next_load_s or (self._reported_busy and not busy):
             self._next_load_s = now + self.config.load_interval_s
             for rid, evicted in self.replicas.expire_due():
                 self.to_io(("coord", p.ReplicaExpired(worker_id=self.config.worker_id, seq=0, replication_id=rid,
@@ -161,7 +170,8 @@ class WorkerAgent:
             load = self.view.load()
             self._free_replica_tokens = self.replicas.free_tokens()
             self.to_io(("coord", p.LoadReported(worker_id=self.config.worker_id, seq=0,
-                                                replica_tokens=self.replicas.live_tokens(), **load)))
+                                                replica_tokens=self.replicas.live_tokens(),
+                                                iteration_s=round(self._iteration_s, 4), **load)))
             self._reported_busy = load["num_running_reqs"] + load["num_waiting_reqs"] > 0
 
     def _run_command(self, item: tuple) -> None:

@@ -55,7 +55,7 @@ class LivePlanner:
     name = "kvrep"
 
     def __init__(self, profile: str = "cpu-local",
-                 cfg: PlannerConfig = PlannerConfig(allow_pull=False)) -> None:
+                 cfg: PlannerConfig = PlannerConfig(allow_pull=False, endpoint_wait=True)) -> None:
         # NOTE: allow_pull=False because no live router copies on the request's path yet; with pulls assumed, a
         # pre-copy for requests due now could never beat the (imaginary) pull and the planner would stay idle.
         self.profile = load_profile(profile)
@@ -75,12 +75,20 @@ class LivePlanner:
         return self._namespaces.setdefault(namespace, len(self._namespaces))
 
     def observe(self, state: ClusterState) -> None:
-        """Calibrate transfer costs from replications that completed since the last call."""
+        """Calibrate transfer costs from replications that completed since the last call.
+
+        NOTE: from the data plane's own work (gather, the wire, scatter, insert), not from the copy's end-to-end
+        time: on a busy worker a copy mostly waits for the scheduler's iteration to end (seconds on a CPU), which
+        the planner prices separately from each end's reported iteration length. Calibrated on end-to-end times,
+        one slow copy to a busy worker made every copy look slower than recomputing, even to idle workers."""
         for rep in state.replications.values():
             if rep.state == "done" and rep.id not in self._observed and rep.finished_s is not None:
                 self._observed.add(rep.id)
-                if rep.num_bytes > 0:
-                    self.cost.observe_transfer(rep.num_bytes, rep.finished_s - rep.created_s)
+                t = rep.timings_s
+                if rep.num_bytes > 0 and "receive_s" in t:
+                    work = (t.get("gather_s", 0.0) + max(t.get("send_s", 0.0), t["receive_s"])
+                            + t.get("scatter_s", 0.0) + t.get("insert_s", 0.0))
+                    self.cost.observe_transfer(rep.num_bytes, work)
 
     def consume(self, state: ClusterState, now_s: float) -> None:
         """Feeds the finishes and arrivals recorded since the last call to the session tracker, in order."""
@@ -139,7 +147,10 @@ class LivePlanner:
             workers.append(WorkerView(
                 worker_id=index[wid], fingerprint=rec.hello.fingerprint,
                 num_running=load.num_running_reqs if load else 0, num_waiting=load.num_waiting_reqs if load else 0,
-                waiting_new_tokens=load.num_waiting_tokens if load else 0, busy_until_s=now_s,
+                waiting_new_tokens=load.num_waiting_tokens if load else 0,
+                # a busy worker is, on average, half-way through an iteration
+                busy_until_s=now_s + (0.5 * load.iteration_s if load and load.num_running_reqs + load.num_waiting_reqs
+                                      else 0.0),
                 free_tokens=load.available_tokens if load else 0,
                 replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)
                                           - incoming.get(wid, 0)),

@@ -68,6 +68,10 @@ class PlannerConfig:
     """TTL after the hinted arrival time, s (a hint's time is an estimate; a hit promotes the replica anyway)."""
     allow_pull: bool = True
     """Whether the router may copy on the critical path (then a pre-copy saves only the copy's wait)."""
+    endpoint_wait: bool = False
+    """Whether a copy also waits for its source's and its target's iteration in progress (`busy_until_s`): a live
+    agent gathers and installs between scheduler iterations, which on a CPU worker last seconds. Off in the
+    simulator, whose executor moves pages without the schedulers (GPU iterations are milliseconds)."""
     chain_sources: bool = False
     """Whether a holder whose pages are still in flight (a copy to it, its own prefill, or a copy planned in the
     same pass) may be a `Replicate.source`. Only for an executor that defers such a copy until the source holds
@@ -327,8 +331,11 @@ class KvrepPlanner:
                         continue
                     x = self.cost.transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s,
                                                          w.nic_bandwidth_bytes_per_s))
-                    if max(now, ready, ingress[t]) + x < land:
-                        src, land, xfer = s, max(now, ready, ingress[t]) + x, x
+                    end = max(now, ready, ingress[t]) + x
+                    if cfg.endpoint_wait:  # gathered after the source's iteration, installed after the target's
+                        end = max(max(now, ready, ingress[t], workers[s].busy_until_s) + x, w.busy_until_s)
+                    if end < land:
+                        src, land, xfer = s, end, x
                 if src < 0:
                     no("no source")
                     continue

@@ -57,3 +57,25 @@ def test_events_flush_every_iteration_and_going_idle_is_reported_at_once():
     assert idle.num_running_reqs == 0 and idle.num_waiting_reqs == 0
     agent.on_iteration()  # still idle: no repeat before the interval
     assert loads(agent) == [] and view.flushes == 4
+
+
+def test_the_iteration_length_while_busy_is_reported(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("sglang_kvrep.agent.time.monotonic", lambda: clock[0])
+    view = FakeView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=1e-6))  # report every iteration
+    agent.on_iteration()               # t=100, busy: the first boundary, no length yet
+    assert loads(agent)[-1].iteration_s == 0.0
+    clock[0] += 2.0
+    agent.on_iteration()               # a 2 s iteration with work from end to end
+    assert loads(agent)[-1].iteration_s == 2.0
+    clock[0] += 1.0
+    agent.on_iteration()               # EWMA: 0.8 x 2 + 0.2 x 1
+    assert abs(loads(agent)[-1].iteration_s - 1.8) < 1e-9
+    view.running = 0
+    clock[0] += 5.0
+    agent.on_iteration()               # went idle: that stretch is no iteration length
+    clock[0] += 30.0                   # asleep (--sleep-on-idle)
+    view.running = 1
+    agent.on_iteration()               # woke with work: the idle stretch is not counted either
+    assert abs(loads(agent)[-1].iteration_s - 1.8) < 1e-9

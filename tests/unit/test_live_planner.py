@@ -1,4 +1,6 @@
 """The predictive planner on the live coordinator's state: snapshot building and decisions."""
+import pytest
+
 from radix_sync import protocol as p
 from radix_sync.coordinator.live_planner import LivePlanner, kv_bytes_per_token
 from radix_sync.coordinator.state import ClusterState
@@ -213,3 +215,30 @@ def test_a_hinted_trunk_is_due_from_when_its_pages_arrived_not_from_the_planners
     st.handle(b"B", load("b", 1, 0, 0), 4.0)
     st.request_replication("a", "b", tokens, "", 10.0, 4.1, block_hash=hashes[-1])
     assert st.hint_times[hashes[-1]]["copy_s"] == 4.1
+
+
+def test_transfer_calibration_uses_the_data_planes_work_not_the_wait_for_busy_schedulers():
+    tokens = list(range(100, 100 + 2000))
+    st = state_with_prefix(tokens, waiting_on_a=0)
+    rep, _, _ = st.request_replication("a", "b", tokens, "", 10.0, 1.0)
+    # the copy took 3 s end to end, all but 0.2 s of it waiting for the two schedulers' iterations
+    rep.state, rep.finished_s, rep.num_bytes = "done", 4.0, 32_000_000
+    rep.timings_s.update(gather_s=0.05, send_s=0.08, receive_s=0.1, scatter_s=0.04, insert_s=0.01)
+    planner = LivePlanner("cpu-local")
+    predicted = planner.profile.transfer_s(32_000_000)
+    planner.observe(st)
+    assert planner.cost.transfer_scale == pytest.approx(0.9 + 0.1 * 0.2 / predicted)
+    planner.observe(st)  # each replication is observed once
+    assert planner.cost.transfer_scale == pytest.approx(0.9 + 0.1 * 0.2 / predicted)
+
+
+def test_a_busy_workers_iteration_length_delays_it_in_the_snapshot():
+    tokens = list(range(100, 100 + 2000))
+    st = state_with_prefix(tokens, waiting_on_a=2)
+    st.handle(b"A", p.LoadReported(worker_id="a", seq=3, num_running_reqs=1, num_waiting_reqs=2,
+                                   num_waiting_tokens=4096, available_tokens=60000, evictable_tokens=0,
+                                   replica_tokens=0, iteration_s=1.2), 1.0)
+    snap, ids = LivePlanner("cpu-local").snapshot(st, 2.0)
+    views = dict(zip(ids, snap.workers))
+    assert views["a"].busy_until_s == pytest.approx(2.6)  # half an iteration to go, on average
+    assert views["b"].busy_until_s == 2.0                 # idle: nothing in progress

@@ -112,3 +112,21 @@ def test_fanout_from_a_prefill_in_flight_spreads_as_a_tree():
     out = planner(chain_sources=True).plan(ClusterSnapshot(idle_workers(4), (node,), (), 1, 1), 0.0)
     assert sorted((d.source, d.target) for d in out) == [(0, 1), (0, 2), (1, 3)]
     assert planner().plan(ClusterSnapshot(idle_workers(4), (node,), (), 1, 1), 0.0) == []  # no holder has it yet
+
+
+def test_endpoint_wait_prices_the_iterations_in_progress_at_both_ends():
+    # As test_without_pull_the_copy_saves_the_recompute (copy lands at 0.1 s, gain 0.995 s), with the source's
+    # iteration in progress ending at 0.3 s and the target's at 0.5 s: with endpoint_wait the copy is gathered
+    # at 0.3, on the wire until 0.4, installed when the target's iteration ends at 0.5: the request (at 1.0)
+    # still finds it, same gain. A source busy until 2.0 s gathers too late: the copy lands at 2.1, the request
+    # would wait 1.1 s for it + 0.1 s > recomputing on w1 (1.1 s): no copy. The simulator's executor does not
+    # wait for the schedulers (endpoint_wait off): the copy lands at 0.1 s either way.
+    def snap(src_busy, dst_busy):
+        s = snapshot()
+        ws = (s.workers[0]._replace(busy_until_s=src_busy), s.workers[1]._replace(busy_until_s=dst_busy))
+        return replace(s, workers=ws)
+    [d] = planner(allow_pull=False, endpoint_wait=True).plan(snap(0.3, 0.5), 0.0)
+    assert d.gain_s == pytest.approx(0.995)
+    assert planner(allow_pull=False, endpoint_wait=True).plan(snap(2.0, 0.5), 0.0) == []
+    [d] = planner(allow_pull=False, endpoint_wait=False).plan(snap(2.0, 0.5), 0.0)
+    assert d.gain_s == pytest.approx(0.995)
