@@ -51,6 +51,17 @@ def kv_bytes_per_token(fields: dict[str, str]) -> Optional[int]:
         return None
 
 
+def _drop_explained(times: list[float], since_s: float, k: int) -> list[float]:
+    """`times` without the first `k` at or after `since_s` (the arrivals a fan-out hint announced)."""
+    out = []
+    for t in sorted(times):
+        if k > 0 and t >= since_s:
+            k -= 1
+            continue
+        out.append(t)
+    return out
+
+
 class LivePlanner:
     name = "kvrep"
 
@@ -169,7 +180,16 @@ class LivePlanner:
                 if rec.block_hash is not None:
                     out.setdefault(rec.block_hash, []).append(rec.time_s)
                     namespaces[rec.block_hash] = rec.namespace
-        times = {b: by_arrival.get(b) or by_hit[b] for b in {**by_hit, **by_arrival}}
+        # NOTE: a fan-out's branches are explained by its hint, not popularity (the simulator's tracker rule):
+        # counted as hits, the K branches of a finished tree made its trunk look hot for the whole window and it
+        # was copied again after its replicas expired (~half the copies of a fan-out run were such re-copies).
+        for hint in state.hints:
+            if hint.kind == "fanout" and hint.block_hash is not None:
+                for out in (by_arrival, by_hit):
+                    seen = out.get(hint.block_hash)
+                    if seen:
+                        out[hint.block_hash] = _drop_explained(seen, hint.time_s, hint.k)
+        times = {b: by_arrival.get(b) or by_hit.get(b, []) for b in {**by_hit, **by_arrival}}
         fanout: dict[int, tuple[int, float]] = {}
         keepalive: dict[int, float] = {}
         for hint in state.hints:

@@ -272,7 +272,8 @@ class KvrepPlanner:
             np_.eta[target] = land
             out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain))
         self.outcomes[np_.node.node_id] = (f"{made} cop{'y' if made == 1 else 'ies'}; then no target: "
-                                           + ", ".join(f"{k} x{v}" for k, v in sorted(why.items())))
+                                           + (", ".join(f"{k} x{v}" for k, v in sorted(why.items()))
+                                              or "every compatible worker holds it or has it coming"))
 
     def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
                         egress: list[float], ingress: list[float], budget: list[int], free: list[int],

@@ -242,3 +242,24 @@ def test_a_busy_workers_iteration_length_delays_it_in_the_snapshot():
     views = dict(zip(ids, snap.workers))
     assert views["a"].busy_until_s == pytest.approx(2.6)  # half an iteration to go, on average
     assert views["b"].busy_until_s == 2.0                 # idle: nothing in progress
+
+
+def test_a_fanouts_branches_are_explained_by_its_hint_not_popularity():
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=0)
+    node = page_hashes(tokens, PS)[-1]
+    st.record_arrival({"input_ids": tokens + [5] * 40, "worker": "a"}, 0.5)  # a reuse before the hint: popularity
+    st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 3, "ttl_s": 2.0}, 1.0)
+    for i, t in enumerate((1.6, 1.7, 1.8, 2.5)):  # the three branches, then one more request
+        st.record_arrival({"input_ids": tokens + [i] * 40, "worker": "a"}, t)
+        st.handle(b"A", p.PrefixHit(worker_id="a", seq=3 + i, namespace="", block_hash=node, matched_len=1024,
+                                    key_len=1064), t)
+    planner = LivePlanner("cpu-local")
+    [prefix] = planner.snapshot(st, 5.0)[0].prefixes  # the hint's TTL is over: only its unexplained demand stays
+    assert prefix.fanout_hint == 0 and prefix.recent_hit_times_s == (0.5, 2.5)
+    st2 = state_with_prefix(tokens, waiting_on_a=0)
+    st2.record_hint({"kind": "fanout", "input_ids": tokens, "k": 3, "ttl_s": 2.0}, 1.0)
+    for i, t in enumerate((1.6, 1.7, 1.8)):  # only the branches, seen by the worker alone (no router)
+        st2.handle(b"A", p.PrefixHit(worker_id="a", seq=3 + i, namespace="", block_hash=node, matched_len=1024,
+                                     key_len=1064), t)
+    assert planner.snapshot(st2, 5.0)[0].prefixes == ()  # one-off tree done: no candidate, nothing re-copied
