@@ -78,6 +78,8 @@ class Engine:
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
         self.copies: list[list[CopyRecord]] = [[] for _ in range(cfg.num_workers)]
+        self._copies_by_first: list[dict[int, list[CopyRecord]]] = [{} for _ in range(cfg.num_workers)]
+        """`copies` per worker, by each record's first page."""
         self.shadow: list[dict] = []
         self._heap: list = []
         self._seq = 0
@@ -216,14 +218,16 @@ class Engine:
         """A request was admitted with `matched_pages` cached: account copies it uses."""
         if req.followup and matched_pages and self.policy.demote_stale and worker.cache.oracle_pages is None:
             self._demote_others(worker.wid, req.pages, matched_pages)
-        recs = self.copies[worker.wid]
-        if not recs or matched_pages == 0:
+        by_first = self._copies_by_first[worker.wid]
+        if not by_first or matched_pages == 0:
             return
         pages = req.pages
         used = 0
-        for rec in recs:
-            if rec.lo < matched_pages and len(pages) > rec.lo and pages[rec.lo] == rec.first_page \
-                    and now <= rec.active_until_s:
+        # NOTE: page hashes are chained, so a record whose first page is pages[i] starts at i: the records this
+        # request can use are found by its matched pages, not by scanning every copy the worker ever received
+        hits = [rec for p in pages[:matched_pages] for rec in by_first.get(p, ())]
+        for rec in hits:
+            if now <= rec.active_until_s:
                 u = min(matched_pages, rec.hi) - rec.lo
                 if u > 0:
                     rec.num_hits += 1
@@ -361,6 +365,7 @@ class Engine:
             until = now + x.ttl_s if x.kind == "replica" else now + 3600.0
             rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until)
             self.copies[x.dst].append(rec)
+            self._copies_by_first[x.dst].setdefault(rec.first_page, []).append(rec)
             self.stats.copy_records.append(rec)
             if x.kind == "replica":
                 self._push(until, EXPIRE, rec)
@@ -378,6 +383,10 @@ class Engine:
         recs = self.copies[rec.worker]
         if rec in recs:
             recs.remove(rec)
+            same = self._copies_by_first[rec.worker][rec.first_page]
+            same.remove(rec)
+            if not same:
+                del self._copies_by_first[rec.worker][rec.first_page]
         if not rec.promoted:
             self.workers[rec.worker].cache.tree.drop_replica_chain(rec.last_page, self.workers[rec.worker].cache._on_evict)
 
