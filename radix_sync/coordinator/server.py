@@ -198,13 +198,13 @@ class Coordinator:
             if self._sock in events:
                 t0 = time.monotonic()
                 n = 0
-                for n in range(1, 1001):
+                while n < 1000:
                     try:
                         frames = self._sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
-                        n -= 1
                         break
                     self._on_frames(frames)
+                    n += 1
                 self.loop_stats.batch(n, time.monotonic() - t0)
             while True:
                 try:

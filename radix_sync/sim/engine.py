@@ -77,9 +77,8 @@ class Engine:
         self.inflight: list[Transfer] = []
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
-        self.copies: list[list[CopyRecord]] = [[] for _ in range(cfg.num_workers)]
-        self._copies_by_first: list[dict[int, list[CopyRecord]]] = [{} for _ in range(cfg.num_workers)]
-        """`copies` per worker, by each record's first page."""
+        self.copies: list[dict[int, list[CopyRecord]]] = [{} for _ in range(cfg.num_workers)]
+        """Per worker, the copies it received and still counts, by each record's first page."""
         self.shadow: list[dict] = []
         self._heap: list = []
         self._seq = 0
@@ -218,7 +217,7 @@ class Engine:
         """A request was admitted with `matched_pages` cached: account copies it uses."""
         if req.followup and matched_pages and self.policy.demote_stale and worker.cache.oracle_pages is None:
             self._demote_others(worker.wid, req.pages, matched_pages)
-        by_first = self._copies_by_first[worker.wid]
+        by_first = self.copies[worker.wid]
         if not by_first or matched_pages == 0:
             return
         pages = req.pages
@@ -364,8 +363,7 @@ class Engine:
             cache.tree.touch(x.pages[x.hi - 1], now)
             until = now + x.ttl_s if x.kind == "replica" else now + 3600.0
             rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until)
-            self.copies[x.dst].append(rec)
-            self._copies_by_first[x.dst].setdefault(rec.first_page, []).append(rec)
+            self.copies[x.dst].setdefault(rec.first_page, []).append(rec)
             self.stats.copy_records.append(rec)
             if x.kind == "replica":
                 self._push(until, EXPIRE, rec)
@@ -380,13 +378,12 @@ class Engine:
         w.poke(now)
 
     def _expire(self, rec: CopyRecord, now: float) -> None:
-        recs = self.copies[rec.worker]
-        if rec in recs:
-            recs.remove(rec)
-            same = self._copies_by_first[rec.worker][rec.first_page]
+        by_first = self.copies[rec.worker]
+        same = by_first.get(rec.first_page, [])
+        if rec in same:
             same.remove(rec)
             if not same:
-                del self._copies_by_first[rec.worker][rec.first_page]
+                del by_first[rec.first_page]
         if not rec.promoted:
             self.workers[rec.worker].cache.tree.drop_replica_chain(rec.last_page, self.workers[rec.worker].cache._on_evict)
 

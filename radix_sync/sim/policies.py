@@ -30,9 +30,9 @@ class PolicyBundle:
     oracle: bool = False
     """Every worker holds every prefix ever computed, at no cost (the lower bound)."""
     demote_stale: bool = False
-    """When a request reuses a prefix on one worker, the other workers' copies of it that go no deeper (the
-    history of a session that moved, by a copy or a recompute) become evict-first, like replicas: the cluster
-    keeps one live copy of each history instead of losing other sessions' unique histories to LRU."""
+    """When a session's next turn (as the planner's tracker recognises it) is admitted on one worker, the other
+    workers' copies of its history that go no further become evict-first, like replicas: the cluster keeps one
+    live copy of each history instead of losing other sessions' only copies to LRU."""
 
 
 POLICIES: Registry[PolicyBundle] = Registry("policy")

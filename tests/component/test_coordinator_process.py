@@ -167,6 +167,28 @@ def test_arrivals_and_hints_are_recorded_and_validated(coord):
     assert coord.post("/hints", {"kind": "keepalive", "input_ids": [1], "ttl_s": -1})[0] == 400
 
 
+def test_status_shows_loop_timing_and_each_hints_timeline(coord, dealer):
+    dealer.send(p.encode(hello("w-hint")))
+    assert isinstance(reply(dealer), p.HelloAck)
+    toks = list(range(500, 516))
+    hashes = page_hashes(toks, 4)
+    coord.post("/hints", {"kind": "fanout", "input_ids": toks, "k": 3})  # before the trunk is computed
+    [entry] = [h for h in coord.get("/status")[1]["hints"] if h["block_hash"] == hashes[-1]]
+    assert "hint_s" in entry and "stored_s" not in entry and entry["planner"] == []
+    dealer.send(p.encode(p.PagesStored(worker_id="w-hint", seq=1, namespace="", blocks=[
+        p.BlockFact(h, par, toks[i * 4:(i + 1) * 4]) for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))])))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        st = coord.get("/status")[1]
+        [entry] = [h for h in st["hints"] if h["block_hash"] == hashes[-1]]
+        if "stored_s" in entry:
+            break
+        time.sleep(0.05)
+    assert entry["stored_s"] >= entry["hint_s"]  # when the trunk's pages reached the directory
+    loop = st["loop"]
+    assert loop["ticks"] > 0 and loop["messages"] >= 2 and loop["tick_ms"]["max"] >= loop["tick_ms"]["p50"] >= 0
+
+
 def test_policy_switch_can_forget_demand(coord):
     coord.post("/arrivals", {"arrivals": [{"input_ids": list(range(9)), "worker": "w1"}]})
     coord.post("/hints", {"kind": "fanout", "input_ids": list(range(16)), "k": 4})
@@ -178,6 +200,6 @@ def test_policy_switch_can_forget_demand(coord):
     # ... reset_demand forgets it (an earlier benchmark arm must not steer the next one)
     assert coord.post("/policy", {"policy": "kvrep", "mode": "shadow", "reset_demand": True})[0] == 200
     st = coord.get("/status")[1]
-    assert st["num_recent_arrivals"] == 0 and st["num_live_hints"] == 0
+    assert st["num_recent_arrivals"] == 0 and st["num_live_hints"] == 0 and st["hints"] == []
     assert coord.post("/policy", {"policy": "kvrep", "reset_demand": "yes"})[0] == 400
     assert coord.post("/policy", {"policy": "none", "mode": "shadow"})[0] == 200

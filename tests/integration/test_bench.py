@@ -39,6 +39,12 @@ def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
     for r in rows.values():
         assert r["live"]["requests"] > 0 and r["live"]["errors"] == 0
         assert r["live"]["ttft_s"]["p99"] > 0 and r["sim"]["ttft_s"]["p99"] > 0
+        # every request's own record is kept (which requests make the tail)
+        assert len(r["requests"]) == r["live"]["requests"] and all(q["ttft_s"] > 0 for q in r["requests"])
+    # our arms keep the coordinator's loop timing and each fan-out hint's timeline
+    for arm in ("shadow", "active"):
+        assert rows[arm]["coordinator_loop"]["ticks"] > 0 and rows[arm]["hints"]
+        assert all("hint_s" in h for h in rows[arm]["hints"])
     # shadow decides and copies nothing; every copy the active arm made is accounted with its bytes
     assert rows["shadow"]["replication"]["count"] == 0
     assert all(x["state"] in ("done", "failed") for x in rows["active"]["replications"])
