@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,10 +22,29 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("KVREP_LOCAL_CACHE", ROOT / ".cache"))
 
 
+_PORT_RANGE = (20000, 32000)
+"""Ports handed to servers come from below Linux's ephemeral range (32768-60999): a server binds its port only
+after ~25 s of start-up, and a port the OS chose (`bind(0)`) is also what any process's outgoing connection or
+SGLang's own internal ports (`get_open_port`) get meanwhile. Seen in CI: a worker failed with "address already
+in use" on the port it was given."""
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A localhost TCP port free now, below the ephemeral range, never handed out before by this process."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(*_PORT_RANGE)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE} after 200 tries")
 
 
 def prepared() -> dict:
