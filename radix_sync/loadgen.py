@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radix_sync.sim.workload import SimRequest, Workload
+from radix_sync.sim.workload import SimRequest, Workload, request_key
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,8 @@ class Result:
     ttft_s: float = math.nan
     e2e_s: float = math.nan
     error: Optional[str] = None
+    key: str = ""
+    """`request_key` of the request (matches the simulator's record of the same request)."""
 
 
 @dataclass
@@ -202,6 +204,7 @@ async def replay(wl: Workload, renderer: Renderer, cfg: ReplayConfig) -> list[Re
 
     async def send(session, req: SimRequest, kind: str) -> Result:
         res = await _one(session, cfg, req, renderer.prompt(req, wl.page_len), kind, t0)
+        res.key = request_key(req)
         results.append(res)
         if cfg.on_done is not None:
             cfg.on_done(res)

@@ -40,6 +40,8 @@ class EngineConfig:
     """Planner period, s."""
     replica_budget_frac: float = 0.25
     """Largest share of a worker's KV pool that replicas may take."""
+    record_requests: bool = False
+    """Keep one record per finished request in the result (`requests`; to compare with a live replay)."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): a prefill iteration that starts while k > N workers are busy takes k/N times as long
@@ -72,7 +74,7 @@ class Engine:
                                                           self.directory, oracle_pages), self)
                         for i in range(cfg.num_workers)]
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
-        self.stats = RunStats(policy.name, profile, self.page_len)
+        self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)
         self.tracker = NodeTracker(policy.planner.predictor) if policy.planner else None
         self.inflight: list[Transfer] = []
         self.pending: list[Transfer] = []

@@ -10,11 +10,12 @@ Replication figures (pulls and planned replicas together; `kvrep_shadow` reports
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from radix_sync.policy.cost import CostProfile
+from radix_sync.sim.workload import request_key
 
 if TYPE_CHECKING:
     from radix_sync.sim.engine import Engine
@@ -36,8 +37,10 @@ def summarize(values: list[float]) -> dict:
 class RunStats:
     """Accumulates one run's measurements; `to_dict` gives the result record."""
 
-    def __init__(self, policy: str, profile: CostProfile, page_len: int) -> None:
+    def __init__(self, policy: str, profile: CostProfile, page_len: int, record_requests: bool = False) -> None:
         self.policy = policy
+        self.records: Optional[list[dict]] = [] if record_requests else None
+        """Per finished request (`record_requests`): its `request_key`, arrival, TTFT, cached tokens and worker."""
         self.p = profile
         self.page_len = page_len
         self.ttft_s: list[float] = []
@@ -69,6 +72,10 @@ class RunStats:
         self.last_finish_s = max(self.last_finish_s, req.finish_s)
         self.prompt_tokens += req.prompt_len
         self.cached_tokens += req.cached_len
+        if self.records is not None:
+            self.records.append({"key": request_key(req), "sent_s": round(req.arrival_s, 3),
+                                 "prompt_tokens": req.prompt_len, "cached_tokens": req.cached_len,
+                                 "ttft_s": round(req.first_token_s - req.arrival_s, 3), "worker": req.worker})
 
     def on_copy_started(self, x: "Transfer") -> None:
         self.copy_count += 1
@@ -126,6 +133,7 @@ class RunStats:
             "throughput_rps": n / span if span > 0 else 0.0,
             "prefix_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "replication": rep,
+            **({"requests": self.records} if self.records is not None else {}),
         }
 
 

@@ -13,6 +13,7 @@ import csv
 import gzip
 import json
 import random
+import zlib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -74,6 +75,13 @@ class TurnSpec:
     stop: Optional[str]
     think_s: float
     """Tool or human time before this request, s."""
+
+
+def request_key(req: SimRequest) -> str:
+    """Identifies a request of a workload independently of the order requests were created in (session turns and
+    branches get their ids when they are issued, which differs between a live replay and the simulator): its
+    namespace, length and pages."""
+    return f"{req.namespace}:{req.prompt_len}:{len(req.pages)}:{zlib.crc32(repr(req.pages).encode()):08x}"
 
 
 class Session:

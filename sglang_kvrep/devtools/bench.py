@@ -166,9 +166,30 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY[arm], profile, wl.page_len, seed, PlannerConfig())
     # the CPU workers of this cluster share this machine's cores (and the client, router and coordinator do too)
-    ecfg = EngineConfig(num_workers=workers, duration_s=last + 1.0, shared_cores=os.cpu_count() or 1)
+    # every session runs all its turns, as in the live replay (duration_s stops issuing requests, so it must not
+    # cut the sessions that are still going after the last start)
+    ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=os.cpu_count() or 1,
+                        record_requests=True)
     stats = Engine(profile, wl, policy, ecfg).run()
     return stats.to_dict()
+
+
+def compare_requests(live: list[dict], sim: list[dict]) -> dict:
+    """Matches a live replay's requests with the simulator's by `request_key`. Returns: how many matched, the
+    median of (simulated - measured) / measured TTFT over them, and the median of the same for the requests the
+    live run served with and without a cache hit."""
+    by_key = {r["key"]: r for r in sim}
+    errs, hit, miss = [], [], []
+    for r in live:
+        s = by_key.get(r.get("key"))
+        if s is None or not r.get("ttft_s"):
+            continue
+        e = s["ttft_s"] / r["ttft_s"] - 1
+        errs.append(e)
+        (hit if r.get("cached_tokens") else miss).append(e)
+    med = lambda xs: statistics.median(xs) if xs else math.nan  # noqa: E731
+    return {"matched": len(errs), "median_rel_error": med(errs), "median_rel_error_cached": med(hit),
+            "median_rel_error_uncached": med(miss)}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -370,7 +391,7 @@ def run_bench(args) -> int:
                            "requests": [{"rid": r.rid, "kind": r.kind, "sent_s": round(r.sent_s, 3),
                                          "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
-                                         "error": r.error} for r in results]}
+                                         "key": r.key, "error": r.error} for r in results]}
                     if not arm.startswith("sgl-"):
                         row["router_decisions"] = http_json(router_url + "/kvrep/status")[1].get("last_decisions")
                         st = coord.get("/status")[1]
@@ -407,18 +428,22 @@ def run_bench(args) -> int:
         print(format_summary(summary))
     if args.simulate:
         print()
-        print(f"simulator ({args.profile} profile) vs live, TTFT P50 / P99 in seconds:")
+        print(f"simulator ({args.profile} profile) vs live, TTFT P50 / P99 in seconds; cached-token ratio; the "
+              "median per-request error (same requests, matched by key)")
         print(f"{'workload':<8} {'arm':<7} {'sim policy':<13} {'live P50':>8} {'sim P50':>8} {'err':>6} "
-              f"{'live P99':>8} {'sim P99':>8} {'err':>6}")
+              f"{'live P99':>8} {'sim P99':>8} {'err':>6} {'cached live/sim':>15} {'per-req':>7}")
         for r in rows:
             if "sim" not in r:
                 continue
             live, sim = r["live"]["ttft_s"], r["sim"]["ttft_s"]
             e50 = sim["p50"] / live["p50"] - 1 if live["p50"] else math.nan
             e99 = sim["p99"] / live["p99"] - 1 if live["p99"] else math.nan
-            r["sim_error"] = {"p50": e50, "p99": e99}
+            per_req = compare_requests(r["requests"], r["sim"].get("requests", []))
+            r["sim_error"] = {"p50": e50, "p99": e99, **per_req}
+            cached = f"{r['live']['cached_token_ratio']:.0%}/{r['sim']['prefix_hit_rate']:.0%}"
             print(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[r['arm']]:<13} {live['p50']:>8.2f} "
-                  f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%}")
+                  f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%} "
+                  f"{cached:>15} {per_req['median_rel_error']:>+7.0%}")
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary}, f, indent=2,

@@ -1,0 +1,43 @@
+"""`kvrep bench --simulate` runs the simulator on the very requests the live replay sends: every session turn and
+every fan-out branch (the simulator's `duration_s` stops issuing requests, so it must not cut sessions still going
+after the last start), each recorded under the same `request_key` as the live result."""
+import argparse
+import copy
+
+import pytest
+
+from radix_sync import cli
+from radix_sync.loadgen import workload_size
+from sglang_kvrep.devtools.bench import build_workload, simulate
+
+
+def bench_args(*extra: str):
+    parser = argparse.ArgumentParser()
+    cli._add_demo_and_bench(parser.add_subparsers(dest="cmd"))
+    return parser.parse_args(["bench", *extra])
+
+
+@pytest.mark.parametrize("workload", ["agent", "fanout", "shared"])
+def test_simulated_requests_are_the_replayed_ones(workload):
+    wl = build_workload(workload, bench_args())
+    expected = workload_size(wl)["requests"]
+    result = simulate(copy.deepcopy(wl), "shadow", 3, 0)
+    records = result["requests"]
+    assert result["num_requests"] == expected == len(records)
+    assert len({r["key"] for r in records}) == expected  # one key per request
+    for r in records:
+        assert r["ttft_s"] > 0 and 0 <= r["cached_tokens"] < r["prompt_tokens"] and r["worker"] in (0, 1, 2)
+
+
+def test_compare_requests_matches_by_key():
+    from sglang_kvrep.devtools.bench import compare_requests
+
+    live = [{"key": "a", "ttft_s": 1.0, "cached_tokens": 0}, {"key": "b", "ttft_s": 2.0, "cached_tokens": 64},
+            {"key": "c", "ttft_s": 4.0, "cached_tokens": 64}, {"key": "x", "ttft_s": 1.0, "cached_tokens": 0},
+            {"key": "d", "ttft_s": None, "cached_tokens": 0}]
+    sim = [{"key": "c", "ttft_s": 2.0}, {"key": "a", "ttft_s": 1.5}, {"key": "b", "ttft_s": 1.0},
+           {"key": "d", "ttft_s": 1.0}]
+    out = compare_requests(live, sim)
+    assert out["matched"] == 3  # x has no simulated twin, d failed live
+    assert out["median_rel_error"] == -0.5  # errors +0.5, -0.5, -0.5
+    assert out["median_rel_error_uncached"] == 0.5 and out["median_rel_error_cached"] == -0.5
