@@ -44,8 +44,8 @@ class EngineConfig:
     """Keep one record per finished request in the result (`requests`; to compare with a live replay)."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
-    more workers than cores): a prefill iteration that starts while k > N workers are busy takes k/N times as long
-    (the iteration's length is fixed when it starts; decode is not stretched)."""
+    more workers than cores): processor sharing, every prefill in progress runs at min(1, N/k) of its speed while k
+    workers are busy (prefilling or decoding), re-timed whenever k changes; decode is not slowed."""
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -88,20 +88,30 @@ class Engine:
         self._progress = progress
         self._needs_cached = policy.router.uses_cached_len or policy.planner is not None
         self._no_views = (None,) * cfg.num_workers
+        self._busy = 0
 
     # ---- events ----
     def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, obj, version))
 
-    def core_stretch(self, worker: SimWorker) -> float:
-        """How much longer an iteration `worker` starts now takes because co-located workers share cores (1.0
-        unless `EngineConfig.shared_cores`)."""
-        cores = self.cfg.shared_cores
-        if cores <= 0:
-            return 1.0
-        busy = 1 + sum(1 for w in self.workers if w is not worker and w.state != IDLE)
-        return max(1.0, busy / cores)
+    def core_speed(self) -> float:
+        """Speed of a prefill now (1.0 = the profile's time) when the workers share `EngineConfig.shared_cores`
+        cores: min(1, cores / busy workers)."""
+        busy = sum(1 for w in self.workers if w.state != IDLE)
+        return min(1.0, self.cfg.shared_cores / busy) if busy else 1.0
+
+    def on_busy_changed(self, now: float) -> None:
+        """A worker started or stopped working (`shared_cores` only): when the number of busy workers changed,
+        every prefill in progress continues at the new speed."""
+        busy = sum(1 for w in self.workers if w.state != IDLE)
+        if busy == self._busy:
+            return
+        self._busy = busy
+        speed = min(1.0, self.cfg.shared_cores / busy) if busy else 1.0
+        for w in self.workers:
+            if w.state == PREFILL and w.ps_speed != speed:
+                w.reshare(now, speed)
 
     def schedule_iter_end(self, worker: SimWorker, t: float) -> None:
         self._push(t, ITER, worker, worker.version)

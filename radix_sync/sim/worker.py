@@ -44,6 +44,11 @@ class SimWorker:
         self.iter_start_s = 0.0
         self.iter_end_s = 0.0
         self.version = 0
+        # processor sharing (`EngineConfig.shared_cores`): the prefill in progress has `ps_work` seconds of work
+        # left at `ps_t` (at full speed) and runs at `ps_speed`
+        self.ps_work = 0.0
+        self.ps_t = 0.0
+        self.ps_speed = 1.0
         self._batch: list[tuple[SimRequest, int]] = []
         self._macro_k = 0
         self._macro_b = 0
@@ -173,7 +178,11 @@ class SimWorker:
             self.state = PREFILL
             self._batch = batch
             self.iter_start_s = now
-            self.iter_end_s = now + (p.prefill_overhead_s + dur) * self.engine.core_stretch(self)
+            work = p.prefill_overhead_s + dur
+            if self.engine.cfg.shared_cores > 0:
+                self.ps_work, self.ps_t, self.ps_speed = work, now, self.engine.core_speed()
+                work /= self.ps_speed
+            self.iter_end_s = now + work
         elif self.running:
             b = len(self.running)
             self.state = DECODE
@@ -184,7 +193,19 @@ class SimWorker:
             self.iter_end_s = now + p.decode_steps_s(self._macro_k, b, self.sum_ctx)
         else:
             self.state = IDLE
+            if self.engine.cfg.shared_cores > 0:
+                self.engine.on_busy_changed(now)
             return
+        self.version += 1
+        self.engine.schedule_iter_end(self, self.iter_end_s)
+        if self.engine.cfg.shared_cores > 0:
+            self.engine.on_busy_changed(now)
+
+    def reshare(self, now: float, speed: float) -> None:
+        """Processor sharing: the prefill in progress continues at `speed` from `now` (its end moves)."""
+        self.ps_work = max(0.0, self.ps_work - (now - self.ps_t) * self.ps_speed)
+        self.ps_t, self.ps_speed = now, speed
+        self.iter_end_s = now + self.ps_work / speed
         self.version += 1
         self.engine.schedule_iter_end(self, self.iter_end_s)
 

@@ -99,14 +99,21 @@ def test_cached_prefix_term_and_workers_sharing_cores():
     assert r[1].cached_len == 100
     assert r[1].first_token_s - 1.0 == pytest.approx(0.01 + 0.010 + 100 * 101 / 2 * 1e-6)
 
-    # Three workers on two cores: two prompts at once run at full speed, the third started while two others are
-    # busy takes 3/2 as long (0.11 s x 1.5).
+    # Three workers on two cores, processor sharing: three 0.11 s prefills at once each run at 2/3 speed.
     wl = Fixed([(0.0, 100, 1, [1]), (0.0, 100, 1, [2]), (0.0, 100, 1, [3])])
     eng = Engine(PROFILE, wl, build_policy("round_robin", PROFILE, wl.page_len, 0),
                  EngineConfig(num_workers=3, duration_s=10.0, shared_cores=2))
     eng.run()
-    firsts = sorted(x.first_token_s for x in wl.open_requests)
-    assert firsts == pytest.approx([0.11, 0.11, 0.165])
+    assert sorted(x.first_token_s for x in wl.open_requests) == pytest.approx([0.165, 0.165, 0.165])
+
+    # Two at 0 run at full speed until the third starts at 0.05 (0.06 s of work left each), then at 2/3 speed:
+    # done at 0.05 + 0.06 / (2/3) = 0.14; the third did 0.09 x 2/3 = 0.06 s of its 0.11 s by then, and finishes
+    # the remaining 0.05 s alone at full speed: 0.19.
+    wl = Fixed([(0.0, 100, 1, [1]), (0.0, 100, 1, [2]), (0.05, 100, 1, [3])])
+    eng = Engine(PROFILE, wl, build_policy("round_robin", PROFILE, wl.page_len, 0),
+                 EngineConfig(num_workers=3, duration_s=10.0, shared_cores=2))
+    eng.run()
+    assert [x.first_token_s for x in wl.open_requests] == pytest.approx([0.14, 0.14, 0.19])
 
 
 @pytest.mark.parametrize("policy,stale", [("kvrep", True), ("kvrep_keep", False), ("cache_aware", False)])
