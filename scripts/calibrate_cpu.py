@@ -2,7 +2,9 @@
 radix_sync/profiles/cpu-local.json (the simulator's and the planner's starting point for CPU runs).
 
 Starts a coordinator and two CPU workers (the `small` local model unless --model), then measures:
-- prefill: server `first_token_latency` of one-token requests for several new/cached lengths; least squares for
+- prefill: time to first token at the client, the way `kvrep bench` measures it (a streaming `/generate` with a
+  text prompt of one-token words, 8 output tokens: HTTP, the server's tokenization and the stream included), for
+  cold prompts and for short and long extensions of cached prefixes; least squares for
   `prefill_overhead_s + prefill_s_per_token*new + prefill_s_per_token_pair*(new*cached + new*(new+1)/2)
   + prefill_s_per_cached_pair*cached*(cached+1)/2` (the last term: the torch_native CPU backend recomputes
   attention over the cached prefix on every extension);
@@ -23,6 +25,8 @@ import random
 import statistics
 import sys
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +47,25 @@ def rand_ids(rng: random.Random, n: int) -> list[int]:
 
 def ttft(worker: Worker, ids: list[int]) -> float:
     return worker.generate(ids, max_new_tokens=1)["meta_info"]["first_token_latency"]
+
+
+def client_ttft(url: str, text: str, max_new_tokens: int = 8) -> tuple[float, int, int]:
+    """Streams `/generate` with `text`. Returns: (TTFT at the client in s, prompt tokens, cached tokens)."""
+    body = json.dumps({"text": text, "stream": True, "sampling_params": {
+        "max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}).encode()
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, last = None, None
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            if first is None:
+                first = time.perf_counter() - t0
+            last = line[5:]
+    meta = json.loads(last)["meta_info"]
+    return first, int(meta["prompt_tokens"]), int(meta["cached_tokens"])
 
 
 def decode_step(worker: Worker, ids_list: list[list[int]], n: int) -> float:
@@ -76,8 +99,9 @@ def fit_prefill(rows: list) -> dict:
     return {"values": {"prefill_overhead_s": round(overhead, 6), "prefill_s_per_token": float(f"{per_token:.6g}"),
                        "prefill_s_per_token_pair": float(f"{per_pair:.6g}"),
                        "prefill_s_per_cached_pair": float(f"{per_cached_pair:.6g}")},
-            "derivation": (f"non-negative least squares (relative error) over {len(rows)} one-token requests (new, "
-                           f"cached) -> first_token_latency; RMS relative residual {residual:.0%}. Four terms: "
+            "derivation": (f"non-negative least squares (relative error) over {len(rows)} requests (new, cached) -> "
+                           f"time to first token at the client (streaming text /generate, 8 output tokens, as "
+                           f"`kvrep bench` measures); RMS relative residual {residual:.0%}. Four terms: "
                            "overhead, per new token, per (new x context) pair, and per (cached x cached) pair: the "
                            "torch_native CPU backend recomputes attention over the cached prefix on every "
                            "extension, so a short extension of a long cached prefix costs ~ context^2 (with three "
@@ -119,16 +143,27 @@ def main() -> int:
         b.wait_ready()
         coord.wait_workers([a.worker_id, b.worker_id])
         ttft(a, rand_ids(rng, 64))  # warm-up
-        rows = []  # (new, cached, seconds)
-        for new in (64, 256, 1024, 2048, 4096):
-            for _ in range(args.repeats):
-                rows.append((new, 0, ttft(a, rand_ids(rng, new))))
-        for cached in (1024, 4096):
-            for new in (64, 512):
-                for _ in range(args.repeats):
-                    prefix = rand_ids(rng, cached)
-                    a.generate(prefix, 1)
-                    rows.append((new, cached, ttft(a, prefix + rand_ids(rng, new))))
+        from transformers import AutoTokenizer
+
+        from radix_sync.loadgen import Renderer
+        from sglang_kvrep.devtools.cluster import model_path
+
+        words = Renderer(AutoTokenizer.from_pretrained(model_path(args.model))).words
+
+        def text(n: int) -> str:  # n one-token words
+            return "".join(" " + rng.choice(words) for _ in range(n))
+        client_ttft(a.url, text(64))  # warm-up of the text path
+        rows = []  # (new, cached, seconds): new and cached as the server reports them
+        for _ in range(args.repeats):
+            for n in (64, 256, 512, 1024, 2048, 3072):
+                t, prompt, cached = client_ttft(a.url, text(n))
+                rows.append((prompt - cached, cached, t))
+            for c in (256, 1024, 2048, 3072):
+                prefix = text(c)
+                client_ttft(a.url, prefix, 1)
+                for n in (32, 256):
+                    t, prompt, cached = client_ttft(a.url, prefix + text(n))
+                    rows.append((prompt - cached, cached, t))
         print(f"[calibrate] {len(rows)} prefill samples", file=sys.stderr)
         prefill = fit_prefill(rows)
         # decode: step time vs context length (batch 1) and vs batch size (short context)

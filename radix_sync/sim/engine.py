@@ -44,8 +44,8 @@ class EngineConfig:
     """Keep one record per finished request in the result (`requests`; to compare with a live replay)."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
-    more workers than cores): processor sharing, every prefill in progress runs at min(1, N/k) of its speed while k
-    workers are busy (prefilling or decoding), re-timed whenever k changes; decode is not slowed."""
+    more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
+    of its speed while k workers are busy, re-timed whenever k changes."""
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -96,21 +96,21 @@ class Engine:
         heapq.heappush(self._heap, (t, self._seq, kind, obj, version))
 
     def core_speed(self) -> float:
-        """Speed of a prefill now (1.0 = the profile's time) when the workers share `EngineConfig.shared_cores`
+        """Speed of an iteration now (1.0 = the profile's time) when the workers share `EngineConfig.shared_cores`
         cores: min(1, cores / busy workers)."""
         busy = sum(1 for w in self.workers if w.state != IDLE)
         return min(1.0, self.cfg.shared_cores / busy) if busy else 1.0
 
     def on_busy_changed(self, now: float) -> None:
         """A worker started or stopped working (`shared_cores` only): when the number of busy workers changed,
-        every prefill in progress continues at the new speed."""
+        every iteration in progress (prefill or decode) continues at the new speed."""
         busy = sum(1 for w in self.workers if w.state != IDLE)
         if busy == self._busy:
             return
         self._busy = busy
         speed = min(1.0, self.cfg.shared_cores / busy) if busy else 1.0
         for w in self.workers:
-            if w.state == PREFILL and w.ps_speed != speed:
+            if w.state != IDLE and w.ps_speed != speed:
                 w.reshare(now, speed)
 
     def schedule_iter_end(self, worker: SimWorker, t: float) -> None:

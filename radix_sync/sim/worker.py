@@ -44,9 +44,11 @@ class SimWorker:
         self.iter_start_s = 0.0
         self.iter_end_s = 0.0
         self.version = 0
-        # processor sharing (`EngineConfig.shared_cores`): the prefill in progress has `ps_work` seconds of work
-        # left at `ps_t` (at full speed) and runs at `ps_speed`
-        self.ps_work = 0.0
+        # processor sharing (`EngineConfig.shared_cores`): the iteration in progress is `ps_total` seconds of work
+        # at full speed, `ps_done` of them done at `ps_t`, running at `ps_speed` since
+        self.shared = engine.cfg.shared_cores > 0
+        self.ps_total = 0.0
+        self.ps_done = 0.0
         self.ps_t = 0.0
         self.ps_speed = 1.0
         self._batch: list[tuple[SimRequest, int]] = []
@@ -82,7 +84,12 @@ class SimWorker:
             k = self._steps_done_by(now)
             if k < self._macro_k:
                 self._macro_k = k
-                self.iter_end_s = self.iter_start_s + self.p.decode_steps_s(k, self._macro_b, self._macro_ctx)
+                work = self.p.decode_steps_s(k, self._macro_b, self._macro_ctx)
+                if self.shared:
+                    self.ps_total = work
+                    self.iter_end_s = now + max(0.0, work - self._elapsed(now)) / self.ps_speed
+                else:
+                    self.iter_end_s = self.iter_start_s + work
                 self.version += 1
                 self.engine.schedule_iter_end(self, self.iter_end_s)
 
@@ -90,6 +97,8 @@ class SimWorker:
         """Smallest k >= 1 whose end is >= now (the step in progress at `now` completes)."""
         lo, hi = 1, self._macro_k
         b, c, t0 = self._macro_b, self._macro_ctx, self.iter_start_s
+        if self.shared:  # in work seconds since the iteration started
+            t0, now = 0.0, self._elapsed(now)
         p = self.p
         # Closed form first: t(k) = k per + a k(k-1)/2 with a = ctx cost x batch, per = cost of the first step;
         # the root of t(k) = now - t0 is exact up to rounding, so only its neighbours are checked.
@@ -177,35 +186,43 @@ class SimWorker:
         if batch:
             self.state = PREFILL
             self._batch = batch
-            self.iter_start_s = now
-            work = p.prefill_overhead_s + dur
-            if self.engine.cfg.shared_cores > 0:
-                self.ps_work, self.ps_t, self.ps_speed = work, now, self.engine.core_speed()
-                work /= self.ps_speed
-            self.iter_end_s = now + work
+            self._begin(now, p.prefill_overhead_s + dur)
         elif self.running:
             b = len(self.running)
             self.state = DECODE
             self._macro_k = max(1, self.running[0][0] - self.steps)
             self._macro_b = b
             self._macro_ctx = self.sum_ctx
-            self.iter_start_s = now
-            self.iter_end_s = now + p.decode_steps_s(self._macro_k, b, self.sum_ctx)
+            self._begin(now, p.decode_steps_s(self._macro_k, b, self.sum_ctx))
         else:
             self.state = IDLE
-            if self.engine.cfg.shared_cores > 0:
+            if self.shared:
                 self.engine.on_busy_changed(now)
             return
         self.version += 1
         self.engine.schedule_iter_end(self, self.iter_end_s)
-        if self.engine.cfg.shared_cores > 0:
+        if self.shared:
             self.engine.on_busy_changed(now)
 
+    def _begin(self, now: float, work: float) -> None:
+        """Starts an iteration of `work` seconds at full speed (state already set)."""
+        self.iter_start_s = now
+        if self.shared:
+            self.ps_total, self.ps_done, self.ps_t = work, 0.0, now
+            self.ps_speed = self.engine.core_speed()
+            self.iter_end_s = now + work / self.ps_speed
+        else:
+            self.iter_end_s = now + work
+
+    def _elapsed(self, now: float) -> float:
+        """Work seconds of the iteration in progress done by `now` (processor sharing)."""
+        return self.ps_done + (now - self.ps_t) * self.ps_speed
+
     def reshare(self, now: float, speed: float) -> None:
-        """Processor sharing: the prefill in progress continues at `speed` from `now` (its end moves)."""
-        self.ps_work = max(0.0, self.ps_work - (now - self.ps_t) * self.ps_speed)
+        """Processor sharing: the iteration in progress continues at `speed` from `now` (its end moves)."""
+        self.ps_done = self._elapsed(now)
         self.ps_t, self.ps_speed = now, speed
-        self.iter_end_s = now + self.ps_work / speed
+        self.iter_end_s = now + max(0.0, self.ps_total - self.ps_done) / speed
         self.version += 1
         self.engine.schedule_iter_end(self, self.iter_end_s)
 
@@ -302,7 +319,10 @@ class SimWorker:
             return self.iter_end_s
         if self.state == DECODE and now < self.iter_end_s:
             k = self._steps_done_by(now)
-            return self.iter_start_s + self.p.decode_steps_s(k, self._macro_b, self._macro_ctx)
+            work = self.p.decode_steps_s(k, self._macro_b, self._macro_ctx)
+            if self.shared:
+                return now + max(0.0, work - self._elapsed(now)) / self.ps_speed
+            return self.iter_start_s + work
         return now
 
     @property

@@ -31,7 +31,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path
 
@@ -155,14 +155,22 @@ def _progress(label: str, total: int) -> Callable:
     return on_done
 
 
-def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local") -> dict:
-    """Runs the simulator on the scaled workload under the arm's sim policy."""
+def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local",
+             max_total_tokens: Optional[int] = None, max_running: Optional[int] = None) -> dict:
+    """Runs the simulator on the scaled workload under the arm's sim policy, with the live workers' KV pool size
+    and running-request limit when given (the profile's are those of the calibration's workers)."""
+    from dataclasses import replace
+
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
     from radix_sync.sim.policies import build_policy
 
     profile = load_profile(profile_name)
+    if max_total_tokens is not None:
+        profile = replace(profile, kv_capacity_tokens=max_total_tokens)
+    if max_running is not None:
+        profile = replace(profile, max_running_requests=max_running)
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY[arm], profile, wl.page_len, seed, PlannerConfig())
     # the CPU workers of this cluster share this machine's cores (and the client, router and coordinator do too)
@@ -404,7 +412,8 @@ def run_bench(args) -> int:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
                     samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
                     if args.simulate and rnd == 0:  # the simulator is deterministic: once is enough
-                        row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile)
+                        row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
+                                          args.max_total_tokens, args.max_running)
                     rows.append(row)
                     t = row["live"]["ttft_s"]
                     _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "

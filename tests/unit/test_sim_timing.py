@@ -85,8 +85,14 @@ def test_decode_step_in_progress_closed_form_matches_the_scan():
     w = SimWorker.__new__(SimWorker)
     w.p = load_profile("llama3.1-8b-h200")
     w._macro_k, w._macro_b, w._macro_ctx, w.iter_start_s = 300, 64, 2_000_000, 1.0
+    w.shared = False
     for now in (1.0, 1.0001, 1.05, 1.5, 2.0, w.iter_start_s + w.p.decode_steps_s(300, 64, 2_000_000)):
         scan = next(k for k in range(1, 301) if 1.0 + w.p.decode_steps_s(k, 64, 2_000_000) >= now)
+        assert w._steps_done_by(now) == scan, now
+    # processor sharing: 0.1 s of work done by 1.5, half speed since -> work done at `now` = 0.1 + (now - 1.5) / 2
+    w.shared, w.ps_done, w.ps_t, w.ps_speed = True, 0.1, 1.5, 0.5
+    for now in (1.5, 1.6, 2.0, 3.0):
+        scan = next(k for k in range(1, 301) if w.p.decode_steps_s(k, 64, 2_000_000) >= 0.1 + (now - 1.5) / 2)
         assert w._steps_done_by(now) == scan, now
 
 
@@ -114,6 +120,16 @@ def test_cached_prefix_term_and_workers_sharing_cores():
                  EngineConfig(num_workers=3, duration_s=10.0, shared_cores=2))
     eng.run()
     assert [x.first_token_s for x in wl.open_requests] == pytest.approx([0.14, 0.14, 0.19])
+
+    # Decode is shared too. A and B prefill alone (0.11 s) and start 2 decode steps (0.04 s) at 0.11; C arrives at
+    # 0.12: three busy, 2/3 speed. A and B have 0.03 s of decode left -> 0.045 s -> finish at 0.165; C did 0.03 s of
+    # its 0.11 s prefill by then and runs the remaining 0.08 s alone: first token at 0.245.
+    wl = Fixed([(0.0, 100, 3, [1]), (0.0, 100, 3, [2]), (0.12, 100, 1, [3])])
+    eng = Engine(PROFILE, wl, build_policy("round_robin", PROFILE, wl.page_len, 0),
+                 EngineConfig(num_workers=3, duration_s=10.0, shared_cores=2))
+    eng.run()
+    a, b, c = wl.open_requests
+    assert (a.finish_s, b.finish_s, c.first_token_s) == pytest.approx((0.165, 0.165, 0.245))
 
 
 @pytest.mark.parametrize("policy,stale", [("kvrep", True), ("kvrep_keep", False), ("cache_aware", False)])
