@@ -40,6 +40,11 @@ class EngineConfig:
     """Planner period, s."""
     replica_budget_frac: float = 0.25
     """Largest share of a worker's KV pool that replicas may take."""
+    overlap_lag: bool = False
+    """True: the workers run SGLang's overlap scheduler on a device that computes synchronously (the CPU): an
+    iteration's outputs (first tokens, finished requests) are streamed when the next iteration ends, or at once
+    when none follows (`Scheduler.event_loop_overlap` processes batch N's results after launching batch N+1, and
+    on the CPU launching is running)."""
     record_requests: bool = False
     """Keep one record per finished request in the result (`requests`; to compare with a live replay)."""
     shared_cores: int = 0

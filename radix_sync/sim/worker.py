@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from radix_sync.sim.engine import Engine
 
 IDLE, PREFILL, DECODE = 0, 1, 2
+FIRST, DONE = 0, 1  # kinds of a request's outputs held back by `EngineConfig.overlap_lag`
 
 
 class SimWorker:
@@ -47,6 +48,9 @@ class SimWorker:
         # processor sharing (`EngineConfig.shared_cores`): the iteration in progress is `ps_total` seconds of work
         # at full speed, `ps_done` of them done at `ps_t`, running at `ps_speed` since
         self.shared = engine.cfg.shared_cores > 0
+        self.lag = engine.cfg.overlap_lag
+        self._out: list[tuple[int, SimRequest]] = []
+        """`overlap_lag`: outputs (first tokens, finishes) of the last iteration, streamed when the next one ends."""
         self.ps_total = 0.0
         self.ps_done = 0.0
         self.ps_t = 0.0
@@ -190,12 +194,16 @@ class SimWorker:
         elif self.running:
             b = len(self.running)
             self.state = DECODE
-            self._macro_k = max(1, self.running[0][0] - self.steps)
+            # outputs held back are streamed when the next step ends: run one step, not a stretch
+            self._macro_k = 1 if self._out else max(1, self.running[0][0] - self.steps)
             self._macro_b = b
             self._macro_ctx = self.sum_ctx
             self._begin(now, p.decode_steps_s(self._macro_k, b, self.sum_ctx))
         else:
             self.state = IDLE
+            if self._out:  # nothing runs next: the last iteration's outputs go out now
+                out, self._out = self._out, []
+                self._release(out, now)
             if self.shared:
                 self.engine.on_busy_changed(now)
             return
@@ -242,6 +250,9 @@ class SimWorker:
 
     def on_iter_end(self, now: float) -> None:
         """Completes the iteration in progress and starts the next one."""
+        held = None
+        if self._out:  # `overlap_lag`: the previous iteration's outputs are streamed now
+            held, self._out = self._out, []
         if self.state == PREFILL:
             done = []
             for req, take in self._batch:
@@ -274,7 +285,16 @@ class SimWorker:
                 self.sum_ctx -= req.prompt_len + 1 + (self.steps - req.join_step)
                 self._finish(req, now)
         self.state = IDLE
+        if held:
+            self._release(held, now)
         self._start(now)
+
+    def _release(self, out: list[tuple[int, SimRequest]], now: float) -> None:
+        for kind, req in out:
+            if kind == FIRST:
+                self._first_token(req, now)
+            else:
+                self._done(req, now)
 
     def _prefilled(self, req: SimRequest, now: float) -> None:
         cache, page = self.cache, self.cache.page_len
@@ -294,8 +314,10 @@ class SimWorker:
         moved = min(moved, req.reserved - req.output_len)
         cache.reserved_tokens -= moved
         req.reserved -= moved
-        req.first_token_s = now
-        self.engine.on_first_token(req, now)
+        if self.lag:
+            self._out.append((FIRST, req))
+        else:
+            self._first_token(req, now)
         if req.output_len <= 1:
             self._finish(req, now)
         else:
@@ -303,11 +325,21 @@ class SimWorker:
             self.sum_ctx += req.prompt_len + 1
             heapq.heappush(self.running, (self.steps + req.output_len - 1, req.rid, req))
 
+    def _first_token(self, req: SimRequest, now: float) -> None:
+        req.first_token_s = now
+        self.engine.on_first_token(req, now)
+
     def _finish(self, req: SimRequest, now: float) -> None:
         self.cache.reserved_tokens -= req.reserved
         req.reserved = 0
         self.cache.unlock(req.lock_page)
         req.lock_page = None
+        if self.lag:
+            self._out.append((DONE, req))
+        else:
+            self._done(req, now)
+
+    def _done(self, req: SimRequest, now: float) -> None:
         req.finish_s = now
         self.engine.on_finish(req, now)
 

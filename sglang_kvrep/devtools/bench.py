@@ -176,8 +176,9 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
     # the CPU workers of this cluster share this machine's cores (and the client, router and coordinator do too)
     # every session runs all its turns, as in the live replay (duration_s stops issuing requests, so it must not
     # cut the sessions that are still going after the last start)
+    # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=os.cpu_count() or 1,
-                        record_requests=True)
+                        overlap_lag=True, record_requests=True)
     stats = Engine(profile, wl, policy, ecfg).run()
     return stats.to_dict()
 

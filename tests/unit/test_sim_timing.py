@@ -147,3 +147,21 @@ def test_a_session_served_elsewhere_leaves_its_old_copy_evict_first(policy, stal
     assert old.tree.nodes[3].stale is stale and old.tree.nodes[1].stale is stale
     assert not any(n.stale for n in new.tree.nodes.values())
     assert not any(n.stale for n in deeper.tree.nodes.values())
+
+
+def test_overlap_scheduler_on_a_synchronous_device_streams_outputs_one_iteration_late():
+    def go(specs):
+        wl = Fixed(specs)
+        Engine(PROFILE, wl, build_policy("round_robin", PROFILE, wl.page_len, 0),
+               EngineConfig(num_workers=1, duration_s=10.0, overlap_lag=True)).run()
+        return wl.open_requests
+
+    # A's prefill ends at 0.11; its first token goes out when the next iteration (one decode step, 0.02 s) ends:
+    # 0.13. Its last step ends at 0.15 and nothing follows, so its finish goes out at once.
+    (a,) = go([(0.0, 100, 3, [1])])
+    assert (a.first_token_s, a.finish_s) == pytest.approx((0.13, 0.15))
+    # B waits behind A's prefill (0 -> 0.11) and prefills 0.11 -> 0.22; A's first token is streamed only then,
+    # together with B's (the worker goes idle): both at 0.22. Without the lag: 0.11 and 0.22.
+    a, b = go([(0.0, 100, 1, [1]), (0.05, 100, 1, [2])])
+    assert (a.first_token_s, b.first_token_s) == pytest.approx((0.22, 0.22))
+    assert (a.finish_s, b.finish_s) == pytest.approx((0.22, 0.22))
