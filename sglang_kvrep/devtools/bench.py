@@ -155,10 +155,68 @@ def _progress(label: str, total: int) -> Callable:
     return on_done
 
 
+def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: int = 2) -> dict:
+    """Measures this machine's speed now against the profile (a shared VM's speed drifts by ~10% between runs):
+    on each idle worker, a cold 1,024-token prompt and a 32-token extension of it, streamed as the bench does.
+    Returns: {"prefill": median measured/profile TTFT, "decode": median measured/profile step, "samples": [...]}."""
+    import random
+    import urllib.request
+
+    from radix_sync.policy.cost import load_profile
+
+    profile = load_profile(profile_name)
+    rng = random.Random(7)
+
+    def text(n: int) -> str:
+        return "".join(" " + rng.choice(words) for _ in range(n))
+
+    def stream(url: str, prompt: str, n_out: int = 8) -> tuple[float, float, int, int]:
+        body = json.dumps({"text": prompt, "stream": True, "sampling_params": {
+            "max_new_tokens": n_out, "temperature": 0.0, "ignore_eos": True}}).encode()
+        req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        first, last = None, None
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            for line in resp:
+                line = line.strip()
+                if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                    first = first if first is not None else time.perf_counter() - t0
+                    last = line[5:]
+        meta = json.loads(last)["meta_info"]
+        return first, time.perf_counter() - t0, int(meta["prompt_tokens"]), int(meta["cached_tokens"])
+
+    prefill, decode, samples = [], [], []
+    for url in urls:
+        for _ in range(repeats):
+            prefix = text(1024)
+            for prompt in (prefix, prefix + text(32)):
+                ttft, e2e, n, c = stream(url, prompt)
+                prefill.append(ttft / profile.prefill_s(n - c, c))
+                decode.append((e2e - ttft) / 7 / profile.decode_steps_s(1, 1, n))
+                samples.append({"prompt_tokens": n, "cached_tokens": c, "ttft_s": round(ttft, 4),
+                                "e2e_s": round(e2e, 4)})
+    return {"prefill": statistics.median(prefill), "decode": statistics.median(decode), "samples": samples}
+
+
+def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
+    """Returns: `profile` with its prefill terms times `prefill` and its decode terms times `decode`."""
+    from dataclasses import replace
+
+    return replace(profile, prefill_overhead_s=profile.prefill_overhead_s * prefill,
+                   prefill_s_per_token=profile.prefill_s_per_token * prefill,
+                   prefill_s_per_token_pair=profile.prefill_s_per_token_pair * prefill,
+                   prefill_s_per_cached_pair=profile.prefill_s_per_cached_pair * prefill,
+                   decode_step_s=profile.decode_step_s * decode,
+                   decode_s_per_request=profile.decode_s_per_request * decode,
+                   decode_s_per_ctx_token=profile.decode_s_per_ctx_token * decode)
+
+
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local",
-             max_total_tokens: Optional[int] = None, max_running: Optional[int] = None) -> dict:
+             max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
+             speed: Optional[dict] = None) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy, with the live workers' KV pool size
-    and running-request limit when given (the profile's are those of the calibration's workers)."""
+    and running-request limit when given (the profile's are those of the calibration's workers), and the profile
+    scaled to this machine's speed measured in the same run (`probe_speed`) when given."""
     from dataclasses import replace
 
     from radix_sync.policy.cost import load_profile
@@ -171,6 +229,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
         profile = replace(profile, kv_capacity_tokens=max_total_tokens)
     if max_running is not None:
         profile = replace(profile, max_running_requests=max_running)
+    if speed is not None:
+        profile = scale_profile(profile, speed["prefill"], speed["decode"])
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY[arm], profile, wl.page_len, seed, PlannerConfig())
     # the CPU workers of this cluster share this machine's cores (and the client, router and coordinator do too)
@@ -333,6 +393,7 @@ def run_bench(args) -> int:
     procs: list[Proc] = []
     rows: list[dict] = []
     samples: dict = {}
+    speed: Optional[dict] = None
     t_start = time.monotonic()
     try:
         _say(f"starting the coordinator and {args.workers} CPU SGLang workers (model '{args.model}')")
@@ -362,6 +423,10 @@ def run_bench(args) -> int:
             w.generate(list(range(100, 1100)), 4)
             w.generate(list(range(2000, 2064)), 4)
         tok = AutoTokenizer.from_pretrained(model_path(args.model))
+        if args.simulate:
+            speed = probe_speed([w.url for w in workers], Renderer(tok).words, args.profile)
+            _say(f"this machine now vs the {args.profile} profile: prefill x{speed['prefill']:.2f}, "
+                 f"decode x{speed['decode']:.2f} (the simulator uses these)")
         # NOTE: repeats interleave the arms (every arm once per round), so slow drift on a shared machine hits every
         # arm alike; each round replays the same workload with fresh text (no cache carried over).
         for rnd in range(args.repeats):
@@ -414,7 +479,7 @@ def run_bench(args) -> int:
                     samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
                     if args.simulate and rnd == 0:  # the simulator is deterministic: once is enough
                         row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
-                                          args.max_total_tokens, args.max_running)
+                                              args.max_total_tokens, args.max_running, speed)
                     rows.append(row)
                     t = row["live"]["ttft_s"]
                     _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
@@ -456,7 +521,8 @@ def run_bench(args) -> int:
                   f"{cached:>15} {per_req['median_rel_error']:>+7.0%}")
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
-        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary}, f, indent=2,
+        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "speed": speed},
+                  f, indent=2,
                   default=str)
     try:
         plot(rows, samples, out_dir / "ttft_cdf.png")

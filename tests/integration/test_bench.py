@@ -50,5 +50,9 @@ def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
     assert all(x["state"] in ("done", "failed") for x in rows["active"]["replications"])
     assert rows["active"]["replication"]["bytes"] == sum(x["bytes"] for x in rows["active"]["replications"]
                                                          if x["state"] == "done")
+    # the simulator ran on this machine's speed measured in the same run, on the very requests replayed
+    assert res["speed"]["prefill"] > 0 and res["speed"]["decode"] > 0 and len(res["speed"]["samples"]) == 8
+    for r in rows.values():
+        assert r["sim_error"]["matched"] == r["live"]["requests"]
     assert (out_dir / "ttft_cdf.png").stat().st_size > 0
     assert ours() <= before, "the bench left processes behind"

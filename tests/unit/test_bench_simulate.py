@@ -41,3 +41,14 @@ def test_compare_requests_matches_by_key():
     assert out["matched"] == 3  # x has no simulated twin, d failed live
     assert out["median_rel_error"] == -0.5  # errors +0.5, -0.5, -0.5
     assert out["median_rel_error_uncached"] == 0.5 and out["median_rel_error_cached"] == -0.5
+
+
+def test_scale_profile_scales_prefill_and_decode_terms_only():
+    from radix_sync.policy.cost import load_profile
+    from sglang_kvrep.devtools.bench import scale_profile
+
+    p = load_profile("cpu-local")
+    q = scale_profile(p, prefill=1.5, decode=0.5)
+    assert q.prefill_s(1000, 2000) == pytest.approx(1.5 * p.prefill_s(1000, 2000))
+    assert q.decode_steps_s(7, 2, 3000) == pytest.approx(0.5 * p.decode_steps_s(7, 2, 3000))
+    assert q.transfer_s(1e6) == p.transfer_s(1e6) and q.kv_capacity_tokens == p.kv_capacity_tokens
