@@ -360,7 +360,61 @@ def plot(rows: list[dict], samples: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def validation_table(rows: list[dict], profile_name: str) -> str:
+    """Simulated vs measured TTFT per row that has a `sim` record (adds `sim_error` to each). Returns: the table,
+    ending with how many P50/P99 are within 25%."""
+    lines = [f"simulator ({profile_name} profile) vs live, TTFT P50 / P99 in seconds; cached-token ratio; the "
+             "median per-request error (same requests, matched by key)",
+             f"{'workload':<8} {'arm':<7} {'sim policy':<13} {'live P50':>8} {'sim P50':>8} {'err':>6} "
+             f"{'live P99':>8} {'sim P99':>8} {'err':>6} {'cached live/sim':>15} {'per-req':>7}"]
+    within = total = 0
+    for r in rows:
+        if "sim" not in r:
+            continue
+        live, sim = r["live"]["ttft_s"], r["sim"]["ttft_s"]
+        e50 = sim["p50"] / live["p50"] - 1 if live["p50"] else math.nan
+        e99 = sim["p99"] / live["p99"] - 1 if live["p99"] else math.nan
+        per_req = compare_requests(r["requests"], r["sim"].get("requests", []))
+        r["sim_error"] = {"p50": e50, "p99": e99, **per_req}
+        within += (abs(e50) <= 0.25) + (abs(e99) <= 0.25)
+        total += 2
+        cached = f"{r['live']['cached_token_ratio']:.0%}/{r['sim']['prefix_hit_rate']:.0%}"
+        lines.append(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[r['arm']]:<13} {live['p50']:>8.2f} "
+                     f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%} "
+                     f"{cached:>15} {per_req['median_rel_error']:>+7.0%}")
+    lines.append(f"within 25% of the measured value: {within} of {total} (P50 and P99)")
+    return "\n".join(lines)
+
+
+def resimulate(path: Path, profile_name: Optional[str] = None) -> int:
+    """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
+    machine speed measured then) and prints the validation table: a model change is checked against live
+    measurements without running the cluster again."""
+    data = json.loads(Path(path).read_text())
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    for k, v in data.get("args", {}).items():
+        if hasattr(args, k):
+            setattr(args, k, v)
+    profile = profile_name or args.profile
+    built: dict = {}
+    rows = [r for r in data["rows"] if r.get("requests")]
+    for r in rows:
+        if r["workload"] not in built:
+            built[r["workload"]] = build_workload(r["workload"], args)
+        r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
+                            args.max_total_tokens, args.max_running, data.get("speed"))
+    print(f"re-simulated {path} ({len(rows)} rows; machine speed then: "
+          + (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f})"
+             if data.get("speed") else "not measured, x1)"))
+    print(validation_table(rows, profile))
+    return 0
+
+
 def run_bench(args) -> int:
+    if getattr(args, "resimulate", None):
+        return resimulate(Path(args.resimulate))
     from transformers import AutoTokenizer
 
     from radix_sync.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
@@ -503,22 +557,7 @@ def run_bench(args) -> int:
         print(format_summary(summary))
     if args.simulate:
         print()
-        print(f"simulator ({args.profile} profile) vs live, TTFT P50 / P99 in seconds; cached-token ratio; the "
-              "median per-request error (same requests, matched by key)")
-        print(f"{'workload':<8} {'arm':<7} {'sim policy':<13} {'live P50':>8} {'sim P50':>8} {'err':>6} "
-              f"{'live P99':>8} {'sim P99':>8} {'err':>6} {'cached live/sim':>15} {'per-req':>7}")
-        for r in rows:
-            if "sim" not in r:
-                continue
-            live, sim = r["live"]["ttft_s"], r["sim"]["ttft_s"]
-            e50 = sim["p50"] / live["p50"] - 1 if live["p50"] else math.nan
-            e99 = sim["p99"] / live["p99"] - 1 if live["p99"] else math.nan
-            per_req = compare_requests(r["requests"], r["sim"].get("requests", []))
-            r["sim_error"] = {"p50": e50, "p99": e99, **per_req}
-            cached = f"{r['live']['cached_token_ratio']:.0%}/{r['sim']['prefix_hit_rate']:.0%}"
-            print(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[r['arm']]:<13} {live['p50']:>8.2f} "
-                  f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%} "
-                  f"{cached:>15} {per_req['median_rel_error']:>+7.0%}")
+        print(validation_table(rows, args.profile))
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "speed": speed},
@@ -559,3 +598,7 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--profile", default="cpu-local",
                    help="cost profile of the coordinator's planner and the router's TTFT rule")
     p.add_argument("--out-dir", default="logs/demo" if demo else "logs/bench")
+    if not demo:
+        p.add_argument("--resimulate", metavar="RESULTS_JSON",
+                       help="no cluster: re-run the simulator on a saved run's workloads and compare with its "
+                            "live measurements (for changes to the simulator or the profile)")

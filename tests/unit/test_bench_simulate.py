@@ -52,3 +52,23 @@ def test_scale_profile_scales_prefill_and_decode_terms_only():
     assert q.prefill_s(1000, 2000) == pytest.approx(1.5 * p.prefill_s(1000, 2000))
     assert q.decode_steps_s(7, 2, 3000) == pytest.approx(0.5 * p.decode_steps_s(7, 2, 3000))
     assert q.transfer_s(1e6) == p.transfer_s(1e6) and q.kv_capacity_tokens == p.kv_capacity_tokens
+
+
+def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
+    """A saved run whose "live" side is the simulator's own output re-simulates with no error at all."""
+    import json
+
+    from sglang_kvrep.devtools.bench import resimulate
+
+    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 3}
+    wl = build_workload("shared", bench_args("--duration-s", "10"))
+    own = simulate(copy.deepcopy(wl), "sgl-rr", 3, 0, "cpu-local", 32768, 8)
+    live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
+    saved = {"args": args, "speed": None,
+             "rows": [{"workload": "shared", "arm": "sgl-rr", "live": live, "requests": own["requests"]}]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(saved))
+    assert resimulate(path) == 0
+    out = capsys.readouterr().out
+    assert "shared   sgl-rr  round_robin" in out and "within 25% of the measured value: 2 of 2" in out
+    assert "+0%" in out.splitlines()[-2]
