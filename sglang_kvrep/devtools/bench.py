@@ -214,7 +214,8 @@ def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local",
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None) -> dict:
-    """Runs the simulator on the scaled workload under the arm's sim policy, with the live workers' KV pool size
+    """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
+    with the live workers' KV pool size
     and running-request limit when given (the profile's are those of the calibration's workers), and the profile
     scaled to this machine's speed measured in the same run (`probe_speed`) when given."""
     from dataclasses import replace
@@ -232,7 +233,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
     if speed is not None:
         profile = scale_profile(profile, speed["prefill"], speed["decode"])
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
-    policy = build_policy(SIM_POLICY[arm], profile, wl.page_len, seed, PlannerConfig())
+    policy = build_policy(SIM_POLICY.get(arm, arm), profile, wl.page_len, seed, PlannerConfig())
     # the CPU workers of this cluster share this machine's cores (and the client, router and coordinator do too)
     # every session runs all its turns, as in the live replay (duration_s stops issuing requests, so it must not
     # cut the sessions that are still going after the last start)
@@ -409,6 +410,20 @@ def resimulate(path: Path, profile_name: Optional[str] = None) -> int:
           + (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f})"
              if data.get("speed") else "not measured, x1)"))
     print(validation_table(rows, profile))
+    print()
+    print("the same workloads simulated under the bounds (oracle: every worker holds every prefix, free); ratios "
+          "vs cache_aware")
+    print(f"{'workload':<8} {'policy':<12} {'mean':>6} {'P50':>6} {'P99':>6} {'mean x':>7} {'P99 x':>6} {'copies':>6}")
+    for w, wl in built.items():
+        base = None
+        for name in ("cache_aware", "kvrep", "oracle"):
+            res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
+                           args.max_running, data.get("speed"))
+            t = res["ttft_s"]
+            base = base or t
+            print(f"{w:<8} {name:<12} {t['mean']:>6.2f} {t['p50']:>6.2f} {t['p99']:>6.2f} "
+                  f"{t['mean'] / base['mean']:>6.2f}x {t['p99'] / base['p99']:>5.2f}x "
+                  f"{res['replication']['count']:>6}")
     return 0
 
 

@@ -70,5 +70,10 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
     path.write_text(json.dumps(saved))
     assert resimulate(path) == 0
     out = capsys.readouterr().out
-    assert "shared   sgl-rr  round_robin" in out and "within 25% of the measured value: 2 of 2" in out
-    assert "+0%" in out.splitlines()[-2]
+    assert "within 25% of the measured value: 2 of 2" in out
+    row = next(x for x in out.splitlines() if x.startswith("shared   sgl-rr  round_robin"))
+    assert row.endswith("+0%")
+    # and the bounds: the oracle is never slower than cache_aware on the same requests
+    bounds = {x.split()[1]: x.split() for x in out.splitlines() if x.startswith("shared ") and "x" in x.split()[-2]}
+    assert set(bounds) == {"cache_aware", "kvrep", "oracle"} and float(bounds["oracle"][2]) <= float(
+        bounds["cache_aware"][2])
