@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-turns", type=int, default=None, help="cap requests per trace session")
     parser.add_argument("--fanout-k", type=int, default=8, help="branches per tree (fanout generator)")
     parser.add_argument("--tick-s", type=float, default=1.0, help="planner period, s")
+    parser.add_argument("--shared-cores", type=int, default=0,
+                        help="the workers share this many CPU cores (processor sharing; a local CPU cluster). "
+                             "0: each worker has its own device")
+    parser.add_argument("--overlap-lag", action="store_true",
+                        help="SGLang's overlap scheduler on a synchronous device (CPU): outputs go out when the "
+                             "next iteration ends")
     parser.add_argument("--out", help="write results JSON here")
     parser.add_argument("--plot", help="write a PNG of the TTFT CDFs here (needs matplotlib)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -84,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
     duration = args.duration_s if args.duration_s is not None else last + 1.0
-    ecfg = EngineConfig(num_workers=args.workers, duration_s=duration, tick_s=args.tick_s)
+    ecfg = EngineConfig(num_workers=args.workers, duration_s=duration, tick_s=args.tick_s,
+                        shared_cores=args.shared_cores, overlap_lag=args.overlap_lag)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     results = []
     samples = {}
