@@ -25,8 +25,6 @@ import random
 import statistics
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +33,7 @@ from scipy.optimize import nnls
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
-from sglang_kvrep.devtools.cluster import Coordinator, Worker  # noqa: E402
+from sglang_kvrep.devtools.cluster import Coordinator, Worker, stream_generate  # noqa: E402
 
 MAX_TOTAL_TOKENS = 65536
 CHUNKED_PREFILL = 4096  # SGLang 0.5.23's default chunked prefill size on this CPU server (see server_args log)
@@ -50,22 +48,9 @@ def ttft(worker: Worker, ids: list[int]) -> float:
 
 
 def client_ttft(url: str, text: str, max_new_tokens: int = 8) -> tuple[float, int, int]:
-    """Streams `/generate` with `text`. Returns: (TTFT at the client in s, prompt tokens, cached tokens)."""
-    body = json.dumps({"text": text, "stream": True, "sampling_params": {
-        "max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}).encode()
-    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    first, last = None, None
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        for line in resp:
-            line = line.strip()
-            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                continue
-            if first is None:
-                first = time.perf_counter() - t0
-            last = line[5:]
-    meta = json.loads(last)["meta_info"]
-    return first, int(meta["prompt_tokens"]), int(meta["cached_tokens"])
+    """Returns: (TTFT at the client in s, prompt tokens, cached tokens) of a streamed text `/generate`."""
+    first, _, prompt, cached = stream_generate(url, text, max_new_tokens)
+    return first, prompt, cached
 
 
 def decode_step(worker: Worker, ids_list: list[list[int]], n: int) -> float:

@@ -33,7 +33,8 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path
+from sglang_kvrep.devtools.cluster import (ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path,
+                                           stream_generate)
 
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
@@ -160,7 +161,6 @@ def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: i
     on each idle worker, a cold 1,024-token prompt and a 32-token extension of it, streamed as the bench does.
     Returns: {"prefill": median measured/profile TTFT, "decode": median measured/profile step, "samples": [...]}."""
     import random
-    import urllib.request
 
     from radix_sync.policy.cost import load_profile
 
@@ -170,27 +170,12 @@ def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: i
     def text(n: int) -> str:
         return "".join(" " + rng.choice(words) for _ in range(n))
 
-    def stream(url: str, prompt: str, n_out: int = 8) -> tuple[float, float, int, int]:
-        body = json.dumps({"text": prompt, "stream": True, "sampling_params": {
-            "max_new_tokens": n_out, "temperature": 0.0, "ignore_eos": True}}).encode()
-        req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
-        t0 = time.perf_counter()
-        first, last = None, None
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            for line in resp:
-                line = line.strip()
-                if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-                    first = first if first is not None else time.perf_counter() - t0
-                    last = line[5:]
-        meta = json.loads(last)["meta_info"]
-        return first, time.perf_counter() - t0, int(meta["prompt_tokens"]), int(meta["cached_tokens"])
-
     prefill, decode, samples = [], [], []
     for url in urls:
         for _ in range(repeats):
             prefix = text(1024)
             for prompt in (prefix, prefix + text(32)):
-                ttft, e2e, n, c = stream(url, prompt)
+                ttft, e2e, n, c = stream_generate(url, prompt)
                 prefill.append(ttft / profile.prefill_s(n - c, c))
                 decode.append((e2e - ttft) / 7 / profile.decode_steps_s(1, 1, n))
                 samples.append({"prompt_tokens": n, "cached_tokens": c, "ttft_s": round(ttft, 4),

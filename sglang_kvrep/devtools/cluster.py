@@ -85,6 +85,30 @@ def http_json(url: str, body: Optional[dict] = None, timeout: float = 60.0, meth
             return exc.code, {"error": raw.decode(errors="replace")}
 
 
+def stream_generate(url: str, text: str, max_new_tokens: int = 8, timeout: float = 120.0
+                    ) -> tuple[float, float, int, int]:
+    """Streams SGLang's `/generate` with a text prompt, as `kvrep bench` sends requests. Returns: (time to the first
+    streamed token at the client, end-to-end time, prompt tokens, cached tokens)."""
+    import time
+    import urllib.request
+
+    body = json.dumps({"text": text, "stream": True, "sampling_params": {
+        "max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}).encode()
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, last = None, None
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for line in resp:
+            line = line.strip()
+            if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                first = first if first is not None else time.perf_counter() - t0
+                last = line[5:]
+    if last is None:
+        raise RuntimeError(f"/generate on {url} streamed nothing")
+    meta = json.loads(last)["meta_info"]
+    return first, time.perf_counter() - t0, int(meta["prompt_tokens"]), int(meta["cached_tokens"])
+
+
 class Proc:
     def __init__(self, name: str, argv: list[str], log_path: Path, env: Optional[dict] = None) -> None:
         self.name = name
