@@ -45,12 +45,12 @@ class SimWorker:
         self.iter_start_s = 0.0
         self.iter_end_s = 0.0
         self.version = 0
-        # processor sharing (`EngineConfig.shared_cores`): the iteration in progress is `ps_total` seconds of work
-        # at full speed, `ps_done` of them done at `ps_t`, running at `ps_speed` since
-        self.shared = engine.cfg.shared_cores > 0
         self.lag = engine.cfg.overlap_lag
         self._out: list[tuple[int, SimRequest]] = []
         """`overlap_lag`: outputs (first tokens, finishes) of the last iteration, streamed when the next one ends."""
+        # processor sharing (`EngineConfig.shared_cores`): the iteration in progress is `ps_total` seconds of work
+        # at full speed, `ps_done` of them done at `ps_t`, running at `ps_speed` since
+        self.shared = engine.cfg.shared_cores > 0
         self.ps_total = 0.0
         self.ps_done = 0.0
         self.ps_t = 0.0
