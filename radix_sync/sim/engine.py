@@ -85,6 +85,8 @@ class Engine:
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
         self.copies: list[dict[int, list[CopyRecord]]] = [{} for _ in range(cfg.num_workers)]
+        self.copy_starts: list[dict[int, int]] = [{} for _ in range(cfg.num_workers)]
+        """Per worker, how many of its copy records start at each page index (`lo`): the few places to look."""
         """Per worker, the copies it received and still counts, by each record's first page."""
         self.shadow: list[dict] = []
         self._heap: list = []
@@ -240,8 +242,10 @@ class Engine:
         pages = req.pages
         used = 0
         # NOTE: page hashes are chained, so a record whose first page is pages[i] starts at i: the records this
-        # request can use are found by its matched pages, not by scanning every copy the worker ever received
-        hits = [rec for p in pages[:matched_pages] for rec in by_first.get(p, ())]
+        # request can use are found at the few indices where the worker's records start, not by scanning every
+        # matched page or every copy the worker ever received
+        hits = [rec for lo in sorted(self.copy_starts[worker.wid]) if lo < matched_pages
+                for rec in by_first.get(pages[lo], ())]
         for rec in hits:
             if now <= rec.active_until_s:
                 u = min(matched_pages, rec.hi) - rec.lo
@@ -381,6 +385,8 @@ class Engine:
             until = now + x.ttl_s if x.kind == "replica" else now + 3600.0
             rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until)
             self.copies[x.dst].setdefault(rec.first_page, []).append(rec)
+            starts = self.copy_starts[x.dst]
+            starts[rec.lo] = starts.get(rec.lo, 0) + 1
             self.stats.copy_records.append(rec)
             if x.kind == "replica":
                 self._push(until, EXPIRE, rec)
@@ -401,6 +407,10 @@ class Engine:
             same.remove(rec)
             if not same:
                 del by_first[rec.first_page]
+            starts = self.copy_starts[rec.worker]
+            starts[rec.lo] -= 1
+            if not starts[rec.lo]:
+                del starts[rec.lo]
         if not rec.promoted:
             self.workers[rec.worker].cache.tree.drop_replica_chain(rec.last_page, self.workers[rec.worker].cache._on_evict)
 

@@ -45,6 +45,7 @@ class SimWorker:
         self.iter_start_s = 0.0
         self.iter_end_s = 0.0
         self.version = 0
+        self._busy_memo = (-1, 0.0)  # (version, end of the decode step in progress) of the last busy_until_s
         self.lag = engine.cfg.overlap_lag
         self._out: list[tuple[int, SimRequest]] = []
         """`overlap_lag`: outputs (first tokens, finishes) of the last iteration, streamed when the next one ends."""
@@ -350,11 +351,15 @@ class SimWorker:
         if self.state == PREFILL:
             return self.iter_end_s
         if self.state == DECODE and now < self.iter_end_s:
+            # NOTE: asked for every worker at every arrival; time only moves forward, so while the iteration is the
+            # same (`version`) and `now` has not passed the end found last time, that step is still in progress
+            if self._busy_memo[0] == self.version and now <= self._busy_memo[1]:
+                return self._busy_memo[1]
             k = self._steps_done_by(now)
             work = self.p.decode_steps_s(k, self._macro_b, self._macro_ctx)
-            if self.shared:
-                return now + max(0.0, work - self._elapsed(now)) / self.ps_speed
-            return self.iter_start_s + work
+            end = now + max(0.0, work - self._elapsed(now)) / self.ps_speed if self.shared else self.iter_start_s + work
+            self._busy_memo = (self.version, end)
+            return end
         return now
 
     @property
