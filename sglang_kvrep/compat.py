@@ -154,6 +154,18 @@ class SchedulerView:
             "evictable_tokens": self.evictable_tokens(),
         }
 
+    def waiting_wants(self, token_ids, namespace: str) -> bool:
+        """True when a request waiting in the scheduler's queue (not admitted yet, so holding no lock on the
+        tree) has `token_ids` as a prefix of its prompt in `namespace`."""
+        n = len(token_ids)
+        want = list(token_ids)
+        salt = namespace or None
+        for r in list(getattr(self.scheduler, "waiting_queue", []) or []):
+            ids = getattr(r, "origin_input_ids", None)
+            if ids is not None and len(ids) >= n and getattr(r, "cache_salt", None) == salt and list(ids[:n]) == want:
+                return True
+        return False
+
     def flush_kv_events(self) -> None:
         """Publish the radix tree's pending KV events now (SGLang publishes them only at the next prefill batch,
         every `--decode-log-interval` decode steps, or on idle: a prompt's pages would reach the coordinator only

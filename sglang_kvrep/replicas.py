@@ -109,6 +109,11 @@ class ReplicaTable:
                 continue
             if r.expires_at_s > now:
                 continue
+            if self.view.waiting_wants(r.token_ids, r.namespace):
+                # a request queued behind a busy scheduler was routed here for this copy: it has not taken its
+                # lock yet, and expiring now would make it recompute the whole prefix (seen live: fan-out
+                # branches queued 6-7 s behind others, their replicas expired, every one recomputed its trunk)
+                continue
             out.append((rid, self._evict(r)))
             del self.replicas[rid]
         return out
