@@ -198,7 +198,7 @@ def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
 
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local",
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
-             speed: Optional[dict] = None) -> dict:
+             speed: Optional[dict] = None, cores: Optional[int] = None) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     with the live workers' KV pool size
     and running-request limit when given (the profile's are those of the calibration's workers), and the profile
@@ -223,7 +223,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
     # every session runs all its turns, as in the live replay (duration_s stops issuing requests, so it must not
     # cut the sessions that are still going after the last start)
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
-    ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=os.cpu_count() or 1,
+    ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
                         overlap_lag=True, record_requests=True)
     stats = Engine(profile, wl, policy, ecfg).run()
     return stats.to_dict()
@@ -372,10 +372,11 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
     return "\n".join(lines)
 
 
-def resimulate(path: Path, profile_name: Optional[str] = None) -> int:
+def resimulate(path: Path, profile_name: Optional[str] = None, cores: Optional[int] = None) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
-    measurements without running the cluster again."""
+    measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
+    of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups)."""
     data = json.loads(Path(path).read_text())
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -390,8 +391,8 @@ def resimulate(path: Path, profile_name: Optional[str] = None) -> int:
         if r["workload"] not in built:
             built[r["workload"]] = build_workload(r["workload"], args)
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
-                            args.max_total_tokens, args.max_running, data.get("speed"))
-    print(f"re-simulated {path} ({len(rows)} rows; machine speed then: "
+                            args.max_total_tokens, args.max_running, data.get("speed"), cores)
+    print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; machine speed then: "
           + (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f})"
              if data.get("speed") else "not measured, x1)"))
     print(validation_table(rows, profile))
@@ -403,7 +404,7 @@ def resimulate(path: Path, profile_name: Optional[str] = None) -> int:
         base = None
         for name in ("cache_aware", "kvrep", "oracle"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
-                           args.max_running, data.get("speed"))
+                           args.max_running, data.get("speed"), cores)
             t = res["ttft_s"]
             base = base or t
             print(f"{w:<8} {name:<12} {t['mean']:>6.2f} {t['p50']:>6.2f} {t['p99']:>6.2f} "
@@ -414,7 +415,7 @@ def resimulate(path: Path, profile_name: Optional[str] = None) -> int:
 
 def run_bench(args) -> int:
     if getattr(args, "resimulate", None):
-        return resimulate(Path(args.resimulate))
+        return resimulate(Path(args.resimulate), cores=args.sim_cores)
     from transformers import AutoTokenizer
 
     from radix_sync.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
@@ -602,3 +603,5 @@ def add_arguments(p, *, demo: bool = False) -> None:
         p.add_argument("--resimulate", metavar="RESULTS_JSON",
                        help="no cluster: re-run the simulator on a saved run's workloads and compare with its "
                             "live measurements (for changes to the simulator or the profile)")
+        p.add_argument("--sim-cores", type=int, default=None,
+                       help="with --resimulate: the workers share this many cores (default: this machine's)")

@@ -77,3 +77,9 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
     bounds = {x.split()[1]: x.split() for x in out.splitlines() if x.startswith("shared ") and "x" in x.split()[-2]}
     assert set(bounds) == {"cache_aware", "kvrep", "oracle"} and float(bounds["oracle"][2]) <= float(
         bounds["cache_aware"][2])
+    # what-if on another host: the workers sharing one core are slower than on this machine's cores
+    assert resimulate(path, cores=1) == 0
+    one = capsys.readouterr().out
+    slow = {x.split()[1]: float(x.split()[2]) for x in one.splitlines()
+            if x.startswith("shared ") and "x" in x.split()[-2]}
+    assert "1 cores shared" in one and slow["cache_aware"] >= float(bounds["cache_aware"][2])
