@@ -85,9 +85,9 @@ class Engine:
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
         self.copies: list[dict[int, list[CopyRecord]]] = [{} for _ in range(cfg.num_workers)]
+        """Per worker, the copies it received and still counts, by each record's first page."""
         self.copy_starts: list[dict[int, int]] = [{} for _ in range(cfg.num_workers)]
         """Per worker, how many of its copy records start at each page index (`lo`): the few places to look."""
-        """Per worker, the copies it received and still counts, by each record's first page."""
         self.shadow: list[dict] = []
         self._heap: list = []
         self._seq = 0
@@ -95,7 +95,6 @@ class Engine:
         self._progress = progress
         self._needs_cached = policy.router.uses_cached_len or policy.planner is not None
         self._no_views = (None,) * cfg.num_workers
-        self._busy = 0
 
     # ---- events ----
     def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
@@ -109,13 +108,9 @@ class Engine:
         return min(1.0, self.cfg.shared_cores / busy) if busy else 1.0
 
     def on_busy_changed(self, now: float) -> None:
-        """A worker started or stopped working (`shared_cores` only): when the number of busy workers changed,
-        every iteration in progress (prefill or decode) continues at the new speed."""
-        busy = sum(1 for w in self.workers if w.state != IDLE)
-        if busy == self._busy:
-            return
-        self._busy = busy
-        speed = min(1.0, self.cfg.shared_cores / busy) if busy else 1.0
+        """A worker started or stopped working (`shared_cores` only): every iteration in progress (prefill or
+        decode) continues at the speed the number of busy workers now allows."""
+        speed = self.core_speed()
         for w in self.workers:
             if w.state != IDLE and w.ps_speed != speed:
                 w.reshare(now, speed)

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -170,14 +171,15 @@ def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: i
     def text(n: int) -> str:
         return "".join(" " + rng.choice(words) for _ in range(n))
 
+    n_out = 8
     prefill, decode, samples = [], [], []
     for url in urls:
         for _ in range(repeats):
             prefix = text(1024)
             for prompt in (prefix, prefix + text(32)):
-                ttft, e2e, n, c = stream_generate(url, prompt)
+                ttft, e2e, n, c = stream_generate(url, prompt, n_out)
                 prefill.append(ttft / profile.prefill_s(n - c, c))
-                decode.append((e2e - ttft) / 7 / profile.decode_steps_s(1, 1, n))
+                decode.append((e2e - ttft) / profile.decode_steps_s(n_out - 1, 1, n))
                 samples.append({"prompt_tokens": n, "cached_tokens": c, "ttft_s": round(ttft, 4),
                                 "e2e_s": round(e2e, 4)})
     return {"prefill": statistics.median(prefill), "decode": statistics.median(decode), "samples": samples}
@@ -185,8 +187,6 @@ def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: i
 
 def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
     """Returns: `profile` with its prefill terms times `prefill` and its decode terms times `decode`."""
-    from dataclasses import replace
-
     return replace(profile, prefill_overhead_s=profile.prefill_overhead_s * prefill,
                    prefill_s_per_token=profile.prefill_s_per_token * prefill,
                    prefill_s_per_token_pair=profile.prefill_s_per_token_pair * prefill,
@@ -200,11 +200,9 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
-    with the live workers' KV pool size
-    and running-request limit when given (the profile's are those of the calibration's workers), and the profile
-    scaled to this machine's speed measured in the same run (`probe_speed`) when given."""
-    from dataclasses import replace
-
+    as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
+    with SGLang's overlap scheduler, and when given the live workers' KV pool size and running-request limit (the
+    profile's are the calibration's) and the machine speed measured in the same run (`probe_speed`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
@@ -219,9 +217,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
         profile = scale_profile(profile, speed["prefill"], speed["decode"])
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY.get(arm, arm), profile, wl.page_len, seed, PlannerConfig())
-    # the CPU workers of this cluster share this machine's cores (and the client, router and coordinator do too)
-    # every session runs all its turns, as in the live replay (duration_s stops issuing requests, so it must not
-    # cut the sessions that are still going after the last start)
+    # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
                         overlap_lag=True, record_requests=True)
@@ -372,7 +368,7 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
     return "\n".join(lines)
 
 
-def resimulate(path: Path, profile_name: Optional[str] = None, cores: Optional[int] = None) -> int:
+def resimulate(path: Path, cores: Optional[int] = None) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
@@ -384,7 +380,7 @@ def resimulate(path: Path, profile_name: Optional[str] = None, cores: Optional[i
     for k, v in data.get("args", {}).items():
         if hasattr(args, k):
             setattr(args, k, v)
-    profile = profile_name or args.profile
+    profile = args.profile
     built: dict = {}
     rows = [r for r in data["rows"] if r.get("requests")]
     for r in rows:

@@ -89,9 +89,6 @@ def stream_generate(url: str, text: str, max_new_tokens: int = 8, timeout: float
                     ) -> tuple[float, float, int, int]:
     """Streams SGLang's `/generate` with a text prompt, as `kvrep bench` sends requests. Returns: (time to the first
     streamed token at the client, end-to-end time, prompt tokens, cached tokens)."""
-    import time
-    import urllib.request
-
     body = json.dumps({"text": text, "stream": True, "sampling_params": {
         "max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}).encode()
     req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
