@@ -373,11 +373,16 @@ def resimulate(path: Path, cores: Optional[int] = None) -> int:
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
     of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups)."""
-    data = json.loads(Path(path).read_text())
+    import gzip
+
+    path = Path(path)
+    data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
     for k, v in data.get("args", {}).items():
+        if k == "trace" and not Path(v).exists() and Path(v).name == DEFAULT_TRACE.name:
+            v = str(DEFAULT_TRACE)  # a run saved from another checkout: the same committed sample here
         if hasattr(args, k):
             setattr(args, k, v)
     profile = args.profile
@@ -597,7 +602,7 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--out-dir", default="logs/demo" if demo else "logs/bench")
     if not demo:
         p.add_argument("--resimulate", metavar="RESULTS_JSON",
-                       help="no cluster: re-run the simulator on a saved run's workloads and compare with its "
-                            "live measurements (for changes to the simulator or the profile)")
+                       help="no cluster: re-run the simulator on a saved run's workloads (results.json, or .json.gz "
+                            "as in bench/results/) and compare with its live measurements")
         p.add_argument("--sim-cores", type=int, default=None,
                        help="with --resimulate: the workers share this many cores (default: this machine's)")

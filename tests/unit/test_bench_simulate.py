@@ -83,3 +83,17 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
     slow = {x.split()[1]: float(x.split()[2]) for x in one.splitlines()
             if x.startswith("shared ") and "x" in x.split()[-2]}
     assert "1 cores shared" in one and slow["cache_aware"] >= float(bounds["cache_aware"][2])
+
+
+def test_the_committed_validation_runs_load_for_resimulate():
+    """`bench/results/*.json.gz` are the runs docs/bench.md quotes; `kvrep bench --resimulate` reads them."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
+    assert [f.name for f in files] == ["bench-val1.json.gz", "bench-val2-agent.json.gz", "bench-val2.json.gz"]
+    for f in files:
+        data = json.loads(gzip.decompress(f.read_bytes()))
+        assert data["rows"] and all(q["key"] for r in data["rows"] for q in r["requests"])
+        assert data["args"]["workers"] == 3
