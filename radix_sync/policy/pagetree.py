@@ -4,6 +4,13 @@ Chained hashes name a whole prefix (a page hash appears under one parent only), 
 page hash. Only leaves are evicted, which keeps the prefix property: if page i of a prompt is present, pages
 0..i-1 are too, and the matched length is found by binary search.
 
+Eviction order: replica (and demoted) leaves, then, with T-LRU on, "TEL-safe" leaves, then the rest, each least
+recently used first. T-LRU (Tail-Optimized LRU, Zhang et al., arXiv:2510.15152; SGLang 0.5.23's
+`--radix-eviction-policy tlru`, `TLRUStrategy` in `srt/mem_cache/evict_policy.py`): a conversation whose branch
+reached H tokens (a high-water mark that never shrinks) and whose next prompt adds about Q tokens needs only
+H + Q - threshold tokens cached for its next prefill to stay within the TTFT budget; a leaf whose ancestors
+already cover that is TEL-safe and goes before any other ordinary page. Here per page rather than per radix node.
+
 Locks: a request locks only the deepest page it uses; its ancestors all have a child and so are never leaves,
 hence never evicted (NOTE: this relies on leaf-only eviction). Replica pages sit in their own LRU heap and go
 first. When a leaf is evicted its parent, if it becomes a leaf, inherits the later of the two access times (what
@@ -19,10 +26,15 @@ from typing import Callable, Optional, Sequence
 
 
 class _Node:
-    __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp", "stale")
+    __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp", "stale", "depth",
+                 "hist")
 
-    def __init__(self, parent: Optional[int], now: float, replica: bool) -> None:
+    def __init__(self, parent: Optional[int], now: float, replica: bool, depth: int = 0) -> None:
         self.parent = parent
+        self.depth = depth
+        """Pages from the root to this one, inclusive (T-LRU only; 0 otherwise)."""
+        self.hist = depth
+        """T-LRU: the deepest page count its branch ever reached (never lowered by eviction)."""
         self.num_children = 0
         self.last_access_s = now
         self.lock_count = 0
@@ -34,11 +46,17 @@ class _Node:
 class PageTree:
     """Set of cached pages with parent links, lock counts, replica flags and two LRU heaps of leaves."""
 
-    def __init__(self) -> None:
+    def __init__(self, tlru_slack_pages: Optional[int] = None) -> None:
+        """Args:
+            tlru_slack_pages: None for LRU; else T-LRU with (threshold - next prompt estimate) / page length,
+                rounded down, pages of budget (see the module docstring; 0 or less evicts as LRU does).
+        """
         self.nodes: dict[int, _Node] = {}
         self.num_replica_pages = 0
-        self._heaps: tuple[list, list] = ([], [])  # [0] ordinary leaves, [1] replica leaves
+        self._heaps: tuple[list, list, list] = ([], [], [])  # ordinary, replica or demoted, TEL-safe leaves
         self._seq = 0
+        self._tlru = tlru_slack_pages is not None
+        self._slack = tlru_slack_pages or 0
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -76,7 +94,15 @@ class PageTree:
         if node.num_children == 0 and node.lock_count == 0:
             self._seq += 1
             node.stamp = self._seq
-            heapq.heappush(self._heaps[node.replica or node.stale], (node.last_access_s, self._seq, page))
+            heap = 1 if node.replica or node.stale else (
+                2 if self._tlru and node.depth - 1 >= max(node.hist - self._slack, 0) else 0)
+            heapq.heappush(self._heaps[heap], (node.last_access_s, self._seq, page))
+
+    def is_tel_safe(self, page: int) -> bool:
+        """Whether T-LRU counts `page` as TEL-safe: the pages above it cover its branch's budget
+        max(H - slack, 0) (False without T-LRU)."""
+        node = self.nodes[page]
+        return self._tlru and node.depth - 1 >= max(node.hist - self._slack, 0)
 
     def insert(self, pages: Sequence[int], upto: int, now: float, replica: bool = False) -> list[int]:
         """Inserts `pages[:upto]`; pages already present are left as they are (not touched).
@@ -93,9 +119,10 @@ class PageTree:
         start = self.match_len(pages, upto)
         added = []
         parent = pages[start - 1] if start > 0 else None
+        tlru = self._tlru
         for i in range(start, upto):
             page = pages[i]
-            node = _Node(parent, now, replica)
+            node = _Node(parent, now, replica, i + 1 if tlru else 0)
             nodes[page] = node
             if parent is not None:
                 nodes[parent].num_children += 1
@@ -104,6 +131,13 @@ class PageTree:
         if added:
             if replica:
                 self.num_replica_pages += len(added)
+            if tlru and start > 0:  # the branch now reaches `upto` pages: raise the high-water mark above it
+                cur = nodes[pages[start - 1]]
+                while cur is not None and cur.hist < upto:
+                    cur.hist = upto
+                    cur = nodes[cur.parent] if cur.parent is not None else None
+            for p in added[:-1]:
+                nodes[p].hist = upto
             self._push(added[-1], nodes[added[-1]])
         return added
 
@@ -187,7 +221,8 @@ class PageTree:
                 self._push(node.parent, parent)
 
     def evict(self, num_pages: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
-        """Evicts up to `num_pages` unlocked leaves, replicas first, least recently used first.
+        """Evicts up to `num_pages` unlocked leaves: replicas and demoted pages first, then (T-LRU) TEL-safe ones,
+        then the rest, least recently used first within each.
 
         Args:
             num_pages: pages wanted.
@@ -196,7 +231,7 @@ class PageTree:
             pages evicted (fewer when everything left is locked).
         """
         done = 0
-        for heap in (self._heaps[1], self._heaps[0]):
+        for heap in (self._heaps[1], self._heaps[2], self._heaps[0]):
             while done < num_pages and heap:
                 _, seq, page = heapq.heappop(heap)
                 node = self.nodes.get(page)

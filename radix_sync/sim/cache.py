@@ -65,11 +65,14 @@ class WorkerCache:
     """One worker's KV pool. Owns its `PageTree` and the token reservation of admitted requests."""
 
     def __init__(self, worker_id: int, capacity_tokens: int, page_len: int, directory: Directory,
-                 oracle_pages: Optional[set] = None) -> None:
+                 oracle_pages: Optional[set] = None, tlru_slack_tokens: Optional[int] = None) -> None:
+        """Args:
+            tlru_slack_tokens: None: LRU eviction; else T-LRU with threshold - next prompt estimate, tokens.
+        """
         self.worker_id = worker_id
         self.capacity_tokens = capacity_tokens
         self.page_len = page_len
-        self.tree = PageTree()
+        self.tree = PageTree(None if tlru_slack_tokens is None else tlru_slack_tokens // page_len)
         self.reserved_tokens = 0
         self.directory = directory
         self.oracle_pages = oracle_pages

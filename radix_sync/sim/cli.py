@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-lag", action="store_true",
                         help="SGLang's overlap scheduler on a synchronous device (CPU): outputs go out when the "
                              "next iteration ends")
+    parser.add_argument("--eviction", choices=("lru", "tlru"), default="lru",
+                        help="the workers' radix-cache eviction, as SGLang's --radix-eviction-policy (default lru)")
+    parser.add_argument("--tlru-threshold", type=int, default=0,
+                        help="T-LRU: tokens a next prompt may leave uncached (SGLang's threshold)")
+    parser.add_argument("--tlru-next-prompt", type=int, default=0,
+                        help="T-LRU: tokens a conversation's next prompt adds (SGLang's next_prompt_estimate)")
     parser.add_argument("--out", help="write results JSON here")
     parser.add_argument("--plot", help="write a PNG of the TTFT CDFs here (needs matplotlib)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -85,13 +91,14 @@ def run(args: argparse.Namespace) -> int:
             if n not in POLICIES.names():
                 raise ValueError(f"unknown policy {n!r}; known: {', '.join(POLICIES.names())}")
         probe = build_workload(args, profile.max_context_len)
+        last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
+        duration = args.duration_s if args.duration_s is not None else last + 1.0
+        ecfg = EngineConfig(num_workers=args.workers, duration_s=duration, tick_s=args.tick_s,
+                            shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
+                            tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt)
     except (ValueError, OSError) as e:
         print(f"kvrep sim: {e}", file=sys.stderr)
         return 2
-    last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
-    duration = args.duration_s if args.duration_s is not None else last + 1.0
-    ecfg = EngineConfig(num_workers=args.workers, duration_s=duration, tick_s=args.tick_s,
-                        shared_cores=args.shared_cores, overlap_lag=args.overlap_lag)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     results = []
     samples = {}

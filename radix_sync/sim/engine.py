@@ -47,6 +47,15 @@ class EngineConfig:
     on the CPU launching is running)."""
     record_requests: bool = False
     """Keep one record per finished request in the result (`requests`; to compare with a live replay)."""
+    eviction: str = "lru"
+    """The workers' radix-cache eviction (`--radix-eviction-policy`): `lru` (SGLang's default) or `tlru`
+    (Tail-Optimized LRU, with `tlru_threshold_tokens` and `tlru_next_prompt_tokens` as SGLang's
+    `--radix-eviction-policy-config '{"threshold": ..., "next_prompt_estimate": ...}'`). Replicas and demoted
+    copies still go first."""
+    tlru_threshold_tokens: int = 0
+    """T-LRU: tokens a next prompt may leave uncached (the TTFT budget expressed in tokens)."""
+    tlru_next_prompt_tokens: int = 0
+    """T-LRU: tokens a conversation's next prompt is expected to add."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
@@ -59,6 +68,11 @@ class EngineConfig:
             raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
         if self.shared_cores < 0:
             raise ValueError(f"shared_cores={self.shared_cores!r} must be >= 0")
+        if self.eviction not in ("lru", "tlru"):
+            raise ValueError(f"eviction={self.eviction!r} must be 'lru' or 'tlru'")
+        if self.tlru_threshold_tokens < 0 or self.tlru_next_prompt_tokens < 0:
+            raise ValueError(f"tlru_threshold_tokens={self.tlru_threshold_tokens!r}, tlru_next_prompt_tokens="
+                             f"{self.tlru_next_prompt_tokens!r} must be >= 0")
         if not 0.0 <= self.replica_budget_frac <= 1.0:
             raise ValueError(f"replica_budget_frac={self.replica_budget_frac!r} must be in [0, 1]")
 
@@ -75,8 +89,9 @@ class Engine:
         self.page_len = workload.page_len
         self.directory = Directory()
         oracle_pages = set() if policy.oracle else None
+        slack = cfg.tlru_threshold_tokens - cfg.tlru_next_prompt_tokens if cfg.eviction == "tlru" else None
         self.workers = [SimWorker(i, profile, WorkerCache(i, profile.kv_capacity_tokens, self.page_len,
-                                                          self.directory, oracle_pages), self)
+                                                          self.directory, oracle_pages, slack), self)
                         for i in range(cfg.num_workers)]
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
         self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)

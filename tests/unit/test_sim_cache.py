@@ -96,3 +96,59 @@ def test_demote_leaves_replica_pages_counted_as_replicas():
     t.insert([1, 2, 3], 3, 1.0, replica=True)
     assert t.demote(3) == 2 and t.num_replica_pages == 1  # page 3 was a replica already: only 2 and 1 demoted
     t.check_integrity()
+
+
+def test_tlru_drains_tel_safe_leaves_first_then_lru():
+    # slack 2 pages: a leaf is TEL-safe when the pages above it cover max(high-water - 2, 0)
+    t = PageTree(tlru_slack_pages=2)
+    t.insert([1, 2, 3, 4, 5], 5, 0.0)   # high-water 5: pages 5 and 4 are TEL-safe, 3 is not
+    t.insert([10, 11], 2, 5.0)          # high-water 2 <= slack: the whole branch is TEL-safe
+    t.insert([20, 21, 22, 23], 4, 10.0)  # high-water 4: 23 and 22 TEL-safe
+    assert t.is_tel_safe(5) and not t.is_tel_safe(3) and t.is_tel_safe(10)
+    assert evicted_in_order(t, 11) == [5, 4, 11, 10, 23, 22, 3, 2, 1, 21, 20]
+    t.check_integrity()
+
+
+def test_lru_order_of_the_same_tree_and_tlru_without_slack_is_lru():
+    for tree in (PageTree(), PageTree(tlru_slack_pages=0), PageTree(tlru_slack_pages=-3)):
+        tree.insert([1, 2, 3, 4, 5], 5, 0.0)
+        tree.insert([10, 11], 2, 5.0)
+        tree.insert([20, 21, 22, 23], 4, 10.0)
+        assert evicted_in_order(tree, 11) == [5, 4, 3, 2, 1, 11, 10, 23, 22, 21, 20]
+
+
+def test_tlru_high_water_mark_rises_with_the_branch_and_survives_eviction():
+    t = PageTree(tlru_slack_pages=2)
+    t.insert([1, 2, 3], 3, 0.0)
+    assert t.is_tel_safe(3)  # 2 pages above it >= max(3 - 2, 0)
+    t.insert([1, 2, 3, 4, 5, 6], 6, 1.0)  # the conversation grew: its pages now budget 6 - 2 = 4
+    t.insert([50], 1, 0.5)  # an ordinary one-page branch, TEL-safe itself (high-water 1)
+    assert evicted_in_order(t, 3) == [50, 6, 5]
+    assert not t.is_tel_safe(4)  # 3 above it < 4: the high-water mark did not drop with the evicted pages
+    # a new page's own mark is its depth (SGLang's `_set_tlru_lens_and_raise_history`): 4 above it >= 5 - 2
+    t.insert([1, 2, 3, 4, 7], 5, 2.0)
+    assert t.is_tel_safe(7)
+    assert evicted_in_order(t, 2) == [7, 4]  # then 4, a leaf again, goes by LRU (not TEL-safe under mark 6)
+    assert len(t) == 3
+
+
+def test_worker_cache_and_engine_pass_tlru_through():
+    from radix_sync.policy.cost import load_profile
+    from radix_sync.policy.planner import PlannerConfig
+    from radix_sync.sim.engine import Engine, EngineConfig
+    from radix_sync.sim.generators import AgentWorkload, GeneratorConfig
+    from radix_sync.sim.policies import build_policy
+    c = WorkerCache(0, 64 * 100, 64, Directory(), tlru_slack_tokens=130)  # floor(130 / 64) = 2 pages
+    c.insert([1, 2, 3, 4], 4, 0.0)
+    assert c.tree.is_tel_safe(4) and not c.tree.is_tel_safe(2)
+    profile = load_profile("llama3.1-8b-h200")
+    wl = AgentWorkload(GeneratorConfig(), 5.0, 5.0, 1, profile.max_context_len, "poisson")
+    cfg = EngineConfig(num_workers=2, duration_s=5.0, eviction="tlru", tlru_threshold_tokens=4096,
+                       tlru_next_prompt_tokens=1024)
+    eng = Engine(profile, wl, build_policy("cache_aware", profile, wl.page_len, 1, PlannerConfig()), cfg)
+    assert all(w.cache.tree._slack == 3072 // 64 for w in eng.workers)
+    import pytest
+    with pytest.raises(ValueError, match="eviction"):
+        EngineConfig(eviction="lfu")
+    with pytest.raises(ValueError, match="tlru_threshold_tokens"):
+        EngineConfig(eviction="tlru", tlru_threshold_tokens=-1)

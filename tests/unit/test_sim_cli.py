@@ -30,3 +30,14 @@ def test_results_json_and_cpu_cluster_flags(tmp_path, capsys):
     assert shared["args"]["shared_cores"] == 1 and shared["args"]["overlap_lag"] is True
     for a, b in zip(plain["results"], shared["results"]):
         assert b["ttft_s"]["mean"] > a["ttft_s"]["mean"]
+
+
+def test_eviction_flags(tmp_path, capsys):
+    r = sim(tmp_path, "--eviction", "tlru", "--tlru-threshold", "8192", "--tlru-next-prompt", "1024")
+    assert (r["args"]["eviction"], r["args"]["tlru_threshold"], r["args"]["tlru_next_prompt"]) == ("tlru", 8192, 1024)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    bad = parser.parse_args(["--generator", "agent", "--rate", "5", "--duration-s", "20", "--eviction", "tlru",
+                             "--tlru-threshold", "-1", "--no-progress"])
+    assert cli.run(bad) == 2
+    assert "tlru_threshold_tokens=-1" in capsys.readouterr().err
