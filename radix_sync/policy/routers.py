@@ -295,8 +295,8 @@ class ExpectedTtftRouter(RouterPolicy):
         self.kv_bytes_per_token = kv_bytes_per_token
         self.allow_pull = allow_pull
 
-    def _scan(self, req: RequestView, workers: Sequence[WorkerView], now: float):
-        """Yields per worker (expected TTFT, worker id, kind, pull source, pull length); kind 0: as is, 1: wait
+    def _scan(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[tuple]:
+        """Returns per worker (expected TTFT, worker id, kind, pull source, pull length); kind 0: as is, 1: wait
         for a copy in flight, 2: pull. Routes are built by the callers (only the winner's, in `route`)."""
         cached = req.cached_len
         best_src = max(range(len(workers)), key=lambda i: (cached[i], -i))
@@ -307,11 +307,16 @@ class ExpectedTtftRouter(RouterPolicy):
                 inflight[h.worker_id] = (h.depth_len, h.eta_s)
         cost, prompt_len = self.cost, req.prompt_len
         pull_bytes = self.kv_bytes_per_token
+        prefill: dict[int, float] = {}  # cached length -> prefill time: workers mostly share a few lengths
+        out = []
         for w in workers:
             i = w.worker_id
             wait = queue_wait_s(cost, w, now)
             local = cached[i]
-            t_best, kind = wait + cost.prefill_s(prompt_len - local, local), 0
+            p = prefill.get(local)
+            if p is None:
+                p = prefill[local] = cost.prefill_s(prompt_len - local, local)
+            t_best, kind = wait + p, 0
             if i in inflight and inflight[i][0] > local:
                 depth, eta = inflight[i]
                 t = max(wait, eta - now) + cost.prefill_s(prompt_len - depth, depth)
@@ -319,10 +324,14 @@ class ExpectedTtftRouter(RouterPolicy):
                     t_best, kind = t, 1
             if self.allow_pull and best_len > local and i != best_src and w.nic_bandwidth_bytes_per_s > 0:
                 eta = _pull_eta_s(workers[best_src], w, (best_len - local) * pull_bytes, cost, now)
-                t = max(wait, eta - now) + cost.prefill_s(prompt_len - best_len, best_len)
+                p = prefill.get(best_len)
+                if p is None:
+                    p = prefill[best_len] = cost.prefill_s(prompt_len - best_len, best_len)
+                t = max(wait, eta - now) + p
                 if t < t_best:
                     t_best, kind = t, 2
-            yield t_best, i, kind, best_src, best_len
+            out.append((t_best, i, kind, best_src, best_len))
+        return out
 
     @staticmethod
     def _route(t: float, i: int, kind: int, src: int, length: int) -> Route:
@@ -337,12 +346,18 @@ class ExpectedTtftRouter(RouterPolicy):
         return [self._route(*o) for o in self._scan(req, workers, now)]
 
     def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
+        # the lowest (TTFT rounded to 1 ns, outstanding requests, id); rounding is monotonic, so only options
+        # within a rounding step of the fastest can tie with it (the rest need no `round`)
+        opts = self._scan(req, workers, now)
+        fastest = min(o[0] for o in opts)
+        top, near = round(fastest, 9), fastest + 2e-9
         best, best_key = None, None
-        for o in self._scan(req, workers, now):
-            w = workers[o[1]]
-            key = (round(o[0], 9), w.num_running + w.num_waiting, o[1])
-            if best_key is None or key < best_key:
-                best, best_key = o, key
+        for o in opts:
+            if o[0] <= near and round(o[0], 9) == top:
+                w = workers[o[1]]
+                key = (w.num_running + w.num_waiting, o[1])
+                if best_key is None or key < best_key:
+                    best, best_key = o, key
         return self._route(*best)
 
 
