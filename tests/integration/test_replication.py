@@ -67,6 +67,47 @@ def test_replica_without_hit_expires(cluster):
     assert cluster.lookup(P)[a.worker_id] > 0  # the source is untouched
 
 
+def test_replica_kept_while_a_queued_request_wants_it(cluster):
+    """A replica's TTL passes while the request routed to it is still queued behind busy slots (a queued request
+    holds no tree lock): the replica stays until that request is admitted, which then hits it."""
+    from sglang_kvrep.devtools.cluster import http_json
+    a, b, coord = cluster.a, cluster.b, cluster.coord
+    P = prompt(60, 640)
+    a.generate(P, 2)
+    # B's two running slots (--max-running-requests 2) taken by long decodes, aborted once the check is done
+    rids = [f"blocker-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    blockers = [threading.Thread(target=http_json, args=(b.url + "/generate", {
+        "input_ids": prompt(61 + i, 32), "rid": rid,
+        "sampling_params": {"max_new_tokens": 6000, "temperature": 0.0, "ignore_eos": True}}), kwargs={"timeout": 300})
+        for i, rid in enumerate(rids)]
+    for t in blockers:
+        t.start()
+    try:
+        wait_until(lambda: cluster.load(b)["num_running_reqs"] == 2, 30, what="B's two slots busy")
+        rep = cluster.replicate(a, b, P, ttl_s=1)
+        assert rep["state"] == "done", rep
+        done_at = time.monotonic()
+        result = {}
+        query = threading.Thread(target=lambda: result.update(b.generate(P + prompt(62, 16), 2, timeout=300)))
+        query.start()
+        wait_until(lambda: cluster.load(b)["num_waiting_reqs"] >= 1, 30, what="the request queued on B")
+        # well past the TTL, with several expiry passes (one per load report) while the request waits
+        time.sleep(max(0.0, done_at + 4.0 - time.monotonic()))
+        assert query.is_alive() and all(t.is_alive() for t in blockers), "B's slots freed before the check"
+        assert any(r["replication_id"] == rep["id"] for r in coord.get("/status")[1]["replicas"])
+        assert cluster.lookup(P)[b.worker_id] >= len(P) - PAGE_SIZE
+    finally:
+        for rid in rids:
+            http_json(b.url + "/abort_request", {"rid": rid})
+        for t in blockers:
+            t.join(60)
+    query.join(120)
+    assert result["meta_info"]["cached_tokens"] >= len(P) - PAGE_SIZE
+    # admitted, it hit the replica; unpromoted replicas of this id are gone from the table (promoted or expired)
+    wait_until(lambda: all(r["replication_id"] != rep["id"] for r in coord.get("/status")[1]["replicas"]), 15,
+               what="the replica to leave the table once used")
+
+
 def test_replica_visible_only_in_its_namespace(cluster):
     a, b = cluster.a, cluster.b
     P = prompt(30, 700)
