@@ -94,9 +94,13 @@ class PageTree:
         if node.num_children == 0 and node.lock_count == 0:
             self._seq += 1
             node.stamp = self._seq
-            heap = 1 if node.replica or node.stale else (
-                2 if self._tlru and node.depth - 1 >= max(node.hist - self._slack, 0) else 0)
-            heapq.heappush(self._heaps[heap], (node.last_access_s, self._seq, page))
+            if node.replica or node.stale:
+                heap = self._heaps[1]
+            elif self._tlru and node.depth - 1 >= max(node.hist - self._slack, 0):
+                heap = self._heaps[2]
+            else:
+                heap = self._heaps[0]
+            heapq.heappush(heap, (node.last_access_s, self._seq, page))
 
     def is_tel_safe(self, page: int) -> bool:
         """Whether T-LRU counts `page` as TEL-safe: the pages above it cover its branch's budget
@@ -122,7 +126,7 @@ class PageTree:
         tlru = self._tlru
         for i in range(start, upto):
             page = pages[i]
-            node = _Node(parent, now, replica, i + 1 if tlru else 0)
+            node = _Node(parent, now, replica, i + 1) if tlru else _Node(parent, now, replica)
             nodes[page] = node
             if parent is not None:
                 nodes[parent].num_children += 1
