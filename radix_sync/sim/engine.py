@@ -430,15 +430,19 @@ class Engine:
         budget_cap = int(self.cfg.replica_budget_frac * self.p.kv_capacity_tokens)
         page, bw = self.page_len, self.p.nic_bandwidth_bytes_per_s
         egress, ingress = self.net.egress_free_s, self.net.ingress_free_s
+        new_view = tuple.__new__
         out = []
         for w in self.workers:  # NOTE: the hottest loop of a kvrep run (once per arrival): attributes inlined
             c, tree, i, na = w.cache, w.cache.tree, w.wid, w.num_admitted
-            busy = w.iter_end_s if w.state == PREFILL else (w.busy_until_s(now) if w.state == DECODE else now)
-            out.append(WorkerView(
+            state = w.state
+            busy = w.iter_end_s if state == PREFILL else (w.busy_until_s(now) if state == DECODE else now)
+            budget = budget_cap - tree.num_replica_pages * page
+            # every field in order, through tuple.__new__: the NamedTuple's own __new__ is a Python-level call
+            out.append(new_view(WorkerView, (
                 i, "", len(w.running) + na, len(w.waiting) - na, w.waiting_new_tokens, w.waiting_cached_tokens,
                 w.waiting_attn_pairs, w.sum_ctx, busy,
                 c.capacity_tokens - len(tree.nodes) * page - c.reserved_tokens,
-                max(0, budget_cap - tree.num_replica_pages * page), egress[i], ingress[i], bw))
+                budget if budget > 0 else 0, egress[i], ingress[i], bw, 0.0)))
         return tuple(out)
 
     def _prefix_views(self, views: tuple[WorkerView, ...], now: float) -> tuple[PrefixView, ...]:

@@ -68,3 +68,16 @@ def test_fanout_hint_plans_at_admission_and_copies_onward_from_replicas():
     dsts = {(b[3], b[2]) for b in booked}
     assert any((b[3], b[1]) in dsts for b in booked), "some copy's source is an earlier copy's target"
     assert not eng.pending and not eng.inflight
+
+
+def test_worker_views_fill_every_field_by_name():
+    # the engine builds views positionally (tuple.__new__, the hot loop): every field of WorkerView, in order
+    from radix_sync.policy.snapshot import WorkerView
+    _, eng = run("kvrep")
+    views = eng.worker_views(eng.now)
+    assert [len(v) for v in views] == [len(WorkerView._fields)] * 4
+    for v, w in zip(views, eng.workers):
+        assert v.worker_id == w.wid and v.fingerprint == "" and v.waiting_cached_pairs == 0.0
+        assert v.free_tokens == w.cache.free_tokens and v.nic_bandwidth_bytes_per_s == PROFILE.nic_bandwidth_bytes_per_s
+        assert v.replica_budget_tokens == int(0.25 * PROFILE.kv_capacity_tokens) - w.cache.tree.num_replica_pages * 64
+        assert v.num_running == w.num_running and v.num_waiting == w.num_waiting
