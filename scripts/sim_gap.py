@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radix_sync.policy.cost import load_profile  # noqa: E402
 from radix_sync.policy.planner import PlannerConfig  # noqa: E402
-from radix_sync.sim.cli import build_workload  # noqa: E402
-from radix_sync.sim.engine import Engine, EngineConfig  # noqa: E402
+from radix_sync.sim.cli import add_engine_arguments, add_workload_arguments, build_workload, engine_config  # noqa: E402
+from radix_sync.sim.engine import Engine  # noqa: E402
 from radix_sync.sim.policies import build_policy  # noqa: E402
 from radix_sync.sim.workload import request_key  # noqa: E402
 
@@ -44,7 +44,7 @@ def run_policy(args: argparse.Namespace, name: str) -> tuple[dict[str, Done], in
     profile = load_profile(args.profile)
     wl = build_workload(args, profile.max_context_len)
     eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, PlannerConfig()),
-                 EngineConfig(num_workers=args.workers, duration_s=args.duration_s))
+                 engine_config(args, args.duration_s))
     routes: dict[int, str] = {}
     execute = eng._execute_route
 
@@ -106,21 +106,18 @@ def pair_report(a: str, da: dict[str, Done], b: str, db: dict[str, Done], page_l
     return lines
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The simulator's workload and engine flags (`kvrep sim`'s), with this script's defaults."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace")
-    src.add_argument("--generator", choices=("agent", "fanout", "shared-prefix"))
-    p.add_argument("--rate", type=float, default=None)
-    p.add_argument("--duration-s", type=float, default=None)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--workers", type=int, default=16)
-    p.add_argument("--profile", default="llama3.1-8b-h200")
-    p.add_argument("--policies", default="kvrep,oracle", help="two or more; the first two are paired")
-    p.add_argument("--fanout-k", type=int, default=8)
-    p.add_argument("--arrival", default=None)
-    p.add_argument("--max-turns", type=int, default=None)
+    add_workload_arguments(p)
+    add_engine_arguments(p)
+    p.set_defaults(seed=1, policies="kvrep,oracle")
     p.add_argument("--top", type=int, default=10, help="largest paired losses to list")
+    return p
+
+
+def main() -> int:
+    p = build_parser()
     args = p.parse_args()
     if args.duration_s is None:
         p.error("--duration-s is needed")

@@ -25,6 +25,17 @@ DEFAULT_POLICIES = "round_robin,least_load,cache_aware,cost,pull,e2,kvrep,kvrep_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the simulator's flags to `parser`."""
+    add_workload_arguments(parser)
+    add_engine_arguments(parser)
+    parser.add_argument("--out", help="write results JSON here")
+    parser.add_argument("--plot", help="write a PNG of the TTFT CDFs here (needs matplotlib)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags that choose the workload, the cluster size, the profile and the policies (read by
+    `build_workload`; also used by the analysis scripts)."""
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="Mooncake JSONL, Azure CSV, or a directory of Claude Code session files")
     src.add_argument("--generator", choices=sorted(GENERATORS), help="synthetic workload")
@@ -41,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="arrival process of sessions / generated requests")
     parser.add_argument("--max-turns", type=int, default=None, help="cap requests per trace session")
     parser.add_argument("--fanout-k", type=int, default=8, help="branches per tree (fanout generator)")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags of the simulated cluster's mechanics (read by `engine_config`)."""
     parser.add_argument("--tick-s", type=float, default=1.0, help="planner period, s")
     parser.add_argument("--shared-cores", type=int, default=0,
                         help="the workers share this many CPU cores (processor sharing; a local CPU cluster). "
@@ -54,10 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="T-LRU: tokens a next prompt may leave uncached (SGLang's threshold)")
     parser.add_argument("--tlru-next-prompt", type=int, default=0,
                         help="T-LRU: tokens a conversation's next prompt adds (SGLang's next_prompt_estimate)")
-    parser.add_argument("--out", help="write results JSON here")
-    parser.add_argument("--plot", help="write a PNG of the TTFT CDFs here (needs matplotlib)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
+    """Returns: the engine configuration the flags of `add_engine_arguments` describe (ValueError if invalid)."""
+    return EngineConfig(num_workers=args.workers, duration_s=duration_s, tick_s=args.tick_s,
+                        shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
+                        tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt)
 
 
 def build_workload(args: argparse.Namespace, max_context_len: int) -> Workload:
@@ -93,9 +111,7 @@ def run(args: argparse.Namespace) -> int:
         probe = build_workload(args, profile.max_context_len)
         last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
         duration = args.duration_s if args.duration_s is not None else last + 1.0
-        ecfg = EngineConfig(num_workers=args.workers, duration_s=duration, tick_s=args.tick_s,
-                            shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
-                            tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt)
+        ecfg = engine_config(args, duration)
     except (ValueError, OSError) as e:
         print(f"kvrep sim: {e}", file=sys.stderr)
         return 2

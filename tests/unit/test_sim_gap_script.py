@@ -1,5 +1,4 @@
 """`scripts/sim_gap.py` (the analysis behind docs/simulator.md's round 5): its parts add up."""
-import argparse
 import importlib.util
 import re
 import sys
@@ -18,8 +17,8 @@ def load():
 
 def test_routes_and_paired_excess_add_up():
     mod = load()
-    args = argparse.Namespace(trace=None, generator="agent", rate=30.0, duration_s=60.0, seed=1, workers=4,
-                              profile="llama3.1-8b-h200", fanout_k=8, arrival=None, max_turns=None)
+    args = mod.build_parser().parse_args(["--generator", "agent", "--rate", "30", "--duration-s", "60",
+                                          "--workers", "4"])
     kv, page_len = mod.run_policy(args, "kvrep")
     oracle, _ = mod.run_policy(args, "oracle")
     assert kv and page_len == 64
@@ -36,3 +35,13 @@ def test_routes_and_paired_excess_add_up():
     parts = [float(re.search(r"excess\s+(-?[\d.]+) s", x).group(1)) for x in pair[1:3]]
     assert abs(sum(parts) - total) < 0.1
     assert len(pair) == 3 + min(3, len(common))
+
+
+def test_engine_flags_reach_the_engine():
+    # the script takes `kvrep sim`'s engine flags (T-LRU here) and runs with them, not with the defaults
+    mod = load()
+    args = mod.build_parser().parse_args(["--generator", "agent", "--rate", "30", "--duration-s", "20", "--workers",
+                                          "4", "--eviction", "tlru", "--tlru-threshold", "4096"])
+    assert args.seed == 1 and args.policies == "kvrep,oracle"
+    cfg = mod.engine_config(args, args.duration_s)
+    assert cfg.eviction == "tlru" and cfg.tlru_threshold_tokens == 4096 and cfg.num_workers == 4

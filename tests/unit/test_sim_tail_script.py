@@ -1,5 +1,4 @@
 """`scripts/sim_tail.py` (the analysis behind docs/simulator.md's round 3): its kinds add up to the tail."""
-import argparse
 import importlib.util
 import re
 from pathlib import Path
@@ -11,8 +10,8 @@ def test_tail_kinds_add_up_to_the_tail():
     spec = importlib.util.spec_from_file_location("sim_tail", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    args = argparse.Namespace(trace=None, generator="agent", rate=20.0, duration_s=60.0, seed=1, workers=4,
-                              profile="llama3.1-8b-h200", fanout_k=8, arrival=None, max_turns=None)
+    args = mod.build_parser().parse_args(["--generator", "agent", "--rate", "20", "--duration-s", "60",
+                                          "--workers", "4"])
     report = mod.tail_report(args, "kvrep")
     head, *kinds = report.splitlines()
     m = re.match(r"kvrep: (\d+) requests, TTFT mean [\d.]+ s, P99 [\d.]+ s; (\d+) requests >= 0.9 x P99:", head)
