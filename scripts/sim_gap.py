@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radix_sync.policy.cost import load_profile  # noqa: E402
 from radix_sync.policy.planner import PlannerConfig  # noqa: E402
-from radix_sync.sim.cli import add_engine_arguments, add_workload_arguments, build_workload, engine_config  # noqa: E402
+from radix_sync.sim.cli import analysis_parser, build_workload, engine_config  # noqa: E402
 from radix_sync.sim.engine import Engine  # noqa: E402
 from radix_sync.sim.policies import build_policy  # noqa: E402
 from radix_sync.sim.workload import request_key  # noqa: E402
@@ -107,11 +107,8 @@ def pair_report(a: str, da: dict[str, Done], b: str, db: dict[str, Done], page_l
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The simulator's workload and engine flags (`kvrep sim`'s), with this script's defaults."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_workload_arguments(p)
-    add_engine_arguments(p)
-    p.set_defaults(seed=1, policies="kvrep,oracle")
+    """`kvrep sim`'s workload and engine flags, and this script's."""
+    p = analysis_parser(__doc__.splitlines()[0], "kvrep,oracle")
     p.add_argument("--top", type=int, default=10, help="largest paired losses to list")
     return p
 

@@ -71,6 +71,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="T-LRU: tokens a conversation's next prompt adds (SGLang's next_prompt_estimate)")
 
 
+def analysis_parser(description: str, default_policies: str) -> argparse.ArgumentParser:
+    """A parser with the workload and engine flags, seed 1 by default (for the analysis scripts, `scripts/sim_*`)."""
+    parser = argparse.ArgumentParser(description=description)
+    add_workload_arguments(parser)
+    add_engine_arguments(parser)
+    parser.set_defaults(seed=1, policies=default_policies)
+    return parser
+
+
 def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
     """Returns: the engine configuration the flags of `add_engine_arguments` describe (ValueError if invalid)."""
     return EngineConfig(num_workers=args.workers, duration_s=duration_s, tick_s=args.tick_s,
