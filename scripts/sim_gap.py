@@ -20,8 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radix_sync.policy.cost import load_profile  # noqa: E402
-from radix_sync.policy.planner import PlannerConfig  # noqa: E402
-from radix_sync.sim.cli import analysis_parser, build_workload, engine_config  # noqa: E402
+from radix_sync.sim.cli import analysis_parser, build_workload, engine_config, planner_config  # noqa: E402
 from radix_sync.sim.engine import Engine  # noqa: E402
 from radix_sync.sim.policies import build_policy  # noqa: E402
 from radix_sync.sim.workload import request_key  # noqa: E402
@@ -43,7 +42,7 @@ def run_policy(args: argparse.Namespace, name: str) -> tuple[dict[str, Done], in
     """Runs one policy; returns its finished requests by `request_key`, and the workload's page length."""
     profile = load_profile(args.profile)
     wl = build_workload(args, profile.max_context_len)
-    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, PlannerConfig()),
+    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, planner_config(args.planner)),
                  engine_config(args, args.duration_s))
     routes: dict[int, str] = {}
     execute = eng._execute_route

@@ -17,8 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radix_sync.policy.cost import load_profile  # noqa: E402
-from radix_sync.policy.planner import PlannerConfig  # noqa: E402
-from radix_sync.sim.cli import analysis_parser, build_workload, engine_config  # noqa: E402
+from radix_sync.sim.cli import analysis_parser, build_workload, engine_config, planner_config  # noqa: E402
 from radix_sync.sim.engine import Engine  # noqa: E402
 from radix_sync.sim.policies import build_policy  # noqa: E402
 
@@ -26,7 +25,7 @@ from radix_sync.sim.policies import build_policy  # noqa: E402
 def tail_report(args: argparse.Namespace, name: str) -> str:
     profile = load_profile(args.profile)
     wl = build_workload(args, profile.max_context_len)
-    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, PlannerConfig()),
+    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, planner_config(args.planner)),
                  engine_config(args, args.duration_s))
     done: list[tuple[object, object]] = []
     previous: dict[int, tuple[int, float]] = {}

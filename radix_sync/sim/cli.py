@@ -7,7 +7,9 @@ stand-alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 import time
 from typing import Optional
@@ -69,6 +71,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="T-LRU: tokens a next prompt may leave uncached (SGLang's threshold)")
     parser.add_argument("--tlru-next-prompt", type=int, default=0,
                         help="T-LRU: tokens a conversation's next prompt adds (SGLang's next_prompt_estimate)")
+    parser.add_argument("--planner", default="", metavar="KEY=VALUE,...",
+                        help="override PlannerConfig fields of the kvrep policies (numbers and booleans), "
+                             "e.g. min_gain_s=0.01,horizon_s=60")
 
 
 def analysis_parser(description: str, default_policies: str) -> argparse.ArgumentParser:
@@ -78,6 +83,34 @@ def analysis_parser(description: str, default_policies: str) -> argparse.Argumen
     add_engine_arguments(parser)
     parser.set_defaults(seed=1, policies=default_policies)
     return parser
+
+
+def planner_config(spec: str) -> PlannerConfig:
+    """Returns: `PlannerConfig` with the `KEY=VALUE,...` overrides of `spec` (ValueError on an unknown key, a
+    field that is not a number or a boolean, or a value the config rejects)."""
+    fields = {f.name: f for f in dataclasses.fields(PlannerConfig)}
+    default = PlannerConfig()
+    kw: dict = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in fields:
+            raise ValueError(f"--planner: {item!r} is not KEY=VALUE with KEY one of {', '.join(fields)}")
+        kind = type(getattr(default, key))
+        try:
+            if kind is bool:
+                if value.strip().lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                kw[key] = value.strip().lower() in ("true", "1")
+            elif kind in (int, float):
+                kw[key] = kind(value)
+                if not math.isfinite(kw[key]):
+                    raise ValueError(f"{value!r} is not finite")
+            else:
+                raise ValueError(f"{key} is a {kind.__name__}; only numbers and booleans can be set here")
+        except ValueError as e:
+            raise ValueError(f"--planner: bad value for {key}: {e}") from None
+    return PlannerConfig(**kw)
 
 
 def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
@@ -121,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
         duration = args.duration_s if args.duration_s is not None else last + 1.0
         ecfg = engine_config(args, duration)
+        pcfg = planner_config(args.planner)
     except (ValueError, OSError) as e:
         print(f"kvrep sim: {e}", file=sys.stderr)
         return 2
@@ -129,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     samples = {}
     for name in names:
         wl = probe if not results else build_workload(args, profile.max_context_len)
-        policy = build_policy(name, profile, wl.page_len, args.seed, PlannerConfig())
+        policy = build_policy(name, profile, wl.page_len, args.seed, pcfg)
         t0 = time.perf_counter()
         eng = Engine(profile, wl, policy, ecfg, _progress_bar(name, duration) if show else None)
         stats = eng.run()

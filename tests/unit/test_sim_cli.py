@@ -41,3 +41,32 @@ def test_eviction_flags(tmp_path, capsys):
                              "--tlru-threshold", "-1", "--no-progress"])
     assert cli.run(bad) == 2
     assert "tlru_threshold_tokens=-1" in capsys.readouterr().err
+
+
+def test_planner_overrides(tmp_path, capsys):
+    cfg = cli.planner_config(" min_gain_s=0.01, max_copies_per_tick=3,allow_pull=false")
+    assert (cfg.min_gain_s, cfg.max_copies_per_tick, cfg.allow_pull) == (0.01, 3, False)
+    assert cli.planner_config("") == cli.PlannerConfig()
+    for bad, why in (("nope=1", "not KEY=VALUE"), ("min_gain_s", "not KEY=VALUE"),
+                     ("max_copies_per_tick=1.5", "bad value"),
+                     ("allow_pull=maybe", "bad value"), ("depth_fractions=1", "only numbers and booleans"),
+                     ("horizon_s=nan", "not finite"), ("horizon_s=0", "horizon_s=0.0 must be > 0")):
+        try:
+            cli.planner_config(bad)
+        except ValueError as e:
+            assert why in str(e), (bad, str(e))
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+    # the overrides reach kvrep's planner and router: no planned copy clears a 1,000 s bar, and no pulls
+    h200 = ("--rate", "20", "--profile", "llama3.1-8b-h200")
+    default = {r["policy"]: r for r in sim(tmp_path, *h200)["results"]}
+    assert default["kvrep"]["replication"]["count"] > 0
+    off = sim(tmp_path, *h200, "--planner", "min_gain_s=1000,allow_pull=false")
+    assert off["args"]["planner"] == "min_gain_s=1000,allow_pull=false"
+    assert {r["policy"]: r for r in off["results"]}["kvrep"]["replication"]["count"] == 0
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    bad = parser.parse_args(["--generator", "agent", "--rate", "5", "--duration-s", "20", "--planner", "x=1",
+                             "--no-progress"])
+    assert cli.run(bad) == 2
+    assert "--planner: 'x=1'" in capsys.readouterr().err
