@@ -64,6 +64,33 @@ def server_env(extra: Optional[dict] = None) -> dict:
     return env
 
 
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this host's CPU computes bf16 natively (AVX512-BF16 or AMX-BF16). Without it (e.g. AVX2-only
+    hosts) PyTorch's bf16 matmul falls back to a slow path: measured on an AVX2 AMD EPYC VM, 0.94 GFLOP/s
+    against 66 GFLOP/s in float32, and a 2,400-token prefill of the `small` model in 15.4 s against 3.0-3.6 s."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return True  # unknown (not Linux): keep the model's own dtype
+
+
+def worker_dtype_args(extra_args: tuple[str, ...] = ()) -> list[str]:
+    """The `--dtype` a local CPU worker runs with: `KVREP_WORKER_DTYPE` if set (`auto` = the model's own), else
+    float32 on a CPU without native bf16, else the model's own (bf16 for the local models). Nothing when the
+    caller passes `--dtype` itself. Every worker of a local cluster gets the same, so their fingerprints match."""
+    if "--dtype" in extra_args:
+        return []
+    choice = os.environ.get("KVREP_WORKER_DTYPE", "").strip()
+    if not choice:
+        choice = "auto" if cpu_has_native_bf16() else "float32"
+    return [] if choice == "auto" else ["--dtype", choice]
+
+
 def model_path(name: str) -> str:
     if os.path.isdir(name):
         return name
@@ -176,7 +203,8 @@ class Worker(Proc):
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path(model), "--device", "cpu",
                 "--host", "127.0.0.1", "--port", str(self.port), "--attention-backend", "torch_native",
                 "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size), "--sleep-on-idle",
-                "--enable-metrics", "--skip-server-warmup", "--random-seed", "0", *extra_args]
+                "--enable-metrics", "--skip-server-warmup", "--random-seed", "0",
+                *worker_dtype_args(tuple(extra_args)), *extra_args]
         if kvrep:
             argv += ["--enable-kv-replication", "--kvrep-coordinator", coordinator or "tcp://127.0.0.1:5600"]
         super().__init__(name, argv, log_dir / f"{name}.log", server_env(env))

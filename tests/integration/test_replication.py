@@ -157,13 +157,19 @@ class FakeSource:
         heads, dim = (int(x) for x in fields["kv_geometry"].strip("()").split(","))
         return int(fields["num_layers"]), heads, dim
 
+    def dtype(self) -> tuple[str, int]:
+        """The KV pool's dtype as the worker reports it (bf16, or float32 on a CPU without native bf16) and its
+        item size in bytes."""
+        name = self.like["fingerprint_fields"]["kv_store_dtype"]
+        return name, {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4}[name]
+
     def header(self, cmd: p.ReplicatePages, payload: bytes, **overrides) -> p.TransferHeader:
         layers, heads, dim = self.geometry()
         num_pages = len(cmd.token_ids) // PAGE_SIZE
         fields = dict(
             transfer_id=uuid.uuid4().hex[:12], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
             source_id=self.worker_id, fingerprint=self.like["fingerprint"], namespace=cmd.namespace,
-            token_ids=cmd.token_ids, page_size=PAGE_SIZE, num_pages=num_pages, dtype="torch.bfloat16",
+            token_ids=cmd.token_ids, page_size=PAGE_SIZE, num_pages=num_pages, dtype=self.dtype()[0],
             layout="NHD", buffer_shape=[layers, num_pages, 2, PAGE_SIZE, heads, dim], num_bytes=len(payload),
             pages_per_chunk=1, num_chunks=num_pages, checksum_kind="xxh64", ttl_s=cmd.ttl_s)
         fields.update(overrides)
@@ -171,7 +177,7 @@ class FakeSource:
 
     def payload(self, num_pages: int) -> bytes:
         layers, heads, dim = self.geometry()
-        size = layers * num_pages * 2 * PAGE_SIZE * heads * dim * 2
+        size = layers * num_pages * 2 * PAGE_SIZE * heads * dim * self.dtype()[1]
         return bytes((i * 7) % 251 for i in range(size))
 
     def close(self) -> None:
