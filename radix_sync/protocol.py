@@ -199,6 +199,14 @@ class DropReplica(_Msg, tag="DropReplica"):
     replication_id: str
 
 
+class DemotePrefix(_Msg, tag="DemotePrefix"):
+    """To a worker: its cached copy of `token_ids` (in `namespace`) is stale (a session's next turn went to another
+    worker holding all of it); evict that chain before anything else when memory is short."""
+
+    namespace: str
+    token_ids: list[int]
+
+
 class Error(_Msg, tag="Error"):
     error: str
     in_reply_to: str = ""
@@ -263,7 +271,8 @@ WorkerToCoordinator = Union[
     Hello, PagesStored, PagesRemoved, AllPagesCleared, PrefixHit, LoadReported, ReplicaStored, ReplicaPromoted,
     ReplicaExpired, ReplicaExpected, ReplicationFailed, SourceSent,
 ]
-CoordinatorToWorker = Union[HelloAck, ResyncRequested, ExpectReplica, ReplicatePages, DropReplica, Error]
+CoordinatorToWorker = Union[HelloAck, ResyncRequested, ExpectReplica, ReplicatePages, DropReplica, DemotePrefix,
+                            Error]
 DataPlane = Union[TransferHeader, TransferChunk, TransferEnd, TransferAccepted, TransferRefused]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -104,6 +104,10 @@ class WorkerAgent:
         self._thread: Optional[threading.Thread] = None
         self.data_endpoint = ""
         self._ready = threading.Event()
+        self.demoted: "collections.OrderedDict[tuple, tuple[str, array]]" = collections.OrderedDict()
+        """Stale copies the coordinator demoted (a session's next turn went elsewhere with all of this prefix),
+        oldest first: evicted before anything else when an allocation needs room (scheduler thread only)."""
+        self.demote_stats = {"demoted": 0, "evicted_tokens": 0, "taken_back": 0}
 
     # ================================================================================== scheduler thread
     def start(self) -> None:
@@ -182,11 +186,60 @@ class WorkerAgent:
             self._install(item[1], item[2])
         elif kind == "promote":
             self.replicas.promote(item[1])
+        elif kind == "demote":
+            self.demote(item[1], item[2])
         elif kind == "drop":
             evicted = self.replicas.drop(item[1])
             if evicted is not None:
                 self.to_io(("coord", p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
                                                       replication_id=item[1], num_evicted_tokens=evicted)))
+
+    # ------------------------------------------------------------------------------------------ demotion
+    MAX_DEMOTED = 4096
+
+    def demote(self, namespace: str, token_ids) -> None:
+        """Marks the cached chain ending at `token_ids` evict-first (again: it moves to the back of the order)."""
+        toks = array("q", token_ids)
+        key = (namespace, len(toks), hash(toks.tobytes()))
+        self.demoted.pop(key, None)
+        self.demoted[key] = (namespace, toks)
+        self.demote_stats["demoted"] += 1
+        while len(self.demoted) > self.MAX_DEMOTED:
+            self.demoted.popitem(last=False)
+
+    def evict_demoted(self, num_tokens: int) -> int:
+        """Frees up to about `num_tokens` (whole tree nodes) from demoted chains, oldest demotion first. A chain
+        that a running request holds or that the cache has extended since (both: a later hit) is taken back.
+
+        Returns:
+            tokens freed.
+        """
+        freed = 0
+        for key in list(self.demoted):
+            if freed >= num_tokens:
+                break
+            namespace, toks = self.demoted[key]
+            got, outcome = self.view.evict_chain(toks, namespace, num_tokens - freed)
+            freed += got
+            if outcome != "partial":
+                del self.demoted[key]
+            if outcome in ("in_use", "extended"):
+                self.demote_stats["taken_back"] += 1
+        self.demote_stats["evicted_tokens"] += freed
+        return freed
+
+    def evict_demoted_safe(self, num_tokens: int) -> int:
+        """`evict_demoted` for SGLang's allocation path: never raises; on an error demotion stops (the demoted
+        list is dropped) and SGLang's own eviction proceeds as without the extension."""
+        if self.disabled:
+            return 0
+        try:
+            return self.evict_demoted(num_tokens)
+        except Exception:
+            log.exception("kvrep: evicting demoted chains failed; demotion is off from now on")
+            self.demoted.clear()
+            self.MAX_DEMOTED = 0
+            return 0
 
     def _fail(self, replication_id: str, role: str, error: str) -> None:
         log.warning("replication %s failed (%s): %s", replication_id, role, error)

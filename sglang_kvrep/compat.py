@@ -23,6 +23,9 @@ FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
 SCHEDULER_INGEST = "sglang.srt.managers.scheduler.Scheduler.ingest_requests"
 CACHE_MATCH_PREFIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
+CACHE_EVICT_FOR_ALLOC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict_for_alloc"
+"""Every allocation-driven eviction (a prefill's or a decode step's slots, a replica's install) goes through it;
+`evict` (the agent's own replica expiry) does not."""
 
 
 def sglang_version() -> str:
@@ -134,6 +137,51 @@ class SchedulerView:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
         return int(self.tree_cache.evict(EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
+
+    def evict_chain(self, token_ids, namespace: str, max_tokens: int) -> tuple[int, str]:
+        """Evicts the unshared chain of cached pages that ends exactly where `token_ids` ends: the leaf, then each
+        ancestor left childless, deepest first, stopping at a node another branch shares, a locked node (a
+        running request uses it), the root, or once `max_tokens` are freed (whole nodes: it may free more).
+
+        Returns:
+            (tokens freed, outcome): "evicted" (the chain is gone up to a shared or locked ancestor), "partial"
+            (stopped at `max_tokens`; call again), "absent" (nothing of it is cached), "extended" (the cache holds
+            more beyond it: a later request used and extended it), "in_use" (its leaf is locked).
+        """
+        from collections import defaultdict
+
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+        cache = self.tree_cache
+        core = cache.tree_core
+        res = cache.match_prefix(MatchPrefixParams(key=self.key(token_ids, namespace)))
+        matched, node = int(res.device_prefix_len), res.last_device_node
+        if matched <= 0 or node is None or core.is_root(node):
+            return 0, "absent"
+        freed = 0
+        first = True
+        while True:
+            path = core.collect_path_info([node])[0]
+            me = path[-1]
+            if me.num_children != 0:
+                return freed, ("extended" if first else "evicted")
+            # A lock on a node is also a lock on its ancestors: probing the node's own lock count tells whether
+            # any running request holds it (the probe's delta counts the tokens it moved out of evictable).
+            probe = cache.inc_lock_ref(node)
+            cache.dec_lock_ref(node, probe.to_dec_params())
+            if not (probe.delta or 0) > 0:
+                return freed, ("in_use" if first else "evicted")
+            shared_parent = len(path) >= 2 and path[-2].num_children > 1
+            tracker = defaultdict(int)
+            cache._evict_device_leaf(node, tracker)
+            freed += me.path_end - me.path_start
+            first = False
+            parent = me.parent_id
+            if shared_parent or core.is_root(parent) or len(path) < 2:
+                return freed, "evicted"
+            if freed >= max_tokens:
+                return freed, "partial"
+            node = parent
 
     # ------------------------------------------------------------------------------------------------- load
     def available_tokens(self) -> int:

@@ -107,6 +107,8 @@ class IoLoop:
         elif isinstance(msg, (p.ReplicatePages, p.DropReplica)):
             kind = "replicate" if isinstance(msg, p.ReplicatePages) else "drop"
             self.to_sched((kind, msg if kind == "replicate" else msg.replication_id))
+        elif isinstance(msg, p.DemotePrefix):
+            self.to_sched(("demote", msg.namespace, msg.token_ids))
         elif isinstance(msg, p.Error):
             log.warning("kvrep: coordinator error: %s", msg.error)
 

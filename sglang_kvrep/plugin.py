@@ -9,6 +9,7 @@ logged and the agent disables itself, leaving a plain SGLang worker.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ def register() -> None:
     compat.register_hook(compat.SCHEDULER_INIT, _after_scheduler_init, "AFTER")
     compat.register_hook(compat.SCHEDULER_INGEST, _around_ingest, "AROUND")
     compat.register_hook(compat.CACHE_MATCH_PREFIX, _after_match_prefix, "AFTER")
+    compat.register_hook(compat.CACHE_EVICT_FOR_ALLOC, _around_evict_for_alloc, "AROUND")
     from sglang_kvrep.events import KvrepEventPublisher
 
     compat.register_event_publisher("kvrep", KvrepEventPublisher)
@@ -141,3 +143,15 @@ def _after_match_prefix(result, cache, params, *args, **kwargs):
     if agent is not None and getattr(params, "req", None) is not None:
         agent.on_request_match_safe(params, result)
     return result
+
+
+def _around_evict_for_alloc(original, cache, params, *args, **kwargs):
+    """Demoted chains go first: what they free is taken off the tokens SGLang's own eviction then looks for."""
+    agent = _agent
+    if agent is not None and agent.demoted and agent.view.tree_cache is cache:
+        want = int(getattr(params, "num_tokens", 0) or 0)
+        if want > 0:
+            freed = agent.evict_demoted_safe(want)
+            if freed > 0:
+                params = dataclasses.replace(params, num_tokens=max(0, want - freed))
+    return original(cache, params, *args, **kwargs)

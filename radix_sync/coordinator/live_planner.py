@@ -80,6 +80,10 @@ class LivePlanner:
         self.num_followups = 0
         """Arrivals recognised as the next turn of a finished response."""
         self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
+        self.demote_stale = True
+        """Demote a session's old copies when its next turn moves to another worker (the simulator's
+        `PolicyBundle.demote_stale` of `kvrep`)."""
+        self._demotions: list[tuple[str, str, int]] = []
         """Hinted prefix -> what the planner made of it, each change with its time (for `/status`)."""
 
     def _ns(self, namespace: str) -> int:
@@ -120,10 +124,31 @@ class LivePlanner:
                 open_session = node is not None and node.last_finish_s is not None
                 if open_session or h in abandoned:
                     self.num_followups += open_session
+                    if open_session and self.demote_stale and rec.worker_id:
+                        self._demote_others(state, rec.worker_id, rec.namespace, hashes)
                     tracker.on_arrival(hashes, i + 1, rec.class_key, self._ns(rec.namespace), rec.prompt_len,
                                        page_len, rec.time_s)
                     break
         tracker.prune(now_s)
+
+    def _demote_others(self, state: ClusterState, worker_id: str, namespace: str, hashes: list[int]) -> None:
+        """A session's next turn went to `worker_id`: every other worker whose copy of the prefix it holds there
+        ends at the same page (it holds nothing more of the new prompt) gets that copy demoted (evicted first;
+        a later hit on it takes that back). As `Engine._demote_others` in the simulator."""
+        matched = state.directory.match(hashes)
+        n = matched.get(worker_id, 0)
+        if n <= 0:
+            return
+        last = hashes[n - 1]
+        further = set(state.directory.holders(hashes[n])) if n < len(hashes) else set()
+        for other in state.directory.holders(last):
+            if other != worker_id and other not in further:
+                self._demotions.append((other, namespace, last))
+
+    def take_demotions(self) -> list[tuple[str, str, int]]:
+        """(worker, namespace, block hash of the prefix's last page) decided since the last call."""
+        out, self._demotions = self._demotions, []
+        return out
 
     def session_stats(self) -> dict:
         """Open session nodes and what the gap models learned, for `/status`."""

@@ -98,6 +98,9 @@ class Coordinator:
         self.mode = config.mode
         self.policy = self._make_policy(config.policy)
         self.shadow_decisions: list[dict] = []
+        self.num_demotions = {"sent": 0, "shadow": 0}
+        self.recent_demotions: list[dict] = []
+        """The last demotions decided or asked for: {time_s, worker, tokens, sent} (for `/status`)."""
         self._plan_now = False  # set by the ZMQ loop thread only
         self.loop_stats = _LoopStats()
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
@@ -275,8 +278,58 @@ class Coordinator:
                     log.info("policy decision refused: %s", exc)
                     continue
                 self._outbox.put((target_rid, expect))
+            for worker, namespace, block_hash in self._demotions():
+                if self.mode == "shadow":
+                    self.num_demotions["shadow"] += 1
+                    self._note_demotion(now, worker, block_hash, sent=False)
+                    continue
+                self._demote(worker, namespace, block_hash)
+
+    def _note_demotion(self, now: float, worker: str, block_hash: Optional[int], sent: bool,
+                       num_tokens: Optional[int] = None) -> None:
+        node = self.state.directory.node(block_hash) if block_hash is not None else None
+        self.recent_demotions.append({"time_s": round(now, 3), "worker": worker, "sent": sent,
+                                      "tokens": num_tokens if num_tokens is not None else
+                                      (node.depth * len(node.token_ids) if node is not None else None)})
+        del self.recent_demotions[:-100]
+
+    def _demotions(self) -> list[tuple[str, str, int]]:
+        take = getattr(self.policy, "take_demotions", None)
+        return take() if take is not None else []
+
+    def _demote(self, worker: str, namespace: str, block_hash: int) -> bool:
+        """Caller holds the lock. Sends `DemotePrefix` for the prefix ending at `block_hash` to `worker`."""
+        record = self.state.workers.get(worker)
+        tokens = self.state.directory.prefix_tokens(block_hash)
+        if record is None or tokens is None:
+            return False
+        self.send(record.routing_id, p.DemotePrefix(namespace=namespace, token_ids=tokens))
+        self.num_demotions["sent"] += 1
+        self._note_demotion(time.monotonic(), worker, None, sent=True, num_tokens=len(tokens))
+        return True
 
     # --------------------------------------------------------------------------------------------- admin API
+    def admin_demote(self, body: dict) -> dict:
+        """`POST /demote` `{"worker", "input_ids", "cache_salt"?}`: the worker's cached chain ending at exactly
+        these tokens becomes evict-first (what the kvrep policy does when a session's next turn moves away)."""
+        worker, token_ids = body.get("worker"), body.get("input_ids")
+        if not isinstance(worker, str):
+            raise AdminError("worker must be a worker id")
+        if not isinstance(token_ids, list) or not token_ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in token_ids):
+            raise AdminError("input_ids must be a non-empty list of token ids")
+        namespace = body.get("cache_salt") or ""
+        if not isinstance(namespace, str):
+            raise AdminError("cache_salt must be a string")
+        with self.lock:
+            record = self.state.workers.get(worker)
+            if record is None:
+                raise AdminError(f"unknown worker {worker!r}", 404)
+            self.send(record.routing_id, p.DemotePrefix(namespace=namespace, token_ids=token_ids))
+            self.num_demotions["sent"] += 1
+            self._note_demotion(time.monotonic(), worker, None, sent=True, num_tokens=len(token_ids))
+        return {"worker": worker, "tokens": len(token_ids)}
+
     def drop_replicas(self, worker: Optional[str] = None) -> int:
         """Tells the holders of live (unpromoted) replicas, of `worker` or of all workers, to evict them now; the
         directory forgets them when the workers confirm (`ReplicaExpired`). Returns: replicas asked to go."""
@@ -357,6 +410,8 @@ class _AdminApi:
             if worker is not None and not isinstance(worker, str):
                 raise AdminError("worker must be a worker id or absent (all workers)")
             return {"dropped": coord.drop_replicas(worker)}
+        if method == "POST" and path == "/demote":
+            return coord.admin_demote(_json_body(raw))
         if method == "POST" and path == "/replicate":
             return coord.admin_replicate(_json_body(raw))
         if method == "POST" and path == "/arrivals":
@@ -407,6 +462,7 @@ class _AdminApi:
                         "sessions": (coord.policy.session_stats()
                                      if hasattr(coord.policy, "session_stats") else None),
                         "loop": coord.loop_stats.summary(),
+                        "demotions": {**coord.num_demotions, "recent": coord.recent_demotions[-20:]},
                         "hints": [{"block_hash": b, **{k: round(v, 3) for k, v in t.items()},
                                    "planner": [[round(when, 3), what] for when, what in
                                                getattr(coord.policy, "hint_outcomes", {}).get(b, [])]}

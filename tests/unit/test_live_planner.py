@@ -263,3 +263,55 @@ def test_a_fanouts_branches_are_explained_by_its_hint_not_popularity():
         st2.handle(b"A", p.PrefixHit(worker_id="a", seq=3 + i, namespace="", block_hash=node, matched_len=1024,
                                      key_len=1064), t)
     assert planner.snapshot(st2, 5.0)[0].prefixes == ()  # one-off tree done: no candidate, nothing re-copied
+
+
+def store(st, rid, wid, seq, tokens, upto_pages, t):
+    hashes = page_hashes(tokens, PS)
+    st.handle(rid, p.PagesStored(worker_id=wid, seq=seq, namespace="", blocks=[
+        p.BlockFact(hashes[i], hashes[i - 1] if i else None, tokens[i * PS:(i + 1) * PS])
+        for i in range(upto_pages)]), t)
+
+
+def test_a_sessions_next_turn_on_another_worker_demotes_the_old_copy_only_where_it_ends_there():
+    tokens = list(range(100, 100 + 1024))  # 64 pages: the finished turn, cached on a and (a copy) on b
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    store(st, b"B", "b", 2, tokens, 64, 0.6)
+    planner = LivePlanner("cpu-local")
+    finish(st, tokens, 1.0)
+    planner.consume(st, 1.0)
+    nxt = tokens + [9] * 40
+    st.record_arrival({"input_ids": nxt, "worker": "b", "class": "acme"}, 2.0)
+    planner.consume(st, 2.0)
+    assert planner.session_stats()["followups"] == 1
+    assert planner.take_demotions() == [("a", "", page_hashes(tokens, PS)[-1])]
+    assert planner.take_demotions() == []  # taken once
+
+
+def test_no_demotion_for_a_worker_holding_more_of_the_prompt_or_for_a_first_turn():
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    # b holds the first 32 pages only: the next turn routed there matched less than a holds, a keeps its copy
+    store(st, b"B", "b", 2, tokens, 32, 0.6)
+    planner = LivePlanner("cpu-local")
+    finish(st, tokens, 1.0)
+    planner.consume(st, 1.0)
+    st.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b", "class": "acme"}, 2.0)
+    planner.consume(st, 2.0)
+    assert planner.session_stats()["followups"] == 1 and planner.take_demotions() == []
+    # the same prompt without a finished turn before it (plain reuse, not a session's next turn): nothing
+    st2 = state_with_prefix(tokens, waiting_on_a=6)
+    store(st2, b"B", "b", 2, tokens, 64, 0.6)
+    planner2 = LivePlanner("cpu-local")
+    st2.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b"}, 2.0)
+    planner2.consume(st2, 2.0)
+    assert planner2.take_demotions() == []
+    # and a planner with demotion off decides none
+    st3 = state_with_prefix(tokens, waiting_on_a=6)
+    store(st3, b"B", "b", 2, tokens, 64, 0.6)
+    planner3 = LivePlanner("cpu-local")
+    planner3.demote_stale = False
+    finish(st3, tokens, 1.0)
+    planner3.consume(st3, 1.0)
+    st3.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b", "class": "acme"}, 2.0)
+    planner3.consume(st3, 2.0)
+    assert planner3.session_stats()["followups"] == 1 and planner3.take_demotions() == []

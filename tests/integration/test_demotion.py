@@ -1,0 +1,86 @@
+"""Demotion on a real SGLang worker: a chain the coordinator marked stale is evicted before older ordinary cache when
+an allocation needs room (plain LRU would evict the oldest entry instead), the coordinator's directory follows, and
+no slot leaks."""
+import pytest
+
+from sglang_kvrep.devtools.cluster import Worker
+from tests.integration.conftest import LOGS, PAGE_SIZE, WORKER_ARGS, prompt, wait_until
+
+pytestmark = pytest.mark.server
+
+POOL = 4096
+N = 1024  # tokens per prompt: 64 pages; with one new token the finished request caches exactly the prompt
+
+
+@pytest.fixture(scope="module")
+def small(cluster):
+    c = Worker("C-small-pool", "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=PAGE_SIZE,
+               max_total_tokens=POOL, extra_args=WORKER_ARGS)
+    try:
+        c.wait_ready()
+        cluster.coord.wait_workers([c.worker_id])
+        yield c
+    finally:
+        c.stop()
+
+
+def cached(worker, ids) -> int:
+    return worker.generate(ids, 1)["meta_info"]["cached_tokens"]
+
+
+def test_a_demoted_chain_is_evicted_before_older_cache(cluster, small):
+    coord, c = cluster.coord, small
+    p1, p2, p3 = prompt(301, N), prompt(302, N), prompt(303, N)
+    for ids in (p1, p2, p3):
+        c.generate(ids, 1)
+    before = cluster.free_plus_evictable(c)
+    wait_until(lambda: all(cluster.lookup(ids).get(c.worker_id, 0) == N for ids in (p1, p2, p3)), 10,
+               what="the three prompts in the directory")
+    # a bad demotion is refused with the reason and changes nothing
+    status, body = coord.post("/demote", {"worker": c.worker_id, "input_ids": "p2"})
+    assert status == 400 and "input_ids" in body["error"], body
+    status, body = coord.post("/demote", {"worker": "nobody", "input_ids": p2})
+    assert status == 404, body
+    # p2 (newer than p1) is demoted; a prefix of p3 that ends inside its cached chain is demoted too, and must
+    # not evict p3 (the cache holds more beyond it: it is not a stale copy's end)
+    for ids in (p2, p3[: N // 2]):
+        status, body = coord.post("/demote", {"worker": c.worker_id, "input_ids": ids})
+        assert status == 200, body
+    assert coord.get("/status")[1]["demotions"]["sent"] >= 2
+    # a fourth prompt does not fit next to the three: room must be made. LRU alone would take p1 (the oldest).
+    p4 = prompt(304, 1536)
+    c.generate(p4, 1)
+    wait_until(lambda: cluster.lookup(p2).get(c.worker_id, 0) == 0, 10, what="p2 gone from the directory")
+    assert cluster.lookup(p1).get(c.worker_id, 0) == N
+    assert cluster.lookup(p3).get(c.worker_id, 0) == N
+    assert cached(c, p1) == N - PAGE_SIZE and cached(c, p3) == N - PAGE_SIZE  # the last page is always computed
+    assert cluster.free_plus_evictable(c) == before  # every slot is back: free or evictable cache
+    assert coord.get("/status")[1]["integrity"] == "ok"
+    assert cached(c, p2) == 0  # recomputed (and cached again)
+    assert c.alive()
+
+
+def test_a_sessions_next_turn_elsewhere_demotes_the_old_copy(cluster, small):
+    """The kvrep policy in active mode: a finished turn cached on C and on A, its next turn reported routed to A:
+    the coordinator tells C (and only C) that its copy is stale."""
+    coord, a, c = cluster.coord, cluster.a, small
+    turn = prompt(310, 512)
+    c.generate(turn, 1)
+    a.generate(turn, 1)
+    wait_until(lambda: all(cluster.lookup(turn).get(w.worker_id, 0) == 512 for w in (a, c)), 10,
+               what="the turn cached on A and C")
+    try:
+        assert coord.post("/policy", {"policy": "kvrep", "mode": "active", "reset_demand": True})[0] == 200
+        sent = coord.get("/status")[1]["demotions"]["sent"]
+        status, _ = coord.post("/arrivals", {"finishes": [{"input_ids": turn, "worker": c.worker_id,
+                                                           "stop": "tool_use", "seq": 1}],
+                                             "arrivals": [{"input_ids": turn + prompt(311, 40),
+                                                           "worker": a.worker_id, "seq": 2}]})
+        assert status == 200
+        st = wait_until(lambda: (lambda s: s if s["demotions"]["sent"] > sent else None)(coord.get("/status")[1]),
+                        10, what="a demotion")
+        assert st["sessions"]["followups"] >= 1
+        assert [d["worker"] for d in st["demotions"]["recent"] if d["sent"]][-1] == c.worker_id
+        assert st["demotions"]["sent"] == sent + 1  # A, where the turn went, keeps its copy
+    finally:
+        coord.post("/policy", {"policy": "rules", "mode": "active", "reset_demand": True})
