@@ -1,10 +1,11 @@
-"""A page-granular prefix tree over chained page hashes, with LRU leaf eviction (replicas first).
+"""A page-granular prefix tree over chained page hashes, with LRU leaf eviction (demoted chains, then replicas, first).
 
 Chained hashes name a whole prefix (a page hash appears under one parent only), so the tree is a dict keyed by
 page hash. Only leaves are evicted, which keeps the prefix property: if page i of a prompt is present, pages
 0..i-1 are too, and the matched length is found by binary search.
 
-Eviction order: replica (and demoted) leaves, then, with T-LRU on, "TEL-safe" leaves, then the rest, each least
+Eviction order: demoted leaves (what the live agent frees before SGLang's own eviction runs), then replica leaves,
+then, with T-LRU on, "TEL-safe" leaves, then the rest, each least
 recently used first. T-LRU (Tail-Optimized LRU, Zhang et al., arXiv:2510.15152; SGLang 0.5.23's
 `--radix-eviction-policy tlru`, `TLRUStrategy` in `srt/mem_cache/evict_policy.py`): a conversation whose branch
 reached H tokens (a high-water mark that never shrinks) and whose next prompt adds about Q tokens needs only
@@ -53,7 +54,7 @@ class PageTree:
         """
         self.nodes: dict[int, _Node] = {}
         self.num_replica_pages = 0
-        self._heaps: tuple[list, list, list] = ([], [], [])  # ordinary, replica or demoted, TEL-safe leaves
+        self._heaps: tuple[list, list, list, list] = ([], [], [], [])  # ordinary, replica, TEL-safe, demoted leaves
         self._seq = 0
         self._tlru = tlru_slack_pages is not None
         self._slack = tlru_slack_pages or 0
@@ -94,7 +95,9 @@ class PageTree:
         if node.num_children == 0 and node.lock_count == 0:
             self._seq += 1
             node.stamp = self._seq
-            if node.replica or node.stale:
+            if node.stale and not node.replica:
+                heap = self._heaps[3]
+            elif node.replica:
                 heap = self._heaps[1]
             elif self._tlru and node.depth - 1 >= max(node.hist - self._slack, 0):
                 heap = self._heaps[2]
@@ -187,7 +190,7 @@ class PageTree:
         return n
 
     def demote(self, page: int) -> int:
-        """Marks the unshared chain of pages ending at the leaf `page` stale: evicted with the replicas, before
+        """Marks the unshared chain of pages ending at the leaf `page` stale: evicted first, before the replicas and
         any ordinary page (another worker now serves the session this chain belongs to). A later hit clears it.
 
         Returns:
@@ -225,7 +228,7 @@ class PageTree:
                 self._push(node.parent, parent)
 
     def evict(self, num_pages: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
-        """Evicts up to `num_pages` unlocked leaves: replicas and demoted pages first, then (T-LRU) TEL-safe ones,
+        """Evicts up to `num_pages` unlocked leaves: demoted pages first, then replicas, then (T-LRU) TEL-safe ones,
         then the rest, least recently used first within each.
 
         Args:
@@ -235,7 +238,7 @@ class PageTree:
             pages evicted (fewer when everything left is locked).
         """
         done = 0
-        for heap in (self._heaps[1], self._heaps[2], self._heaps[0]):
+        for heap in (self._heaps[3], self._heaps[1], self._heaps[2], self._heaps[0]):
             while done < num_pages and heap:
                 _, seq, page = heapq.heappop(heap)
                 node = self.nodes.get(page)

@@ -76,9 +76,17 @@ class PlannerConfig:
     """Whether a holder whose pages are still in flight (a copy to it, its own prefill, or a copy planned in the
     same pass) may be a `Replicate.source`. Only for an executor that defers such a copy until the source holds
     the pages (the simulator does); off, every source holds the pages when the command is issued."""
+    demote_idle_p: float = 0.0
+    """Demote a finished response's cached history (evict-first everywhere it is held) once the predictor's
+    probability that its session's next turn arrives within `demote_horizon_s` (`GapModel.p_within`, given the
+    silence so far) falls below this; 0 turns it off."""
+    demote_horizon_s: float = 1e9
+    """See `demote_idle_p` (the default: whether the session continues at all, `GapModel.p_alive`)."""
 
     def __post_init__(self) -> None:
-        for name in ("horizon_s", "min_ttl_s", "max_ttl_s", "max_link_backlog_s", "hint_ttl_s"):
+        if not 0 <= self.demote_idle_p < 1:
+            raise ValueError(f"demote_idle_p={self.demote_idle_p!r} must be in [0, 1)")
+        for name in ("horizon_s", "min_ttl_s", "max_ttl_s", "max_link_backlog_s", "hint_ttl_s", "demote_horizon_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
         if self.min_ttl_s > self.max_ttl_s:

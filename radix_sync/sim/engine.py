@@ -496,7 +496,18 @@ class Engine:
     def _tick(self, now: float) -> None:
         for x in [x for x in self.pending if now - x.start_s > PENDING_TIMEOUT_S]:
             self._cancel(x, now)  # the source never got the pages (its prefill was rejected, its copy dropped)
-        self.tracker.prune(now)
+        planner = self.policy.planner
+        for n in self.tracker.prune(now, planner.cfg.demote_idle_p, planner.cfg.demote_horizon_s):
+            if self.policy.shadow or self.policy.oracle:
+                continue
+            last = n.pages[n.num_pages - 1]
+            bits = self.directory.holders.get(last, 0)
+            i = 0
+            while bits:
+                if bits & 1:
+                    self.stats.num_idle_demoted += self.workers[i].cache.tree.demote(last) > 0
+                bits >>= 1
+                i += 1
         if not self.tracker.nodes:
             return
         views = self.worker_views(now)

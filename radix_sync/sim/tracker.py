@@ -17,7 +17,8 @@ from radix_sync.policy.predictor import DemandPredictor
 
 class TrackedNode:
     __slots__ = ("node_id", "pages", "num_pages", "class_key", "namespace", "last_finish_s", "last_stop",
-                 "hit_times_s", "fanout_hint", "hint_at_s", "hint_left", "created_s", "owner", "owner_eta_s")
+                 "hit_times_s", "fanout_hint", "hint_at_s", "hint_left", "created_s", "owner", "owner_eta_s",
+                 "idle_demoted_s")
 
     def __init__(self, node_id: int, pages: list, num_pages: int, class_key: str, namespace: int, now: float):
         self.node_id = node_id
@@ -36,6 +37,8 @@ class TrackedNode:
         """Worker prefilling the node's prompt (a hinted request in flight), -1 when none."""
         self.owner_eta_s = 0.0
         """Expected end of that prefill, s."""
+        self.idle_demoted_s: Optional[float] = None
+        """The finish time whose silence got this node's history demoted (it is demoted once per finish)."""
 
 
 class NodeTracker:
@@ -122,9 +125,15 @@ class NodeTracker:
         n.hit_times_s.append(now)
         return n
 
-    def prune(self, now: float) -> None:
-        """Drops nodes with no live signal; long-silent session nodes count as abandoned."""
+    def prune(self, now: float, demote_p: float = 0.0, demote_horizon_s: float = 1e9) -> list[TrackedNode]:
+        """Drops nodes with no live signal; long-silent session nodes count as abandoned.
+
+        Returns:
+            the session nodes whose probability of a follow-up (`GapModel.p_alive`) fell below `demote_p` since
+            their last finish (each once per finish; abandoned ones included), for their history to be demoted.
+        """
         dead = []
+        idle: list[TrackedNode] = []
         cut = now - self.window_s
         models: dict = {}  # (class, stop) -> [gap model, abandon-after (s), open, expected alive]
         for nid, n in self.nodes.items():
@@ -145,12 +154,20 @@ class NodeTracker:
                     m = models[(n.class_key, n.last_stop)] = [
                         g, min(self.abandon_after_s, self.predictor.abandon_after_s(n.class_key, n.last_stop)), 0, 0.0]
                 if elapsed > m[1]:
+                    if demote_p > 0 and n.idle_demoted_s != n.last_finish_s:
+                        n.idle_demoted_s = n.last_finish_s
+                        idle.append(n)
                     self.predictor.observe_abandoned(n.class_key, n.last_stop)
                     self.abandoned[nid] = (n.class_key, n.last_stop, n.last_finish_s)
                     n.last_finish_s = None
                 else:
                     m[2] += 1
-                    m[3] += m[0].p_alive(elapsed)
+                    alive = m[0].p_alive(elapsed)
+                    m[3] += alive
+                    if demote_p > 0 and n.idle_demoted_s != n.last_finish_s and (
+                            alive < demote_p or m[0].p_within(elapsed, demote_horizon_s) < demote_p):
+                        n.idle_demoted_s = n.last_finish_s
+                        idle.append(n)
                     continue
             if len(h) < 2 and not n.fanout_hint:
                 dead.append(nid)
@@ -161,3 +178,4 @@ class NodeTracker:
         ab = self.abandoned
         while ab and now - next(iter(ab.values()))[2] > self.abandon_after_s:
             ab.popitem(last=False)
+        return idle

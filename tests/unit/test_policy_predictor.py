@@ -95,3 +95,18 @@ def test_hinted_arrivals_are_not_counted_as_popularity():
     assert n.hit_times_s == [] and n.fanout_hint == 0 and n.owner == -1
     t.on_arrival([1, 2, 20], 2, "f", 0, 192, 64, 6.0)  # unexplained: counts
     assert n.hit_times_s == [6.0]
+
+
+def test_tracker_reports_a_silent_session_for_demotion_once_per_finish():
+    # learned(): c = 0.8, gaps half at 1 s, half at 100 s. Silent for 5 s: p_alive = 2/3, and the next turn
+    # within 50 s has probability 0 (the remaining gaps are all at 100 s).
+    p = DemandPredictor(CFG)
+    p._gaps[("c", False)] = learned()
+    t = NodeTracker(p)
+    t.on_finish([1, 2], "c", 0, "end_turn", 0.0)
+    assert t.prune(5.0) == []  # demotion off (the default)
+    assert t.prune(5.0, demote_p=0.5) == []  # alive (2/3) and no horizon: kept
+    assert [n.node_id for n in t.prune(5.0, demote_p=0.5, demote_horizon_s=50.0)] == [2]
+    assert t.prune(6.0, demote_p=0.5, demote_horizon_s=50.0) == []  # once per finish
+    t.on_finish([1, 2], "c", 0, "end_turn", 10.0)  # a new finish of the same prompt: reported again
+    assert [n.node_id for n in t.prune(15.0, demote_p=0.5, demote_horizon_s=50.0)] == [2]

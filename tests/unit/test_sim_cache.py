@@ -98,6 +98,16 @@ def test_demote_leaves_replica_pages_counted_as_replicas():
     t.check_integrity()
 
 
+def test_demoted_chains_go_before_replicas_as_on_a_live_worker():
+    # the live agent frees demoted chains before SGLang's own eviction (which takes replicas first): same order
+    t = PageTree()
+    t.insert([1, 2], 2, 0.0, replica=True)   # an older replica
+    t.insert([5, 6], 2, 5.0)
+    t.demote(6)
+    assert evicted_in_order(t, 4) == [6, 5, 2, 1]
+    t.check_integrity()
+
+
 def test_tlru_drains_tel_safe_leaves_first_then_lru():
     # slack 2 pages: a leaf is TEL-safe when the pages above it cover max(high-water - 2, 0)
     t = PageTree(tlru_slack_pages=2)
