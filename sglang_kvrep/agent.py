@@ -334,6 +334,9 @@ class WorkerAgent:
                 return
             key = params.key
             tokens = array("q", key.token_ids[:matched])
+            if self.demoted and self.demoted.pop((key.cache_salt or "", matched, hash(tokens.tobytes())),
+                                                 None) is not None:
+                self.demote_stats["taken_back"] += 1  # a request reuses exactly this demoted chain: a hit
             self.to_io(("hit", key.cache_salt or "", tokens, matched, len(key.token_ids)))
         except Exception:
             log.exception("kvrep: prefix-hit hook failed")
