@@ -12,7 +12,6 @@ import json
 import math
 import sys
 import time
-from typing import Optional
 
 from radix_sync.policy.cost import list_profiles, load_profile
 from radix_sync.policy.planner import PlannerConfig

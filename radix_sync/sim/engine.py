@@ -21,7 +21,7 @@ from radix_sync.sim.network import CopyRecord, Network, Transfer
 from radix_sync.sim.policies import PolicyBundle
 from radix_sync.sim.tracker import NodeTracker
 from radix_sync.sim.worker import DECODE, IDLE, PREFILL, SimWorker
-from radix_sync.sim.workload import Session, SimRequest, Workload
+from radix_sync.sim.workload import SimRequest, Workload
 
 ARRIVE, ITER, XFER, EXPIRE, TICK, START = range(6)
 PENDING_TIMEOUT_S = 30.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from radix_sync.policy.cost import CostProfile
 from radix_sync.sim.cache import WorkerCache

@@ -3,6 +3,7 @@
 Session-wide: one coordinator and workers A and B (tiny local model, page size 16). Tests that need another
 server (another page size, a plain SGLang, a source to kill) start it in their own module and stop it after.
 """
+import contextlib
 import random
 import time
 from pathlib import Path
@@ -64,6 +65,19 @@ class Cluster:
         status, body = self.coord.post("/directory/lookup", {"input_ids": input_ids, "cache_salt": cache_salt})
         assert status == 200, body
         return body["matched"]
+
+
+@contextlib.contextmanager
+def joined_worker(cluster: Cluster, name: str, **kwargs):
+    """Another tiny-model worker joined to the session's coordinator (for one module's tests); stopped after."""
+    kwargs.setdefault("extra_args", WORKER_ARGS)
+    w = Worker(name, "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=PAGE_SIZE, **kwargs)
+    try:
+        w.wait_ready()
+        cluster.coord.wait_workers([w.worker_id])
+        yield w
+    finally:
+        w.stop()
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,7 @@ an allocation needs room (plain LRU would evict the oldest entry instead), the c
 no slot leaks."""
 import pytest
 
-from sglang_kvrep.devtools.cluster import Worker
-from tests.integration.conftest import LOGS, PAGE_SIZE, WORKER_ARGS, prompt, wait_until
+from tests.integration.conftest import PAGE_SIZE, joined_worker, prompt, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -14,14 +13,8 @@ N = 1024  # tokens per prompt: 64 pages; with one new token the finished request
 
 @pytest.fixture(scope="module")
 def small(cluster):
-    c = Worker("C-small-pool", "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=PAGE_SIZE,
-               max_total_tokens=POOL, extra_args=WORKER_ARGS)
-    try:
-        c.wait_ready()
-        cluster.coord.wait_workers([c.worker_id])
+    with joined_worker(cluster, "C-small-pool", max_total_tokens=POOL) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def cached(worker, ids) -> int:

@@ -262,10 +262,10 @@ def test_automatic_rule_replicates_hot_prefix_under_load(cluster):
     for t in threads:
         t.join(300)
     assert not errors
-    reps = wait_until(lambda: [r for r in coord.get("/replications")[1]
-                               if r["origin"] == "rules" and r["state"] == "done"
-                               and r["source"] == a.worker_id and r["target"] == b.worker_id], 30,
-                      what="the rule-based policy to replicate the hot prefix")
+    wait_until(lambda: [r for r in coord.get("/replications")[1]
+                        if r["origin"] == "rules" and r["state"] == "done"
+                        and r["source"] == a.worker_id and r["target"] == b.worker_id], 30,
+               what="the rule-based policy to replicate the hot prefix")
     assert cluster.lookup(hot)[b.worker_id] >= len(hot) - PAGE_SIZE
     out = b.generate(hot + prompt(2000, 16), 4)
     assert out["meta_info"]["cached_tokens"] >= len(hot) - PAGE_SIZE

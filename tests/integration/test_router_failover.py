@@ -9,22 +9,17 @@ import urllib.request
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import Proc, Worker, free_port, http_json, model_path
-from tests.integration.conftest import LOGS, PAGE_SIZE, WORKER_ARGS, prompt, wait_router_synced, wait_until
+from sglang_kvrep.devtools.cluster import Proc, free_port, http_json, model_path
+from tests.integration.conftest import (LOGS, PAGE_SIZE, joined_worker, prompt, wait_router_synced,
+                                       wait_until)
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
 def victim(cluster):
-    c = Worker("C-victim", "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=PAGE_SIZE,
-               extra_args=WORKER_ARGS)
-    try:
-        c.wait_ready()
-        cluster.coord.wait_workers([c.worker_id])
+    with joined_worker(cluster, "C-victim") as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

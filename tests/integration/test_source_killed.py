@@ -4,8 +4,7 @@ import time
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import Worker
-from tests.integration.conftest import LOGS, PAGE_SIZE, WORKER_ARGS, prompt, wait_until
+from tests.integration.conftest import WORKER_ARGS, joined_worker, prompt, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -13,14 +12,9 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def slow_source(cluster):
     # 50 kB/s in 8 kB frames: a 1,100-token prefix of the tiny model (~550 kB) takes ~11 s to send.
-    d = Worker("D-slow-source", "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=PAGE_SIZE,
-               extra_args=WORKER_ARGS + ("--kvrep-send-rate-mbps", "0.05", "--kvrep-chunk-bytes", "8192"))
-    try:
-        d.wait_ready()
-        cluster.coord.wait_workers([d.worker_id])
+    with joined_worker(cluster, "D-slow-source", extra_args=WORKER_ARGS + (
+            "--kvrep-send-rate-mbps", "0.05", "--kvrep-chunk-bytes", "8192")) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def test_killing_source_mid_transfer_leaves_nothing_on_target(cluster, slow_source):

@@ -7,7 +7,7 @@ import pytest
 from radix_sync.policy.cost import CostModel, CostProfile
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.predictor import DemandPredictor
-from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, Replicate, WorkerView
+from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
 
 # 10 ms per prompt token, no attention term or overheads, 1000 B/s links, 1 byte of KV per token.
 PROFILE = CostProfile(name="t", kv_bytes_per_token=1, kv_capacity_tokens=10_000, max_context_len=10_000,
