@@ -506,6 +506,7 @@ def run_bench(args) -> int:
                         sgl.wait_ready()
                         url, hints = sgl.url, None
                     before = {r["id"] for r in coord.get("/replications")[1]}
+                    demoted_before = coord.get("/status")[1]["demotions"]
                     renderer = Renderer(tok, salt=zlib.crc32(
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
                     todo = copy.deepcopy(wl)
@@ -529,6 +530,8 @@ def run_bench(args) -> int:
                         row["sessions"] = st.get("sessions")
                         row["shadow_decisions"] = st.get("shadow_decisions")
                         row["hints"], row["coordinator_loop"] = st.get("hints"), st.get("loop")
+                        # demotions of a moved session's old copies this arm (sent in active mode, counted in shadow)
+                        row["demotions"] = {k: st["demotions"][k] - demoted_before[k] for k in ("sent", "shadow")}
                     errors = [r.error for r in results if r.error]
                     if errors:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")

@@ -45,6 +45,8 @@ def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
     for arm in ("shadow", "active"):
         assert rows[arm]["coordinator_loop"]["ticks"] > 0 and rows[arm]["hints"]
         assert all("hint_s" in h for h in rows[arm]["hints"])
+        assert set(rows[arm]["demotions"]) == {"sent", "shadow"} and min(rows[arm]["demotions"].values()) >= 0
+    assert rows["shadow"]["demotions"]["sent"] == 0  # shadow sends nothing
     # shadow decides and copies nothing; every copy the active arm made is accounted with its bytes
     assert rows["shadow"]["replication"]["count"] == 0
     assert all(x["state"] in ("done", "failed") for x in rows["active"]["replications"])
