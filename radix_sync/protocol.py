@@ -94,6 +94,12 @@ class LoadReported(_Msg, tag="LoadReported"):
     iteration_s: float = 0.0
     """Recent length of one scheduler iteration while busy (EWMA), s: a command (a gather, a replica's install)
     runs between iterations, so on a busy worker it waits up to this long."""
+    demoted_chains: int = 0
+    """Chains demoted and still waiting to be evicted first."""
+    demoted_evicted_tokens: int = 0
+    """Tokens freed from demoted chains so far (cumulative)."""
+    demotions_taken_back: int = 0
+    """Demoted chains a request used before they were evicted (cumulative)."""
 
 
 class ReplicaStored(_Msg, tag="ReplicaStored"):

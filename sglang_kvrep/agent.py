@@ -175,7 +175,10 @@ class WorkerAgent:
             self._free_replica_tokens = self.replicas.free_tokens()
             self.to_io(("coord", p.LoadReported(worker_id=self.config.worker_id, seq=0,
                                                 replica_tokens=self.replicas.live_tokens(),
-                                                iteration_s=round(self._iteration_s, 4), **load)))
+                                                iteration_s=round(self._iteration_s, 4),
+                                                demoted_chains=len(self.demoted),
+                                                demoted_evicted_tokens=self.demote_stats["evicted_tokens"],
+                                                demotions_taken_back=self.demote_stats["taken_back"], **load)))
             self._reported_busy = load["num_running_reqs"] + load["num_waiting_reqs"] > 0
 
     def _run_command(self, item: tuple) -> None:

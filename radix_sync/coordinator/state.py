@@ -54,6 +54,9 @@ class WorkerRecord:
                 "available_tokens": load.available_tokens,
                 "evictable_tokens": load.evictable_tokens,
                 "replica_tokens": load.replica_tokens,
+                "demoted_chains": load.demoted_chains,
+                "demoted_evicted_tokens": load.demoted_evicted_tokens,
+                "demotions_taken_back": load.demotions_taken_back,
             },
         }
 

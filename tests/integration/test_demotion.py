@@ -49,7 +49,15 @@ def test_a_demoted_chain_is_evicted_before_older_cache(cluster, small):
     assert cached(c, p1) == N - PAGE_SIZE and cached(c, p3) == N - PAGE_SIZE  # the last page is always computed
     assert cluster.free_plus_evictable(c) == before  # every slot is back: free or evictable cache
     assert coord.get("/status")[1]["integrity"] == "ok"
-    assert cached(c, p2) == 0  # recomputed (and cached again)
+    # the worker reports what demotion did: p2's chain freed; p3's inner prefix still listed (p2 covered the need)
+    load = wait_until(lambda: (lambda w: w if w["demoted_evicted_tokens"] >= N else None)(cluster.load(c)), 10,
+                      what="the worker's demotion counters")
+    assert load["demoted_chains"] == 1 and load["demotions_taken_back"] == 0
+    assert cached(c, p2) == 0  # recomputed (and cached again): room is needed again
+    # this time the inner prefix of p3 is looked at: the cache holds more beyond it, so it is taken back, not evicted
+    wait_until(lambda: (lambda w: w["demoted_chains"] == 0 and w["demotions_taken_back"] == 1)(cluster.load(c)), 10,
+               what="p3's inner prefix taken back")
+    assert cached(c, p3) == N - PAGE_SIZE
     assert c.alive()
 
 
