@@ -238,7 +238,9 @@ class WorkerAgent:
             return 0
         try:
             return self.evict_demoted(num_tokens)
-        except Exception:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # NOTE: a Rust panic in the tree core arrives as pyo3's PanicException (a BaseException)
             log.exception("kvrep: evicting demoted chains failed; demotion is off from now on")
             self.demoted.clear()
             self.MAX_DEMOTED = 0

@@ -146,13 +146,16 @@ class SchedulerView:
         Returns:
             (tokens freed, outcome): "evicted" (the chain is gone up to a shared or locked ancestor), "partial"
             (stopped at `max_tokens`; call again), "absent" (nothing of it is cached), "extended" (the cache holds
-            more beyond it: a later request used and extended it), "in_use" (its leaf is locked).
+            more beyond it: a later request used and extended it), "in_use" (its leaf is locked), "unsupported"
+            (HiCache write-back: a device leaf must be backed up before it goes, which SGLang's own walk does).
         """
         from collections import defaultdict
 
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 
         cache = self.tree_cache
+        if getattr(cache, "is_write_back", False):
+            return 0, "unsupported"
         core = cache.tree_core
         res = cache.match_prefix(MatchPrefixParams(key=self.key(token_ids, namespace)))
         matched, node = int(res.device_prefix_len), res.last_device_node

@@ -73,3 +73,22 @@ def test_demoting_again_moves_a_chain_to_the_back_and_the_list_is_bounded():
     # namespaces are part of the key: the same tokens in another namespace are another chain
     demote(a, "t", 3)
     assert [(ns, toks[0]) for ns, toks in a.demoted.values()] == [("", 3), ("t", 3)]
+
+
+def test_an_error_while_evicting_turns_demotion_off_and_frees_nothing():
+    class Panic(BaseException):  # what pyo3 raises for a Rust panic
+        pass
+
+    a = agent({})
+
+    def boom(*_):
+        raise Panic("tree core assertion")
+
+    a.view.evict_chain = boom
+    a.disabled = False
+    a.evict_demoted = lambda n: WorkerAgent.evict_demoted(a, n)
+    demote(a, "", 1)
+    assert WorkerAgent.evict_demoted_safe(a, 100) == 0
+    assert not a.demoted and a.MAX_DEMOTED == 0
+    demote(a, "", 2)  # later demotions are dropped at once
+    assert not a.demoted
