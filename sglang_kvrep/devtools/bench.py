@@ -532,6 +532,11 @@ def run_bench(args) -> int:
                         row["hints"], row["coordinator_loop"] = st.get("hints"), st.get("loop")
                         # demotions of a moved session's old copies this arm (sent in active mode, counted in shadow)
                         row["demotions"] = {k: st["demotions"][k] - demoted_before[k] for k in ("sent", "shadow")}
+                        # what the workers did with them so far (cumulative since the cluster started)
+                        row["worker_demotions"] = {
+                            wid: {k: (w.get("load") or {}).get(k) for k in
+                                  ("demoted_chains", "demoted_evicted_tokens", "demotions_taken_back")}
+                            for wid, w in coord.workers().items()}
                     errors = [r.error for r in results if r.error]
                     if errors:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")

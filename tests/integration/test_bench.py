@@ -47,6 +47,8 @@ def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
         assert all("hint_s" in h for h in rows[arm]["hints"])
         assert set(rows[arm]["demotions"]) == {"sent", "shadow"} and min(rows[arm]["demotions"].values()) >= 0
     assert rows["shadow"]["demotions"]["sent"] == 0  # shadow sends nothing
+    assert len(rows["active"]["worker_demotions"]) == 2 and all(
+        v["demoted_evicted_tokens"] >= 0 for v in rows["active"]["worker_demotions"].values())
     # shadow decides and copies nothing; every copy the active arm made is accounted with its bytes
     assert rows["shadow"]["replication"]["count"] == 0
     assert all(x["state"] in ("done", "failed") for x in rows["active"]["replications"])
