@@ -27,7 +27,7 @@ import time
 import uuid
 from array import array
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -108,6 +108,7 @@ class WorkerAgent:
         """Stale copies the coordinator demoted (a session's next turn went elsewhere with all of this prefix),
         oldest first: evicted before anything else when an allocation needs room (scheduler thread only)."""
         self.demote_stats = {"demoted": 0, "evicted_tokens": 0, "taken_back": 0}
+        self._demoted_tokens = 0
 
     # ================================================================================== scheduler thread
     def start(self) -> None:
@@ -201,48 +202,60 @@ class WorkerAgent:
     MAX_DEMOTED = 4096
 
     def demote(self, namespace: str, token_ids) -> None:
-        """Marks the cached chain ending at `token_ids` evict-first (again: it moves to the back of the order)."""
+        """Marks the cached chain ending at `token_ids` evict-first (again: it moves to the back of the order).
+        The list is bounded by entries and by tokens (the pool's capacity: chains must fit in it to be cached)."""
         toks = array("q", token_ids)
         key = (namespace, len(toks), hash(toks.tobytes()))
-        self.demoted.pop(key, None)
+        self._forget(key)
         self.demoted[key] = (namespace, toks)
+        self._demoted_tokens += len(toks)
         self.demote_stats["demoted"] += 1
-        while len(self.demoted) > self.MAX_DEMOTED:
-            self.demoted.popitem(last=False)
+        while self.demoted and (len(self.demoted) > self.MAX_DEMOTED or self._demoted_tokens > self.capacity):
+            self._forget(next(iter(self.demoted)))
 
-    def evict_demoted(self, num_tokens: int) -> int:
-        """Frees up to about `num_tokens` (whole tree nodes) from demoted chains, oldest demotion first. A chain
-        that a running request holds or that the cache has extended since (both: a later hit) is taken back.
+    def _forget(self, key) -> None:
+        entry = self.demoted.pop(key, None)
+        if entry is not None:
+            self._demoted_tokens -= len(entry[1])
+
+    def evict_demoted(self, num_tokens: int, satisfied: Optional[Callable[[], bool]] = None) -> int:
+        """Frees up to about `num_tokens` (whole tree nodes) from demoted chains, oldest demotion first, or until
+        `satisfied()` (SGLang's allocation predicate) holds. A chain that a running request holds or that the cache
+        has extended since (both: a later hit) is taken back.
 
         Returns:
             tokens freed.
         """
         freed = 0
         for key in list(self.demoted):
-            if freed >= num_tokens:
+            if freed >= num_tokens or (freed and satisfied is not None and satisfied()):
                 break
             namespace, toks = self.demoted[key]
-            got, outcome = self.view.evict_chain(toks, namespace, num_tokens - freed)
+            got, outcome, left = self.view.evict_chain(toks, namespace, num_tokens - freed)
             freed += got
-            if outcome != "partial":
-                del self.demoted[key]
+            if outcome == "partial":
+                self._demoted_tokens -= len(toks) - left
+                self.demoted[key] = (namespace, toks[:left])  # resume at what is left of it
+            else:
+                self._forget(key)
             if outcome in ("in_use", "extended"):
                 self.demote_stats["taken_back"] += 1
         self.demote_stats["evicted_tokens"] += freed
         return freed
 
-    def evict_demoted_safe(self, num_tokens: int) -> int:
+    def evict_demoted_safe(self, num_tokens: int, satisfied: Optional[Callable[[], bool]] = None) -> int:
         """`evict_demoted` for SGLang's allocation path: never raises; on an error demotion stops (the demoted
         list is dropped) and SGLang's own eviction proceeds as without the extension."""
         if self.disabled:
             return 0
         try:
-            return self.evict_demoted(num_tokens)
+            return self.evict_demoted(num_tokens, satisfied)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException:  # NOTE: a Rust panic in the tree core arrives as pyo3's PanicException (a BaseException)
             log.exception("kvrep: evicting demoted chains failed; demotion is off from now on")
             self.demoted.clear()
+            self._demoted_tokens = 0
             self.MAX_DEMOTED = 0
             return 0
 
@@ -339,8 +352,9 @@ class WorkerAgent:
                 return
             key = params.key
             tokens = array("q", key.token_ids[:matched])
-            if self.demoted and self.demoted.pop((key.cache_salt or "", matched, hash(tokens.tobytes())),
-                                                 None) is not None:
+            hit = (key.cache_salt or "", matched, hash(tokens.tobytes())) if self.demoted else None
+            if hit is not None and hit in self.demoted:
+                self._forget(hit)
                 self.demote_stats["taken_back"] += 1  # a request reuses exactly this demoted chain: a hit
             self.to_io(("hit", key.cache_salt or "", tokens, matched, len(key.token_ids)))
         except Exception:

@@ -138,53 +138,59 @@ class SchedulerView:
 
         return int(self.tree_cache.evict(EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
 
-    def evict_chain(self, token_ids, namespace: str, max_tokens: int) -> tuple[int, str]:
-        """Evicts the unshared chain of cached pages that ends exactly where `token_ids` ends: the leaf, then each
-        ancestor left childless, deepest first, stopping at a node another branch shares, a locked node (a
-        running request uses it), the root, or once `max_tokens` are freed (whole nodes: it may free more).
+    def evict_chain(self, token_ids, namespace: str, max_tokens: int) -> tuple[int, str, int]:
+        """Evicts the unshared chain of cached pages that ends exactly where `token_ids` ends (page-aligned): the
+        leaf, then each ancestor left childless, deepest first, stopping at a node another branch shares, a locked
+        node (a running request uses it), the root, or once `max_tokens` are freed (whole nodes: it may free more).
 
         Returns:
-            (tokens freed, outcome): "evicted" (the chain is gone up to a shared or locked ancestor), "partial"
-            (stopped at `max_tokens`; call again), "absent" (nothing of it is cached), "extended" (the cache holds
-            more beyond it: a later request used and extended it), "in_use" (its leaf is locked), "unsupported"
-            (HiCache write-back: a device leaf must be backed up before it goes, which SGLang's own walk does).
+            (tokens freed, outcome, tokens of the chain left to evict after "partial"). Outcomes: "evicted" (gone
+            up to a shared or locked ancestor), "partial" (stopped at `max_tokens`; call again with the chain cut
+            to the length returned), "absent" (its end is not cached any more), "extended" (the cache holds more
+            beyond its end: a later request used and extended it), "in_use" (its leaf is locked), "unsupported"
+            (HiCache: a device leaf may have to be backed up or have host-only children; SGLang's walk knows).
         """
         from collections import defaultdict
 
-        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         cache = self.tree_cache
-        if getattr(cache, "is_write_back", False):
-            return 0, "unsupported"
         core = cache.tree_core
-        res = cache.match_prefix(MatchPrefixParams(key=self.key(token_ids, namespace)))
-        matched, node = int(res.device_prefix_len), res.last_device_node
-        if matched <= 0 or node is None or core.is_root(node):
-            return 0, "absent"
+        if getattr(cache, "is_write_back", False) or getattr(core, "enable_hicache", False):
+            return 0, "unsupported", 0
+        want = len(token_ids) // self.page_size * self.page_size
+        if want <= 0:
+            return 0, "absent", 0
+        # NOTE: the read-only match: `match_prefix` would refresh the path's access times (making what is left
+        # look recently used to SGLang's LRU) and split a node the tokens end inside
+        matched, node, pinned = core.match_full_device_prefix(self.key(token_ids[:want], namespace))
+        if matched < want:
+            return 0, "absent", 0  # its end went already; what is left is a prefix other chains may share
+        if pinned > matched:
+            return 0, "extended", 0  # the deepest node it reaches goes on past its end
         freed = 0
         first = True
         while True:
-            path = core.collect_path_info([node])[0]
+            path = core.collect_path_info([node])[0]  # root (excluded) -> node
             me = path[-1]
             if me.num_children != 0:
-                return freed, ("extended" if first else "evicted")
+                return freed, ("extended" if first else "evicted"), 0
             # A lock on a node is also a lock on its ancestors: probing the node's own lock count tells whether
             # any running request holds it (the probe's delta counts the tokens it moved out of evictable).
             probe = cache.inc_lock_ref(node)
             cache.dec_lock_ref(node, probe.to_dec_params())
             if not (probe.delta or 0) > 0:
-                return freed, ("in_use" if first else "evicted")
+                return freed, ("in_use" if first else "evicted"), 0
             shared_parent = len(path) >= 2 and path[-2].num_children > 1
             tracker = defaultdict(int)
             cache._evict_device_leaf(node, tracker)
-            freed += me.path_end - me.path_start
+            freed += int(tracker.get(ComponentType.FULL, 0))
             first = False
-            parent = me.parent_id
-            if shared_parent or core.is_root(parent) or len(path) < 2:
-                return freed, "evicted"
+            if shared_parent or len(path) < 2 or core.is_root(me.parent_id):
+                return freed, "evicted", 0
             if freed >= max_tokens:
-                return freed, "partial"
-            node = parent
+                return freed, "partial", path[-2].path_end
+            node = me.parent_id
 
     # ------------------------------------------------------------------------------------------------- load
     def available_tokens(self) -> int:

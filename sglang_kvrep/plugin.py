@@ -146,12 +146,18 @@ def _after_match_prefix(result, cache, params, *args, **kwargs):
 
 
 def _around_evict_for_alloc(original, cache, params, *args, **kwargs):
-    """Demoted chains go first: what they free is taken off the tokens SGLang's own eviction then looks for."""
+    """Demoted chains go first: what they free is taken off the tokens SGLang's own eviction then looks for (its
+    availability target, or its reclaim quota when the allocator passes a predicate, which also stops ours), and
+    added to what the call reports as evicted."""
     agent = _agent
+    freed = 0
     if agent is not None and agent.demoted and agent.view.tree_cache is cache:
         want = int(getattr(params, "num_tokens", 0) or 0)
         if want > 0:
-            freed = agent.evict_demoted_safe(want)
+            freed = agent.evict_demoted_safe(want, kwargs.get("allocation_reclaim_satisfied"))
             if freed > 0:
                 params = dataclasses.replace(params, num_tokens=max(0, want - freed))
-    return original(cache, params, *args, **kwargs)
+    result = original(cache, params, *args, **kwargs)
+    if freed > 0 and hasattr(result, "num_tokens_evicted"):
+        result.num_tokens_evicted += freed
+    return result

@@ -82,7 +82,9 @@ class LivePlanner:
         self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
         self.demote_stale = True
         """Demote a session's old copies when its next turn moves to another worker (the simulator's
-        `PolicyBundle.demote_stale` of `kvrep`)."""
+        `PolicyBundle.demote_stale` of `kvrep`): an arrival recognised as a finished turn's follow-up, routed to a
+        worker that held all of that turn, demotes the other workers' copies that held exactly as much (both taken
+        when it arrived, `ClusterState._copies_ending_at`; as `Engine._demote_others` at admission)."""
         self._demotions: list[tuple[str, str, int]] = []
         """Hinted prefix -> what the planner made of it, each change with its time (for `/status`)."""
 
@@ -111,7 +113,7 @@ class LivePlanner:
         page_len = max(1, state._page_size())
         tracker = self.tracker
         while events:
-            kind, rec, hashes, held = events.popleft()
+            kind, rec, hashes, held, (routed_len, stale) = events.popleft()
             if kind == "finish":
                 tracker.on_finish(hashes, rec.class_key, self._ns(rec.namespace), rec.stop, rec.time_s)
                 continue
@@ -124,26 +126,14 @@ class LivePlanner:
                 open_session = node is not None and node.last_finish_s is not None
                 if open_session or h in abandoned:
                     self.num_followups += open_session
-                    if open_session and self.demote_stale and rec.worker_id:
-                        self._demote_others(state, rec.worker_id, rec.namespace, hashes)
+                    # only when the worker it went to held all of the turn it follows (not just a shared part)
+                    if open_session and self.demote_stale and stale and routed_len >= i + 1:
+                        last = hashes[routed_len - 1]
+                        self._demotions.extend((w, rec.namespace, last) for w in stale)
                     tracker.on_arrival(hashes, i + 1, rec.class_key, self._ns(rec.namespace), rec.prompt_len,
                                        page_len, rec.time_s)
                     break
         tracker.prune(now_s)
-
-    def _demote_others(self, state: ClusterState, worker_id: str, namespace: str, hashes: list[int]) -> None:
-        """A session's next turn went to `worker_id`: every other worker whose copy of the prefix it holds there
-        ends at the same page (it holds nothing more of the new prompt) gets that copy demoted (evicted first;
-        a later hit on it takes that back). As `Engine._demote_others` in the simulator."""
-        matched = state.directory.match(hashes)
-        n = matched.get(worker_id, 0)
-        if n <= 0:
-            return
-        last = hashes[n - 1]
-        further = set(state.directory.holders(hashes[n])) if n < len(hashes) else set()
-        for other in state.directory.holders(last):
-            if other != worker_id and other not in further:
-                self._demotions.append((other, namespace, last))
 
     def take_demotions(self) -> list[tuple[str, str, int]]:
         """(worker, namespace, block hash of the prefix's last page) decided since the last call."""

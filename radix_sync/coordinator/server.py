@@ -24,7 +24,7 @@ from aiohttp import web
 from radix_sync.fastjson import dumps as _dumps, loads as _loads
 from radix_sync import protocol as p
 from radix_sync.coordinator.rules import RuleBasedPolicy, RuleConfig
-from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig, parse_page_hashes
+from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig, _token_ids, parse_page_hashes
 
 
 log = logging.getLogger("kvrep.coordinator")
@@ -214,7 +214,12 @@ class Coordinator:
                     routing_id, msg = self._outbox.get_nowait()
                 except queue.Empty:
                     break
-                self._sock.send_multipart([routing_id, p.encode(msg)])
+                try:
+                    data = p.encode(msg)
+                except (OverflowError, TypeError, ValueError) as exc:  # never let one message stop the loop
+                    log.error("dropped an unencodable %s: %s", type(msg).__name__, exc)
+                    continue
+                self._sock.send_multipart([routing_id, data])
             if time.monotonic() >= next_tick or self._plan_now:
                 # NOTE: new pages while a hint waits: plan now, not at the next tick. A fan-out's branches follow
                 # the trunk's answer within a fraction of a second; its pages reach the directory only after its
@@ -312,12 +317,12 @@ class Coordinator:
     def admin_demote(self, body: dict) -> dict:
         """`POST /demote` `{"worker", "input_ids", "cache_salt"?}`: the worker's cached chain ending at exactly
         these tokens becomes evict-first (what the kvrep policy does when a session's next turn moves away)."""
-        worker, token_ids = body.get("worker"), body.get("input_ids")
+        worker = body.get("worker")
         if not isinstance(worker, str):
             raise AdminError("worker must be a worker id")
-        if not isinstance(token_ids, list) or not token_ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in token_ids):
-            raise AdminError("input_ids must be a non-empty list of token ids")
+        token_ids = _token_ids(body)
+        if not token_ids:
+            raise AdminError("input_ids must not be empty")
         namespace = body.get("cache_salt") or ""
         if not isinstance(namespace, str):
             raise AdminError("cache_salt must be a string")

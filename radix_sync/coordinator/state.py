@@ -186,9 +186,11 @@ class ClusterState:
         self.arrivals: deque[ArrivalRecord] = deque()
         self.hints: deque[HintRecord] = deque()
         self.finishes: deque[FinishRecord] = deque()
-        self.demand_events: deque[tuple[str, object, list[int], int]] = deque(maxlen=config.max_demand_events)
-        """(kind, record, the prompt's page hashes, pages held somewhere at arrival) of each arrival (`arrival`)
-        and finish (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
+        self.demand_events: deque[tuple[str, object, list[int], int, tuple[int, list[str]]]] = deque(
+            maxlen=config.max_demand_events)
+        """(kind, record, the prompt's page hashes, pages held somewhere at arrival, (pages the worker it was
+        routed to held, the other workers holding exactly as much)) of each arrival (`arrival`) and finish
+        (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
         self.hint_times: dict[int, dict[str, float]] = {}
         """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
         trunk's prefill is done) and `copy_s` (the first copy of it was issued): when a fan-out's branches are
@@ -353,8 +355,7 @@ class ClusterState:
             raise AdminError(f"fingerprint mismatch between {source} and {target}: {diff}")
         if not ttl_s > 0:
             raise AdminError(f"ttl_s must be > 0, got {ttl_s}")
-        if not all(isinstance(t, int) and t >= 0 for t in token_ids):
-            raise AdminError("input_ids must be a list of non-negative integers")
+        _token_ids({"input_ids": token_ids})
         page_size = src.page_size
         num_tokens = (len(token_ids) // page_size) * page_size
         if num_tokens == 0:
@@ -440,12 +441,23 @@ class ClusterState:
         # fan-out branch counts for its trunk, a session's turn for the previous turn's context), not for its
         # own new prompt, which nobody asked for twice yet. A prompt nothing holds shows no reuse: it counts for
         # nothing (a one-off prompt must not be copied; a trunk announces itself with a fan-out hint).
-        held = max(self.directory.match(hashes).values(), default=0)
+        matched = self.directory.match(hashes)
+        held = max(matched.values(), default=0)
         block_hash = hashes[held - 1] if held > 0 else None
         rec = ArrivalRecord(now_s, namespace, block_hash, prompt_len, worker_id, session_id, class_key)
         self.arrivals.append(rec)
-        self.demand_events.append(("arrival", rec, hashes, held))
+        self.demand_events.append(("arrival", rec, hashes, held, self._copies_ending_at(hashes, matched, worker_id)))
         return rec
+
+    def _copies_ending_at(self, hashes: list[int], matched: dict[str, int], worker_id: str) -> tuple[int, list[str]]:
+        """At an arrival routed to `worker_id`: (the pages it holds of the prompt, the other workers that hold
+        exactly as much: the page where its match ends and not the next). Taken now, before the request's own
+        pages reach the directory."""
+        n = matched.get(worker_id, 0)
+        if n <= 0:
+            return 0, []
+        further = self.directory.holders(hashes[n]) if n < len(hashes) else {}
+        return n, [w for w in self.directory.holders(hashes[n - 1]) if w != worker_id and w not in further]
 
     def _parse_finish(self, body: dict) -> tuple:
         namespace, worker_id = _namespace(body), str(body.get("worker", ""))
@@ -464,7 +476,7 @@ class ClusterState:
                            worker_id)
         self.finishes.append(rec)
         if hashes:
-            self.demand_events.append(("finish", rec, hashes, len(hashes)))
+            self.demand_events.append(("finish", rec, hashes, len(hashes), (0, [])))
         return rec
 
     def record_hint(self, body: dict, now_s: float) -> HintRecord:
@@ -538,8 +550,9 @@ class ClusterState:
 
 def _token_ids(body: dict) -> list[int]:
     token_ids = body.get("input_ids")
-    if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
-        raise AdminError("input_ids must be a list of non-negative integers")
+    if not isinstance(token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 63 for t in token_ids):
+        raise AdminError("input_ids must be a list of integers in [0, 2**63)")
     return token_ids
 
 

@@ -244,7 +244,9 @@ class Engine:
 
     def on_admit(self, worker: SimWorker, req: SimRequest, matched_pages: int, now: float) -> None:
         """A request was admitted with `matched_pages` cached: account copies it uses."""
-        if req.followup and matched_pages and self.policy.demote_stale and worker.cache.oracle_pages is None:
+        # only when this worker holds all of the turn it follows (not just a shared part of it)
+        if (req.followup and matched_pages and matched_pages >= req.global_match_len and self.policy.demote_stale
+                and worker.cache.oracle_pages is None):
             self._demote_others(worker.wid, req.pages, matched_pages)
         by_first = self.copies[worker.wid]
         if not by_first or matched_pages == 0:

@@ -85,7 +85,7 @@ def test_a_request_reusing_exactly_a_demoted_chain_takes_the_demotion_back():
     import types
 
     agent = WorkerAgent(FakeView(), KvrepConfig(worker_id="w", load_interval_s=3600.0))
-    chain = list(range(100, 164))
+    chain = list(range(100, 132))  # two of these fit in the stand-in's 64-token pool
     agent._run_command(("demote", "t1", chain))
     agent._run_command(("demote", "t2", chain))
     assert len(agent.demoted) == 2
@@ -95,8 +95,8 @@ def test_a_request_reusing_exactly_a_demoted_chain_takes_the_demotion_back():
                                        key=types.SimpleNamespace(token_ids=ids, cache_salt=salt))
         agent.on_request_match_safe(params, types.SimpleNamespace(device_prefix_len=matched))
 
-    match("r1", chain + [1, 2, 3], "t1", 32)  # reuses only part of it: still demoted
-    match("r2", chain + [1, 2, 3], "t3", 64)  # another namespace: not this chain
+    match("r1", chain + [1, 2, 3], "t1", 16)  # reuses only part of it: still demoted
+    match("r2", chain + [1, 2, 3], "t3", 32)  # another namespace: not this chain
     assert len(agent.demoted) == 2
-    match("r3", chain + [1, 2, 3], "t1", 64)  # exactly the chain, in its namespace
+    match("r3", chain + [1, 2, 3], "t1", 32)  # exactly the chain, in its namespace
     assert [ns for ns, _ in agent.demoted.values()] == ["t2"] and agent.demote_stats["taken_back"] == 1

@@ -315,3 +315,17 @@ def test_no_demotion_for_a_worker_holding_more_of_the_prompt_or_for_a_first_turn
     st3.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b", "class": "acme"}, 2.0)
     planner3.consume(st3, 2.0)
     assert planner3.session_stats()["followups"] == 1 and planner3.take_demotions() == []
+
+
+def test_the_demotion_is_decided_on_the_holdings_at_arrival_not_at_the_next_tick():
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    store(st, b"B", "b", 2, tokens, 64, 0.6)
+    planner = LivePlanner("cpu-local")
+    finish(st, tokens, 1.0)
+    planner.consume(st, 1.0)
+    nxt = tokens + list(range(7000, 7000 + 64))  # the next turn: 4 more pages
+    st.record_arrival({"input_ids": nxt, "worker": "b", "class": "acme"}, 2.0)
+    store(st, b"B", "b", 3, nxt, 68, 2.1)  # b's prefill stored the new pages before the planner looked
+    planner.consume(st, 2.2)
+    assert planner.take_demotions() == [("a", "", page_hashes(tokens, PS)[-1])]

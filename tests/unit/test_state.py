@@ -84,8 +84,9 @@ def test_admin_refusals(st):
         st.request_replication("a", "a", list(range(8)), "", 1.0, 0.0)
     with pytest.raises(AdminError, match="shorter than one page"):
         st.request_replication("a", "b", [1, 2], "", 1.0, 0.0)
-    with pytest.raises(AdminError, match="non-negative"):
-        st.request_replication("a", "b", [1, -2, 3, 4], "", 1.0, 0.0)
+    for bad in ([1, -2, 3, 4], [1, 2, 2 ** 64, 4], [1, True, 3, 4]):  # 2**64 would not even encode as msgpack
+        with pytest.raises(AdminError, match=r"integers in \[0, 2\*\*63\)"):
+            st.request_replication("a", "b", bad, "", 1.0, 0.0)
     assert st.replications == {}
 
 
