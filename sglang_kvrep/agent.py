@@ -107,7 +107,8 @@ class WorkerAgent:
         self.demoted: "collections.OrderedDict[tuple, tuple[str, array]]" = collections.OrderedDict()
         """Stale copies the coordinator demoted (a session's next turn went elsewhere with all of this prefix),
         oldest first: evicted before anything else when an allocation needs room (scheduler thread only)."""
-        self.demote_stats = {"demoted": 0, "evicted_tokens": 0, "taken_back": 0}
+        self.demote_stats = {"evicted_tokens": 0, "taken_back": 0}
+        """Reported with the load: tokens freed from demoted chains, chains taken back by a hit."""
         self._demoted_tokens = 0
 
     # ================================================================================== scheduler thread
@@ -209,7 +210,6 @@ class WorkerAgent:
         self._forget(key)
         self.demoted[key] = (namespace, toks)
         self._demoted_tokens += len(toks)
-        self.demote_stats["demoted"] += 1
         while self.demoted and (len(self.demoted) > self.MAX_DEMOTED or self._demoted_tokens > self.capacity):
             self._forget(next(iter(self.demoted)))
 

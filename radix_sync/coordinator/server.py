@@ -283,34 +283,24 @@ class Coordinator:
                     log.info("policy decision refused: %s", exc)
                     continue
                 self._outbox.put((target_rid, expect))
-            for worker, namespace, block_hash in self._demotions():
-                if self.mode == "shadow":
-                    self.num_demotions["shadow"] += 1
-                    self._note_demotion(now, worker, block_hash, sent=False)
-                    continue
-                self._demote(worker, namespace, block_hash)
+            take = getattr(self.policy, "take_demotions", None)
+            for worker, namespace, block_hash in (take() if take is not None else []):
+                tokens = self.state.directory.prefix_tokens(block_hash)
+                if tokens is not None:
+                    self._demote(worker, namespace, tokens, send=self.mode == "active")
 
-    def _note_demotion(self, now: float, worker: str, block_hash: Optional[int], sent: bool,
-                       num_tokens: Optional[int] = None) -> None:
-        node = self.state.directory.node(block_hash) if block_hash is not None else None
-        self.recent_demotions.append({"time_s": round(now, 3), "worker": worker, "sent": sent,
-                                      "tokens": num_tokens if num_tokens is not None else
-                                      (node.depth * len(node.token_ids) if node is not None else None)})
-        del self.recent_demotions[:-100]
-
-    def _demotions(self) -> list[tuple[str, str, int]]:
-        take = getattr(self.policy, "take_demotions", None)
-        return take() if take is not None else []
-
-    def _demote(self, worker: str, namespace: str, block_hash: int) -> bool:
-        """Caller holds the lock. Sends `DemotePrefix` for the prefix ending at `block_hash` to `worker`."""
+    def _demote(self, worker: str, namespace: str, tokens: list[int], send: bool) -> bool:
+        """Caller holds the lock. Sends `DemotePrefix` to `worker` (or, `send` False, shadow mode, only counts
+        it). Returns: False for an unknown worker."""
         record = self.state.workers.get(worker)
-        tokens = self.state.directory.prefix_tokens(block_hash)
-        if record is None or tokens is None:
+        if record is None:
             return False
-        self.send(record.routing_id, p.DemotePrefix(namespace=namespace, token_ids=tokens))
-        self.num_demotions["sent"] += 1
-        self._note_demotion(time.monotonic(), worker, None, sent=True, num_tokens=len(tokens))
+        if send:
+            self.send(record.routing_id, p.DemotePrefix(namespace=namespace, token_ids=tokens))
+        self.num_demotions["sent" if send else "shadow"] += 1
+        self.recent_demotions.append({"time_s": round(time.monotonic(), 3), "worker": worker, "sent": send,
+                                      "tokens": len(tokens)})
+        del self.recent_demotions[:-100]
         return True
 
     # --------------------------------------------------------------------------------------------- admin API
@@ -327,12 +317,8 @@ class Coordinator:
         if not isinstance(namespace, str):
             raise AdminError("cache_salt must be a string")
         with self.lock:
-            record = self.state.workers.get(worker)
-            if record is None:
+            if not self._demote(worker, namespace, token_ids, send=True):
                 raise AdminError(f"unknown worker {worker!r}", 404)
-            self.send(record.routing_id, p.DemotePrefix(namespace=namespace, token_ids=token_ids))
-            self.num_demotions["sent"] += 1
-            self._note_demotion(time.monotonic(), worker, None, sent=True, num_tokens=len(token_ids))
         return {"worker": worker, "tokens": len(token_ids)}
 
     def drop_replicas(self, worker: Optional[str] = None) -> int:

@@ -5,8 +5,7 @@ page hash. Only leaves are evicted, which keeps the prefix property: if page i o
 0..i-1 are too, and the matched length is found by binary search.
 
 Eviction order: demoted leaves (what the live agent frees before SGLang's own eviction runs), then replica leaves,
-then, with T-LRU on, "TEL-safe" leaves, then the rest, each least
-recently used first. T-LRU (Tail-Optimized LRU, Zhang et al., arXiv:2510.15152; SGLang 0.5.23's
+then, with T-LRU on, "TEL-safe" leaves, then the rest, each least recently used first. T-LRU (Tail-Optimized LRU, Zhang et al., arXiv:2510.15152; SGLang 0.5.23's
 `--radix-eviction-policy tlru`, `TLRUStrategy` in `srt/mem_cache/evict_policy.py`): a conversation whose branch
 reached H tokens (a high-water mark that never shrinks) and whose next prompt adds about Q tokens needs only
 H + Q - threshold tokens cached for its next prefill to stay within the TTFT budget; a leaf whose ancestors
@@ -95,10 +94,10 @@ class PageTree:
         if node.num_children == 0 and node.lock_count == 0:
             self._seq += 1
             node.stamp = self._seq
-            if node.stale and not node.replica:
-                heap = self._heaps[3]
-            elif node.replica:
+            if node.replica:
                 heap = self._heaps[1]
+            elif node.stale:
+                heap = self._heaps[3]
             elif self._tlru and node.depth - 1 >= max(node.hist - self._slack, 0):
                 heap = self._heaps[2]
             else:

@@ -279,6 +279,10 @@ class Engine:
         bits = holders.get(last, 0) & ~(1 << wid)
         if matched_pages < len(pages):
             bits &= ~holders.get(pages[matched_pages], 0)  # those holding more of the prompt keep theirs
+        self._demote_on(bits, last)
+
+    def _demote_on(self, bits: int, last: int) -> None:
+        """Demotes the chain ending at page `last` on every worker in the bitmask `bits`."""
         i = 0
         while bits:
             if bits & 1:
@@ -500,16 +504,9 @@ class Engine:
             self._cancel(x, now)  # the source never got the pages (its prefill was rejected, its copy dropped)
         planner = self.policy.planner
         for n in self.tracker.prune(now, planner.cfg.demote_idle_p, planner.cfg.demote_horizon_s):
-            if self.policy.shadow or self.policy.oracle:
-                continue
-            last = n.pages[n.num_pages - 1]
-            bits = self.directory.holders.get(last, 0)
-            i = 0
-            while bits:
-                if bits & 1:
-                    self.stats.num_idle_demoted += self.workers[i].cache.tree.demote(last) > 0
-                bits >>= 1
-                i += 1
+            if not (self.policy.shadow or self.policy.oracle):
+                last = n.pages[n.num_pages - 1]
+                self._demote_on(self.directory.holders.get(last, 0), last)
         if not self.tracker.nodes:
             return
         views = self.worker_views(now)

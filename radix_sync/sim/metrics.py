@@ -62,8 +62,6 @@ class RunStats:
         self.shadow_bytes = 0
         self.shadow_useful_bytes = 0
         self.num_workers = 0
-        self.num_idle_demoted = 0
-        """Cached histories demoted because their session was predicted over (`PlannerConfig.demote_idle_p`)."""
 
     def on_finish(self, req: "SimRequest") -> None:
         self.ttft_s.append(req.first_token_s - req.arrival_s)

@@ -33,7 +33,7 @@ class FakeView:
 def agent(chains, cap=4096, capacity=10 ** 6):
     a = types.SimpleNamespace(view=FakeView(chains), demoted=collections.OrderedDict(), MAX_DEMOTED=cap,
                               capacity=capacity, _demoted_tokens=0,
-                              demote_stats={"demoted": 0, "evicted_tokens": 0, "taken_back": 0})
+                              demote_stats={"evicted_tokens": 0, "taken_back": 0})
     a._forget = lambda key: WorkerAgent._forget(a, key)
     return a
 
@@ -54,7 +54,7 @@ def test_oldest_demotion_first_and_only_as_much_as_asked():
     assert evict(a, 120) == 150  # chain 1 (100) is not enough, chain 2 (50) goes too; chain 3 stays
     assert [k for k, *_ in a.view.calls] == [("", 1), ("", 2)] and a.view.calls[1][1] == 20
     assert [ns for ns, _ in a.demoted.values()] == ["t"]
-    assert a.demote_stats == {"demoted": 3, "evicted_tokens": 150, "taken_back": 0}
+    assert a.demote_stats == {"evicted_tokens": 150, "taken_back": 0}
 
 
 def test_a_partly_evicted_chain_is_resumed_and_a_used_one_taken_back():

@@ -272,60 +272,44 @@ def store(st, rid, wid, seq, tokens, upto_pages, t):
         for i in range(upto_pages)]), t)
 
 
+def next_turn_on_b(b_pages, finished=True, demote_stale=True, new_pages_stored_before_the_tick=False):
+    """A 64-page turn cached on a and (its first `b_pages`) on b; its next turn (4 more pages) is routed to b.
+    Returns: (the demotions the planner decided, the follow-ups it recognised)."""
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    store(st, b"B", "b", 2, tokens, b_pages, 0.6)
+    planner = LivePlanner("cpu-local")
+    planner.demote_stale = demote_stale
+    if finished:
+        finish(st, tokens, 1.0)
+        planner.consume(st, 1.0)
+    nxt = tokens + list(range(7000, 7000 + 64))
+    st.record_arrival({"input_ids": nxt, "worker": "b", "class": "acme"}, 2.0)
+    if new_pages_stored_before_the_tick:
+        store(st, b"B", "b", 3, nxt, 68, 2.1)
+    planner.consume(st, 2.2)
+    return planner.take_demotions(), planner.session_stats()["followups"]
+
+
 def test_a_sessions_next_turn_on_another_worker_demotes_the_old_copy_only_where_it_ends_there():
-    tokens = list(range(100, 100 + 1024))  # 64 pages: the finished turn, cached on a and (a copy) on b
+    last = page_hashes(list(range(100, 100 + 1024)), PS)[-1]
+    assert next_turn_on_b(64) == ([("a", "", last)], 1)
+    # b holds the first 32 pages only: the next turn routed there matched less than a holds, a keeps its copy
+    assert next_turn_on_b(32) == ([], 1)
+    # the same prompt without a finished turn before it (plain reuse, not a session's next turn): nothing
+    assert next_turn_on_b(64, finished=False) == ([], 0)
+    # a planner with demotion off decides none
+    assert next_turn_on_b(64, demote_stale=False) == ([], 1)
+    # decided on the holdings at arrival: b's prefill may store the new pages before the planner's next look
+    assert next_turn_on_b(64, new_pages_stored_before_the_tick=True) == ([("a", "", last)], 1)
+
+
+def test_demotions_are_taken_once():
+    tokens = list(range(100, 100 + 1024))
     st = state_with_prefix(tokens, waiting_on_a=6)
     store(st, b"B", "b", 2, tokens, 64, 0.6)
     planner = LivePlanner("cpu-local")
     finish(st, tokens, 1.0)
-    planner.consume(st, 1.0)
-    nxt = tokens + [9] * 40
-    st.record_arrival({"input_ids": nxt, "worker": "b", "class": "acme"}, 2.0)
-    planner.consume(st, 2.0)
-    assert planner.session_stats()["followups"] == 1
-    assert planner.take_demotions() == [("a", "", page_hashes(tokens, PS)[-1])]
-    assert planner.take_demotions() == []  # taken once
-
-
-def test_no_demotion_for_a_worker_holding_more_of_the_prompt_or_for_a_first_turn():
-    tokens = list(range(100, 100 + 1024))
-    st = state_with_prefix(tokens, waiting_on_a=6)
-    # b holds the first 32 pages only: the next turn routed there matched less than a holds, a keeps its copy
-    store(st, b"B", "b", 2, tokens, 32, 0.6)
-    planner = LivePlanner("cpu-local")
-    finish(st, tokens, 1.0)
-    planner.consume(st, 1.0)
     st.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b", "class": "acme"}, 2.0)
     planner.consume(st, 2.0)
-    assert planner.session_stats()["followups"] == 1 and planner.take_demotions() == []
-    # the same prompt without a finished turn before it (plain reuse, not a session's next turn): nothing
-    st2 = state_with_prefix(tokens, waiting_on_a=6)
-    store(st2, b"B", "b", 2, tokens, 64, 0.6)
-    planner2 = LivePlanner("cpu-local")
-    st2.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b"}, 2.0)
-    planner2.consume(st2, 2.0)
-    assert planner2.take_demotions() == []
-    # and a planner with demotion off decides none
-    st3 = state_with_prefix(tokens, waiting_on_a=6)
-    store(st3, b"B", "b", 2, tokens, 64, 0.6)
-    planner3 = LivePlanner("cpu-local")
-    planner3.demote_stale = False
-    finish(st3, tokens, 1.0)
-    planner3.consume(st3, 1.0)
-    st3.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b", "class": "acme"}, 2.0)
-    planner3.consume(st3, 2.0)
-    assert planner3.session_stats()["followups"] == 1 and planner3.take_demotions() == []
-
-
-def test_the_demotion_is_decided_on_the_holdings_at_arrival_not_at_the_next_tick():
-    tokens = list(range(100, 100 + 1024))
-    st = state_with_prefix(tokens, waiting_on_a=6)
-    store(st, b"B", "b", 2, tokens, 64, 0.6)
-    planner = LivePlanner("cpu-local")
-    finish(st, tokens, 1.0)
-    planner.consume(st, 1.0)
-    nxt = tokens + list(range(7000, 7000 + 64))  # the next turn: 4 more pages
-    st.record_arrival({"input_ids": nxt, "worker": "b", "class": "acme"}, 2.0)
-    store(st, b"B", "b", 3, nxt, 68, 2.1)  # b's prefill stored the new pages before the planner looked
-    planner.consume(st, 2.2)
-    assert planner.take_demotions() == [("a", "", page_hashes(tokens, PS)[-1])]
+    assert len(planner.take_demotions()) == 1 and planner.take_demotions() == []
