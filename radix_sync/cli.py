@@ -1,7 +1,8 @@
 """The `kvrep` command line: `kvrep coordinator`, `kvrep router`, `kvrep sim`, `kvrep demo`, `kvrep bench`,
 `kvrep copy-demo`, `kvrep up`.
 
-Subcommands import their modules lazily so `kvrep coordinator` never pays for torch or sglang imports.
+Subcommands import their modules lazily so `kvrep coordinator` never pays for torch or sglang imports; the
+developer commands come from `kvrep_dev.cli` through the `kvrep.commands` entry points.
 """
 from __future__ import annotations
 
@@ -136,60 +137,19 @@ def _add_sim(sub) -> None:
     p.set_defaults(func=sim_cli.run)
 
 
-def _add_demo_and_bench(sub) -> None:
-    from sglang_kvrep.devtools import bench
+def _add_dev_commands(sub) -> None:
+    """The developer commands (`demo`, `bench`, `copy-demo`, `up`) live in `kvrep_dev`, which needs the worker side
+    (sglang, torch). They are found through the `kvrep.commands` entry-point group, so this package never imports
+    them; on a host installed without them the commands are simply absent."""
+    from importlib.metadata import entry_points
 
-    p = sub.add_parser("demo", help="3 CPU workers behind the router: agent sessions and a tree-search fan-out, "
-                                    "shadow (today's routing) vs active replication; table + TTFT CDF PNG")
-    bench.add_arguments(p, demo=True)
-    p.set_defaults(func=_run_bench)
-
-    p = sub.add_parser("bench", help="live benchmark: our router (shadow, active) and sglang-router (round_robin, "
-                                     "cache_aware) on the same workloads and cluster; simulator validation")
-    bench.add_arguments(p)
-    p.set_defaults(func=_run_bench)
-
-    p = sub.add_parser("copy-demo", help="two CPU workers: replicate a prefix A->B, time it, compare TTFT on B")
-    p.add_argument("--model", default="small", help="tiny | small | a model directory")
-    p.add_argument("--prompt-len", type=int, default=2000)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--logs", default="logs/copy-demo", help="folder for per-process logs")
-    p.set_defaults(func=_run_copy_demo)
-
-
-def _run_bench(args) -> int:
-    from sglang_kvrep.devtools.bench import run_bench
-
-    return run_bench(args)
-
-
-def _run_copy_demo(args) -> int:
-    from sglang_kvrep.devtools.demo import run_demo
-
-    return run_demo(args)
-
-
-def _add_up(sub) -> None:
-    p = sub.add_parser("up", help="start a local cluster: coordinator, N SGLang workers, the router")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--model", default="tiny", help="tiny | small | a model directory")
-    p.add_argument("--router-port", type=int, default=0, help="0: any free port")
-    p.add_argument("--admin-port", type=int, default=0, help="coordinator admin port (0: any free port)")
-    p.add_argument("--policy", default="kvrep", choices=["kvrep", "rules", "none"])
-    p.add_argument("--mode", default="active", choices=["active", "shadow"])
-    p.add_argument("--tenants", default=None, help="JSON or TOML file: api keys -> tenant -> namespace")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--max-total-tokens", type=int, default=32768)
-    p.add_argument("--profile", default="cpu-local",
-                   help="cost profile of the planner and the router (cpu-local: measured on the CPU workers here)")
-    p.add_argument("--logs", default="logs/up", help="folder for per-process logs")
-    p.set_defaults(func=_run_up)
-
-
-def _run_up(args) -> int:
-    from sglang_kvrep.devtools.up import run_up
-
-    return run_up(args)
+    for ep in entry_points(group="kvrep.commands"):
+        try:
+            add = ep.load()
+        except ImportError as exc:  # a base install (no [worker]/[dev] extras)
+            logging.getLogger("kvrep").debug("kvrep: commands %s unavailable: %s", ep.name, exc)
+            continue
+        add(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_coordinator(sub)
     _add_router(sub)
     _add_sim(sub)
-    _add_demo_and_bench(sub)
-    _add_up(sub)
+    _add_dev_commands(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

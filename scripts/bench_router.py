@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from radix_sync import protocol as p  # noqa: E402
 from radix_sync.hashing import page_hashes  # noqa: E402
-from sglang_kvrep.devtools.cluster import Coordinator, Proc, free_port, http_json  # noqa: E402
+from kvrep_dev.cluster import Coordinator, Proc, free_port, http_json  # noqa: E402
 
 PAGE = 16
 
@@ -140,7 +140,7 @@ def main() -> int:
     procs, socks = [], []
     try:
         for name, (port, _) in stubs.items():
-            procs.append(start(f"stub-{name}", ["-m", "radix_sync.router.stub_worker", "--port", str(port),
+            procs.append(start(f"stub-{name}", ["-m", "kvrep_dev.stub_worker", "--port", str(port),
                                                 "--name", name, "--num-tokens", "1"], logs))
         urls = [f"http://127.0.0.1:{port}" for port, _ in stubs.values()]
         coord = Coordinator(logs, extra_args=("--policy", "none", "--worker-timeout-s", "3600"))

@@ -33,7 +33,7 @@ from scipy.optimize import nnls
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
-from sglang_kvrep.devtools.cluster import Coordinator, Worker, stream_generate  # noqa: E402
+from kvrep_dev.cluster import Coordinator, Worker, stream_generate  # noqa: E402
 
 MAX_TOTAL_TOKENS = 65536
 CHUNKED_PREFILL = 4096  # SGLang 0.5.23's default chunked prefill size on this CPU server (see server_args log)
@@ -130,8 +130,8 @@ def main() -> int:
         ttft(a, rand_ids(rng, 64))  # warm-up
         from transformers import AutoTokenizer
 
-        from radix_sync.loadgen import Renderer
-        from sglang_kvrep.devtools.cluster import model_path
+        from kvrep_dev.loadgen import Renderer
+        from kvrep_dev.cluster import model_path
 
         words = Renderer(AutoTokenizer.from_pretrained(model_path(args.model))).words
 

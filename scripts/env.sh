@@ -49,4 +49,4 @@ done
 .venv/bin/python -c "import sglang_kvrep, radix_sync" 
 
 # the CPU-only pieces: local models and, on driverless hosts, the libcuda stand-in.
-.venv/bin/python -m sglang_kvrep.devtools.prepare "$root/.cache"
+.venv/bin/python -m kvrep_dev.prepare "$root/.cache"

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
-from sglang_kvrep.devtools.cluster import Coordinator, Worker  # noqa: E402
+from kvrep_dev.cluster import Coordinator, Worker  # noqa: E402
 
 
 def main() -> int:

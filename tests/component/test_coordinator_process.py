@@ -7,7 +7,7 @@ import zmq
 
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
-from sglang_kvrep.devtools.cluster import Coordinator
+from kvrep_dev.cluster import Coordinator
 
 
 @pytest.fixture(scope="module")

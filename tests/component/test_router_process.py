@@ -14,7 +14,7 @@ import zmq
 
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
-from sglang_kvrep.devtools.cluster import Coordinator, Proc, free_port
+from kvrep_dev.cluster import Coordinator, Proc, free_port
 from tests.util import wait_until  # noqa: F401 (re-exported to the tests)
 
 PAGE = 16
@@ -67,7 +67,7 @@ class Agent:
 
 def start_stub(name, tmp, delay_s=0.0):
     port = free_port()
-    proc = Proc(f"stub-{name}", [sys.executable, "-m", "radix_sync.router.stub_worker", "--port", str(port), "--name",
+    proc = Proc(f"stub-{name}", [sys.executable, "-m", "kvrep_dev.stub_worker", "--port", str(port), "--name",
                                  name, "--delay-s", str(delay_s)], tmp / f"stub-{name}.log")
     proc.url = f"http://127.0.0.1:{port}"
     return proc

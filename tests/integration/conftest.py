@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import Coordinator, Worker
+from kvrep_dev.cluster import Coordinator, Worker
 from tests.util import wait_until  # noqa: F401 (re-exported to the tests)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ RULES = ("--policy", "rules", "--rule-min-prefix-len", "256", "--rule-min-hits",
 
 def wait_router_synced(coord: Coordinator, router_url: str, timeout_s: float = 30.0) -> None:
     """Until a router's mirror of the directory has every change `coord` has made (its decisions then see them)."""
-    from sglang_kvrep.devtools.cluster import http_json
+    from kvrep_dev.cluster import http_json
 
     def synced():
         feed = coord.get("/status")[1]["feed"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import ROOT
+from kvrep_dev.cluster import ROOT
 
 pytestmark = pytest.mark.server
 

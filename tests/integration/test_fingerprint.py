@@ -2,7 +2,7 @@
 compatibility fingerprint)."""
 import pytest
 
-from sglang_kvrep.devtools.cluster import Worker
+from kvrep_dev.cluster import Worker
 from tests.integration.conftest import LOGS, WORKER_ARGS, prompt, wait_until
 
 pytestmark = pytest.mark.server

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import Worker
+from kvrep_dev.cluster import Worker
 from tests.integration.conftest import LOGS, WORKER_ARGS, prompt
 
 pytestmark = pytest.mark.server

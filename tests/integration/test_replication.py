@@ -70,7 +70,7 @@ def test_replica_without_hit_expires(cluster):
 def test_replica_kept_while_a_queued_request_wants_it(cluster):
     """A replica's TTL passes while the request routed to it is still queued behind busy slots (a queued request
     holds no tree lock): the replica stays until that request is admitted, which then hits it."""
-    from sglang_kvrep.devtools.cluster import http_json
+    from kvrep_dev.cluster import http_json
     a, b, coord = cluster.a, cluster.b, cluster.coord
     P = prompt(60, 640)
     a.generate(P, 2)

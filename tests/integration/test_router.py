@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import Proc, free_port, http_json, model_path
+from kvrep_dev.cluster import Proc, free_port, http_json, model_path
 
 from .conftest import LOGS, PAGE_SIZE, wait_router_synced, wait_until
 
@@ -153,7 +153,7 @@ def test_a_replayed_fanout_workload_through_the_router(cluster, router):
 
     from transformers import AutoTokenizer
 
-    from radix_sync.loadgen import Renderer, ReplayConfig, Scale, replay, scale_workload, workload_size
+    from kvrep_dev.loadgen import Renderer, ReplayConfig, Scale, replay, scale_workload, workload_size
     from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
 
     cfg = GeneratorConfig(page_len=16, fanout_k=3, fanout_prefix_min_len=256, fanout_branch_len=32,

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import Proc, free_port, http_json, model_path
+from kvrep_dev.cluster import Proc, free_port, http_json, model_path
 from tests.integration.conftest import (LOGS, PAGE_SIZE, joined_worker, prompt, wait_router_synced,
                                        wait_until)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import ROOT, http_json
+from kvrep_dev.cluster import ROOT, http_json
 
 pytestmark = pytest.mark.server
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sglang_kvrep.devtools.cluster import Coordinator, Proc, free_port, http_json, model_path
+from kvrep_dev.cluster import Coordinator, Proc, free_port, http_json, model_path
 from tests.integration.conftest import LOGS, PAGE_SIZE, RULES, prompt, wait_router_synced, wait_until
 
 pytestmark = pytest.mark.server

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from radix_sync import cli
-from radix_sync.loadgen import workload_size
-from sglang_kvrep.devtools.bench import build_workload, simulate
+from kvrep_dev import cli
+from kvrep_dev.loadgen import workload_size
+from kvrep_dev.bench import build_workload, simulate
 
 
 def bench_args(*extra: str):
@@ -30,7 +30,7 @@ def test_simulated_requests_are_the_replayed_ones(workload):
 
 
 def test_compare_requests_matches_by_key():
-    from sglang_kvrep.devtools.bench import compare_requests
+    from kvrep_dev.bench import compare_requests
 
     live = [{"key": "a", "ttft_s": 1.0, "cached_tokens": 0}, {"key": "b", "ttft_s": 2.0, "cached_tokens": 64},
             {"key": "c", "ttft_s": 4.0, "cached_tokens": 64}, {"key": "x", "ttft_s": 1.0, "cached_tokens": 0},
@@ -45,7 +45,7 @@ def test_compare_requests_matches_by_key():
 
 def test_scale_profile_scales_prefill_and_decode_terms_only():
     from radix_sync.policy.cost import load_profile
-    from sglang_kvrep.devtools.bench import scale_profile
+    from kvrep_dev.bench import scale_profile
 
     p = load_profile("cpu-local")
     q = scale_profile(p, prefill=1.5, decode=0.5)
@@ -58,7 +58,7 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
     """A saved run whose "live" side is the simulator's own output re-simulates with no error at all."""
     import json
 
-    from sglang_kvrep.devtools.bench import resimulate
+    from kvrep_dev.bench import resimulate
 
     args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 3}
     wl = build_workload("shared", bench_args("--duration-s", "10"))

@@ -1,5 +1,5 @@
 """`kvrep bench` over several rounds: ratios are paired within a round, medians and ranges over the rounds."""
-from sglang_kvrep.devtools.bench import _ratios, format_summary, format_table, summarize_rounds
+from kvrep_dev.bench import _ratios, format_summary, format_table, summarize_rounds
 
 
 def row(wl, arm, rnd, p99, mean, copies=0):

@@ -1,7 +1,7 @@
 """Ports for local servers come from below the ephemeral range, free, and never twice from one process."""
 import socket
 
-from sglang_kvrep.devtools.cluster import _PORT_RANGE, free_port
+from kvrep_dev.cluster import _PORT_RANGE, free_port
 
 
 def test_ports_are_below_the_ephemeral_range_free_and_distinct():

@@ -5,7 +5,7 @@ import math
 import pytest
 from aiohttp import web
 
-from radix_sync.loadgen import Renderer, ReplayConfig, Result, Scale, replay, scale_workload, summarize, workload_size
+from kvrep_dev.loadgen import Renderer, ReplayConfig, Result, Scale, replay, scale_workload, summarize, workload_size
 from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
 from radix_sync.sim.workload import Session, SimRequest, TurnSpec, Workload
 from tests.util import serve_app
@@ -109,7 +109,7 @@ def test_summarize_statistics_and_errors():
 
 def test_replay_sends_sessions_closed_loop_with_hints_then_all_branches():
     """A real HTTP server (aiohttp) records what arrives and when."""
-    from radix_sync.router.stub_worker import build_stub
+    from kvrep_dev.stub_worker import build_stub
 
     tok = WordTokenizer(WORDS)
     seen, hints = [], []

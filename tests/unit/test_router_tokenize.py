@@ -2,7 +2,7 @@
 import pytest
 
 from radix_sync.router.tokenize import BadRequest, PromptTokenizer
-from sglang_kvrep.devtools.cluster import model_path
+from kvrep_dev.cluster import model_path
 
 
 @pytest.fixture(scope="module")

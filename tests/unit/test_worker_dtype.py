@@ -1,6 +1,6 @@
 """The dtype local CPU workers run with: float32 where the CPU has no native bf16 (bf16 matmuls take a slow path
 there), the model's own elsewhere, an explicit choice always wins."""
-from sglang_kvrep.devtools import cluster
+from kvrep_dev import cluster
 
 
 def cpuinfo(tmp_path, flags: str):

@@ -3,7 +3,7 @@
 It answers `/generate`, `/v1/completions` and `/v1/chat/completions` (streaming or not) in SGLang's shapes, with
 `num_tokens` fake output tokens `delay_s` apart, and says in every answer who served it and which `cache_salt` it
 received (`meta_info.served_by`, `meta_info.cache_salt`; OpenAI answers carry the same under `sglext`). Also
-`/v1/models`, `/model_info`, `/server_info`, `/flush_cache`, `/health`. Run: `python -m radix_sync.router.stub_worker
+`/v1/models`, `/model_info`, `/server_info`, `/flush_cache`, `/health`. Run: `python -m kvrep_dev.stub_worker
 --port P --name A`.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@
 - `libcuda/libcuda.so.1`: a stand-in that lets the CUDA-only `sgl_kernel` wheel import on a host without an
   NVIDIA driver (only built there). Every function returns CUDA_ERROR_NO_DEVICE.
 
-Usage: `python -m sglang_kvrep.devtools.prepare <cache dir>`; idempotent (a marker file per artefact).
+Usage: `python -m kvrep_dev.prepare <cache dir>`; idempotent (a marker file per artefact).
 """
 from __future__ import annotations
 

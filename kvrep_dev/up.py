@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Proc, Worker, free_port, model_path
+from kvrep_dev.cluster import ROOT, Coordinator, Proc, Worker, free_port, model_path
 
 
 def _say(msg: str) -> None:

@@ -8,7 +8,7 @@ Arms:
 - `sgl-rr` / `sgl-ca`: `sglang-router` from PyPI (`python -m sglang_router.launch_router`) with `round_robin` /
   `cache_aware` and its defaults, in front of the same workers (the coordinator in shadow mode, so no copies).
 
-Workloads are the simulator's own objects, scaled to the CPU (`radix_sync.loadgen`): `agent` (Claude Code
+Workloads are the simulator's own objects, scaled to the CPU (`kvrep_dev.loadgen`): `agent` (Claude Code
 sessions from a trace directory, default the sample committed in `bench/traces/claude_code_sample`), `fanout`
 (tree search: K branches over a long trunk, with a fan-out hint), `shared` (shared prefixes, Zipf popularity,
 bursty arrivals) and `unique` (no shared prefix at all: every prompt distinct). Every arm gets its own text for
@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from sglang_kvrep.devtools.cluster import (ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path,
+from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path,
                                            stream_generate)
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _say(msg: str) -> None:
 
 def build_workload(name: str, args) -> "Workload":
     """Returns: the scaled workload `name` (a fresh object; the replay consumes it)."""
-    from radix_sync.loadgen import Scale, scale_workload
+    from kvrep_dev.loadgen import Scale, scale_workload
     from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig, SharedPrefixWorkload
     from radix_sync.sim.workload import ClaudeWorkload
 
@@ -419,7 +419,7 @@ def run_bench(args) -> int:
         return resimulate(Path(args.resimulate), cores=args.sim_cores)
     from transformers import AutoTokenizer
 
-    from radix_sync.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
+    from kvrep_dev.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]

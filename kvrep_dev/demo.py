@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-from sglang_kvrep.devtools.cluster import ROOT, Coordinator, Worker
+from kvrep_dev.cluster import ROOT, Coordinator, Worker
 
 
 def _ttft(worker: Worker, ids: list[int]) -> tuple[float, dict]:

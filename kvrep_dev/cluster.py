@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("KVREP_LOCAL_CACHE", ROOT / ".cache"))
 
 
@@ -49,7 +49,7 @@ def free_port() -> int:
 
 def prepared() -> dict:
     """Local models and the libcuda stand-in (built on first use)."""
-    from sglang_kvrep.devtools.prepare import prepare
+    from kvrep_dev.prepare import prepare
 
     return prepare(CACHE)
 

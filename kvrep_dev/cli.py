@@ -1,0 +1,65 @@
+"""The developer subcommands of `kvrep`: `demo`, `bench`, `copy-demo`, `up`. Registered with the `kvrep` command
+line through the `kvrep.commands` entry-point group (see pyproject.toml), so the torch-free `radix_sync` package
+never imports this one."""
+from __future__ import annotations
+
+
+def _add_demo_and_bench(sub) -> None:
+    from kvrep_dev import bench
+
+    p = sub.add_parser("demo", help="3 CPU workers behind the router: agent sessions and a tree-search fan-out, "
+                                    "shadow (today's routing) vs active replication; table + TTFT CDF PNG")
+    bench.add_arguments(p, demo=True)
+    p.set_defaults(func=_run_bench)
+
+    p = sub.add_parser("bench", help="live benchmark: our router (shadow, active) and sglang-router (round_robin, "
+                                     "cache_aware) on the same workloads and cluster; simulator validation")
+    bench.add_arguments(p)
+    p.set_defaults(func=_run_bench)
+
+    p = sub.add_parser("copy-demo", help="two CPU workers: replicate a prefix A->B, time it, compare TTFT on B")
+    p.add_argument("--model", default="small", help="tiny | small | a model directory")
+    p.add_argument("--prompt-len", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--logs", default="logs/copy-demo", help="folder for per-process logs")
+    p.set_defaults(func=_run_copy_demo)
+
+
+def _run_bench(args) -> int:
+    from kvrep_dev.bench import run_bench
+
+    return run_bench(args)
+
+
+def _run_copy_demo(args) -> int:
+    from kvrep_dev.demo import run_demo
+
+    return run_demo(args)
+
+
+def _add_up(sub) -> None:
+    p = sub.add_parser("up", help="start a local cluster: coordinator, N SGLang workers, the router")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--model", default="tiny", help="tiny | small | a model directory")
+    p.add_argument("--router-port", type=int, default=0, help="0: any free port")
+    p.add_argument("--admin-port", type=int, default=0, help="coordinator admin port (0: any free port)")
+    p.add_argument("--policy", default="kvrep", choices=["kvrep", "rules", "none"])
+    p.add_argument("--mode", default="active", choices=["active", "shadow"])
+    p.add_argument("--tenants", default=None, help="JSON or TOML file: api keys -> tenant -> namespace")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-total-tokens", type=int, default=32768)
+    p.add_argument("--profile", default="cpu-local",
+                   help="cost profile of the planner and the router (cpu-local: measured on the CPU workers here)")
+    p.add_argument("--logs", default="logs/up", help="folder for per-process logs")
+    p.set_defaults(func=_run_up)
+
+
+def _run_up(args) -> int:
+    from kvrep_dev.up import run_up
+
+    return run_up(args)
+
+
+def add_commands(sub) -> None:
+    _add_demo_and_bench(sub)
+    _add_up(sub)
