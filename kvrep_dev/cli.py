@@ -61,5 +61,10 @@ def _run_up(args) -> int:
 
 
 def add_commands(sub) -> None:
+    """Adds the commands when the worker side is installed (they start SGLang servers); absent otherwise."""
+    from importlib.util import find_spec
+
+    if find_spec("sglang") is None:
+        return
     _add_demo_and_bench(sub)
     _add_up(sub)

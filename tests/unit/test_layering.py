@@ -212,3 +212,18 @@ def test_kernels_folder_is_not_a_package_and_hf_kernels_still_imports():
                          capture_output=True, text=True, cwd=str(ROOT / "tests"), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "site-packages" in res.stdout, res.stdout
+
+
+def test_install_roles_in_pyproject():
+    """The base distribution (coordinator, router, simulator) needs neither torch nor sglang; `[worker]` adds the one
+    supported SGLang; `[dev]` adds the worker side and the test/bench tools."""
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = [d.split(";")[0].replace(" ", "") for d in meta["dependencies"]]
+    assert not [d for d in base if d.lower().startswith(("torch", "sglang", "triton", "msgpack"))], base
+    extras = meta["optional-dependencies"]
+    assert extras["worker"] == ["sglang==0.5.23"]
+    assert any(d.startswith("sglang-kvrep[") and "worker" in d for d in extras["dev"]), extras["dev"]
+    assert "sglang==0.5.23" in (ROOT / "requirements-pins.txt").read_text().split()
+    assert meta["entry-points"]["kvrep.commands"] == {"dev": "kvrep_dev.cli:add_commands"}
