@@ -5,6 +5,8 @@ Rules:
 - `radix_sync` (coordinator, router, simulator, policies: the base install) never imports `sglang_kvrep`,
   `kvrep_dev`, `kvrep_kernels`, torch, triton or sglang;
 - the coordinator never imports the simulator; `sglang_kvrep` never imports the simulator nor `kvrep_dev`;
+- the processes' packages stay apart: coordinator, router and simulator never import each other; the policies
+  (`radix_sync.policy`, shared by all three) import none of them; what two of them share lives in a common module;
 - no import circle among the modules of the runtime packages (`radix_sync`, `sglang_kvrep`, `kvrep_kernels`);
 - no runtime module over 500 lines.
 """
@@ -28,7 +30,11 @@ MAX_LINES = 500
 FORBIDDEN = (
     ("radix_sync", "sglang_kvrep"), ("radix_sync", "kvrep_dev"), ("radix_sync", "kvrep_kernels"),
     ("radix_sync", "torch"), ("radix_sync", "triton"), ("radix_sync", "sglang"),
-    ("radix_sync.coordinator", "radix_sync.sim"),
+    ("radix_sync.coordinator", "radix_sync.sim"), ("radix_sync.coordinator", "radix_sync.router"),
+    ("radix_sync.router", "radix_sync.coordinator"), ("radix_sync.router", "radix_sync.sim"),
+    ("radix_sync.policy", "radix_sync.coordinator"), ("radix_sync.policy", "radix_sync.router"),
+    ("radix_sync.policy", "radix_sync.sim"),
+    ("radix_sync.sim", "radix_sync.coordinator"), ("radix_sync.sim", "radix_sync.router"),
     ("sglang_kvrep", "radix_sync.sim"), ("sglang_kvrep", "kvrep_dev"),
 )
 
