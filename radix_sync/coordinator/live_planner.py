@@ -7,9 +7,12 @@ replications calibrate the cost model's transfer estimate online. Who calls it: 
 state lock.
 
 Session continuation: each finished response (its prompt's pages, how it ended, the tenant's class) becomes a
-node of the simulator's own `NodeTracker` (`radix_sync.policy.tracker`); an arrival whose held prefix runs through such a node is its
-follow-up, and the gap feeds the predictor's per-(class, stop) gap model online. Open session nodes are offered
-to the planner with their last finish, as the simulator offers them: when every worker holding one is busy.
+node of the simulator's own `NodeTracker` (`radix_sync.policy.tracker`); an arrival whose held prefix runs
+through such a node is its follow-up, and the gap feeds the predictor's per-(class, stop) gap model online. Open
+session nodes are offered to the planner with their last finish, as the simulator offers them: when every worker
+holding one is busy (`radix_sync.policy.candidates`, the one candidate rule).
+
+Who builds it: `radix_sync.coordinator.policies` registers it as the live policy `kvrep`.
 """
 from __future__ import annotations
 
