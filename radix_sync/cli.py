@@ -35,7 +35,7 @@ def _add_coordinator(sub) -> None:
 
 
 def _run_coordinator(args) -> int:
-    from radix_sync.coordinator.rules import RuleConfig
+    from radix_sync.policy.rules import RuleConfig
     from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
     from radix_sync.coordinator.state import StateConfig
 

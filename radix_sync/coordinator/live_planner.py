@@ -7,22 +7,25 @@ replications calibrate the cost model's transfer estimate online. Who calls it: 
 state lock.
 
 Session continuation: each finished response (its prompt's pages, how it ended, the tenant's class) becomes a
-node of the simulator's own `NodeTracker`; an arrival whose held prefix runs through such a node is its
-follow-up, and the gap feeds the predictor's per-(class, stop) gap model online. Open session nodes are offered
-to the planner with their last finish, as the simulator offers them: when every worker holding one is busy.
+node of the simulator's own `NodeTracker` (`radix_sync.policy.tracker`); an arrival whose held prefix runs
+through such a node is its follow-up, and the gap feeds the predictor's per-(class, stop) gap model online. Open
+session nodes are offered to the planner with their last finish, as the simulator offers them: when every worker
+holding one is busy (`radix_sync.policy.candidates`, the one candidate rule).
+
+Who builds it: `radix_sync.coordinator.policies` registers it as the live policy `kvrep`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from radix_sync.coordinator.state import PENDING, RUNNING, ClusterState
 from radix_sync.directory import REPLICA
+from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostModel, load_profile
-from radix_sync.policy.forecast import queue_wait_s
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
-from radix_sync.sim.tracker import NodeTracker
+from radix_sync.policy.tracker import NodeTracker, TrackedNode
 
 _ITEMSIZE = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.uint8": 1}
 
@@ -60,6 +63,65 @@ def _drop_explained(times: list[float], since_s: float, k: int) -> list[float]:
             continue
         out.append(t)
     return out
+
+
+@dataclass
+class _Demand:
+    """The demand signals one snapshot chooses its prefixes from, by block hash. Built by `_demand_times`, then
+    `LivePlanner._add_hints` and `LivePlanner._add_busy_sessions`, in that order."""
+
+    times: dict[int, list[float]]
+    """Recent request times (arrivals, else hits, less those a fan-out hint explains); empty for a prefix that
+    only a hint or an open session names."""
+    namespaces: dict[int, str]
+    fanout: dict[int, tuple[int, float]] = field(default_factory=dict)
+    """Live fan-out hints: (branches, when they are due)."""
+    keepalive: dict[int, float] = field(default_factory=dict)
+    """Keep-alive hints: until when."""
+    sessions: dict[int, TrackedNode] = field(default_factory=dict)
+    """Open session nodes whose every holder is busy."""
+
+
+def _demand_times(state: ClusterState) -> _Demand:
+    """Recent request times per prefix (block hash), and each prefix's namespace.
+
+    NOTE: with a router in front, one request shows up twice: as the router's arrival and as the worker's prefix
+    hit, both on the prefix it reuses. A prefix's demand is its arrivals when the router reported any, else its
+    hits (workers without our router), never the sum.
+    """
+    by_arrival: dict[int, list[float]] = {}
+    by_hit: dict[int, list[float]] = {}
+    namespaces: dict[int, str] = {}
+    for log, out in ((state.hits, by_hit), (state.arrivals, by_arrival)):
+        for rec in log:
+            if rec.block_hash is not None:
+                out.setdefault(rec.block_hash, []).append(rec.time_s)
+                namespaces[rec.block_hash] = rec.namespace
+    # NOTE: a fan-out's branches are explained by its hint, not popularity (the tracker's rule): counted as hits,
+    # the K branches of a finished tree made its trunk look hot for the whole window and it was copied again
+    # after its replicas expired (~half the copies of a fan-out run were such re-copies).
+    for hint in state.hints:
+        if hint.kind == "fanout" and hint.block_hash is not None:
+            for out in (by_arrival, by_hit):
+                seen = out.get(hint.block_hash)
+                if seen:
+                    out[hint.block_hash] = _drop_explained(seen, hint.time_s, hint.k)
+    times = {b: by_arrival.get(b) or by_hit.get(b, []) for b in {**by_hit, **by_arrival}}
+    return _Demand(times, namespaces)
+
+
+def _holder_bits(holders, index: dict[str, int]) -> int:
+    """Returns: the holders (worker ids) as a bitmask by worker index.
+
+    NOTE: 0 (no holder busy) when one is not a known worker: a forgotten worker's pages leave the directory with
+    it (`ClusterState._forget_worker`), so this does not happen."""
+    bits = 0
+    for w in holders:
+        i = index.get(w)
+        if i is None:
+            return 0
+        bits |= 1 << i
+    return bits
 
 
 class LivePlanner:
@@ -151,27 +213,58 @@ class LivePlanner:
                 "gap_models": models}
 
     def snapshot(self, state: ClusterState, now_s: float) -> tuple[ClusterSnapshot, list[str]]:
+        """The planner's view of the cluster now.
+
+        Returns:
+            the snapshot (workers by dense index, in worker-id order) and the worker ids by that index.
+        """
         self.consume(state, now_s)
         ids = sorted(state.workers)
         index = {wid: i for i, wid in enumerate(ids)}
-        bw = self.profile.nic_bandwidth_bytes_per_s
         in_flight = [r for r in state.replications.values() if r.state in (PENDING, RUNNING)]
         kvb = next((b for b in (kv_bytes_per_token(state.workers[w].hello.fingerprint_fields) for w in ids) if b),
                    self.profile.kv_bytes_per_token)
+        busy = self._link_busy_until(in_flight, kvb, now_s)
+        workers = self._worker_views(state, ids, in_flight, busy, now_s)
+        page_len = min((state.workers[w].hello.page_size for w in ids), default=1)
+        demand = _demand_times(state)
+        self._add_hints(state, demand, now_s)
+        self._add_busy_sessions(state, workers, index, demand, now_s)
+        prefixes = []
+        for block_hash, hit_times in demand.times.items():
+            if not is_candidate(len(hit_times), block_hash in demand.fanout or block_hash in demand.keepalive,
+                                block_hash in demand.sessions):
+                continue
+            view = self._prefix_view(state, block_hash, demand, index, in_flight, busy, page_len, now_s)
+            if view is not None:
+                prefixes.append(view)
+        snap = ClusterSnapshot(workers=tuple(workers), prefixes=tuple(prefixes), page_len=page_len,
+                               kv_bytes_per_token=kvb)
+        return snap, ids
+
+    def _link_busy_until(self, in_flight: list, kvb: int, now_s: float) -> dict[str, float]:
+        """Returns: per worker, when the copies queued on its link end (both ends of a copy are busy with it)."""
+        bw = self.profile.nic_bandwidth_bytes_per_s
         busy: dict[str, float] = {}
-        incoming: dict[str, int] = {}  # replica tokens on their way to each worker (not in its load report yet)
         for r in in_flight:
-            incoming[r.target] = incoming.get(r.target, 0) + r.num_tokens
-        for r in in_flight:  # queued copies keep both ends of the link busy
             seconds = r.num_tokens * kvb / bw if bw > 0 else 0.0
             for wid in (r.source, r.target):
                 busy[wid] = max(busy.get(wid, now_s), now_s) + seconds
+        return busy
+
+    def _worker_views(self, state: ClusterState, ids: list[str], in_flight: list, busy: dict[str, float],
+                      now_s: float) -> list[WorkerView]:
+        """Returns: each worker's last load report as the planner sees it, in `ids` order."""
+        bw = self.profile.nic_bandwidth_bytes_per_s
+        incoming: dict[str, int] = {}  # replica tokens on their way to each worker (not in its load report yet)
+        for r in in_flight:
+            incoming[r.target] = incoming.get(r.target, 0) + r.num_tokens
         workers = []
-        for wid in ids:
+        for i, wid in enumerate(ids):
             rec = state.workers[wid]
             load = rec.load
             workers.append(WorkerView(
-                worker_id=index[wid], fingerprint=rec.hello.fingerprint,
+                worker_id=i, fingerprint=rec.hello.fingerprint,
                 num_running=load.num_running_reqs if load else 0, num_waiting=load.num_waiting_reqs if load else 0,
                 waiting_new_tokens=load.num_waiting_tokens if load else 0,
                 # a busy worker is, on average, half-way through an iteration
@@ -182,31 +275,12 @@ class LivePlanner:
                                           - incoming.get(wid, 0)),
                 egress_busy_until_s=busy.get(wid, now_s), ingress_busy_until_s=busy.get(wid, now_s),
                 nic_bandwidth_bytes_per_s=bw))
-        page_len = min((state.workers[w].hello.page_size for w in ids), default=1)
-        # candidate prefixes: what was hit, what the router saw arriving, what a hint announced
-        # NOTE: with a router in front, one request shows up twice: as the router's arrival and as the worker's
-        # prefix hit, both on the prefix it reuses. A prefix's demand is its arrivals when the router reported
-        # any, else its hits (workers without our router), never the sum.
-        by_arrival: dict[int, list[float]] = {}
-        by_hit: dict[int, list[float]] = {}
-        namespaces: dict[int, str] = {}
-        for log, out in ((state.hits, by_hit), (state.arrivals, by_arrival)):
-            for rec in log:
-                if rec.block_hash is not None:
-                    out.setdefault(rec.block_hash, []).append(rec.time_s)
-                    namespaces[rec.block_hash] = rec.namespace
-        # NOTE: a fan-out's branches are explained by its hint, not popularity (the simulator's tracker rule):
-        # counted as hits, the K branches of a finished tree made its trunk look hot for the whole window and it
-        # was copied again after its replicas expired (~half the copies of a fan-out run were such re-copies).
-        for hint in state.hints:
-            if hint.kind == "fanout" and hint.block_hash is not None:
-                for out in (by_arrival, by_hit):
-                    seen = out.get(hint.block_hash)
-                    if seen:
-                        out[hint.block_hash] = _drop_explained(seen, hint.time_s, hint.k)
-        times = {b: by_arrival.get(b) or by_hit.get(b, []) for b in {**by_hit, **by_arrival}}
-        fanout: dict[int, tuple[int, float]] = {}
-        keepalive: dict[int, float] = {}
+        return workers
+
+    def _add_hints(self, state: ClusterState, demand: _Demand, now_s: float) -> None:
+        """Adds every hinted prefix to `demand.times` (its namespace to `demand.namespaces`), the live fan-outs to
+        `demand.fanout` and the keep-alives to `demand.keepalive`."""
+        times, namespaces, fanout, keepalive = demand.times, demand.namespaces, demand.fanout, demand.keepalive
         for hint in state.hints:
             if hint.block_hash is None:
                 continue
@@ -225,50 +299,47 @@ class LivePlanner:
                     fanout[hint.block_hash] = (hint.k, due)
             elif hint.kind == "keepalive":
                 keepalive[hint.block_hash] = max(keepalive.get(hint.block_hash, 0.0), hint.time_s + hint.ttl_s)
-        # open sessions whose every holder is busy (queue wait above the least-loaded worker's by the planner's
-        # minimum gain): the simulator's selection (`Engine._prefix_views`)
-        waits = {ids[w.worker_id]: queue_wait_s(self.cost, w, now_s) for w in workers}
-        floor = min(waits.values(), default=0.0) + self.planner.cfg.min_gain_s
-        sessions = {}
+
+    def _add_busy_sessions(self, state: ClusterState, workers: list[WorkerView], index: dict[str, int],
+                           demand: _Demand, now_s: float) -> None:
+        """Adds the open session nodes whose every holder is busy (`radix_sync.policy.candidates`, as the simulator
+        selects them) to `demand.sessions` and `demand.times` (their namespace to `demand.namespaces`)."""
+        busy = busy_mask(self.cost, workers, now_s, self.planner.cfg.min_gain_s)
+        sessions, times, namespaces = demand.sessions, demand.times, demand.namespaces
         for n in self.tracker.nodes.values():
             if n.last_finish_s is None:
                 continue
             dnode = state.directory.node(n.node_id)
-            if dnode is not None and dnode.holders and all(waits.get(w, 0.0) >= floor for w in dnode.holders):
+            if dnode is not None and all_busy(_holder_bits(dnode.holders, index), busy):
                 sessions[n.node_id] = n
                 namespaces.setdefault(n.node_id, dnode.namespace)
                 times.setdefault(n.node_id, [])
+
+    def _prefix_view(self, state: ClusterState, block_hash: int, demand: _Demand, index: dict[str, int],
+                     in_flight: list, busy: dict[str, float], page_len: int, now_s: float) -> Optional[PrefixView]:
+        """Returns: the candidate prefix with its holders (copies in flight included), or None when nobody holds
+        it (or its tokens are not known yet): nothing to copy."""
+        node = state.directory.node(block_hash)
+        if node is None or not node.token_ids:
+            return None
+        token_len = node.depth * page_len
+        holders = [HolderView(index[w], h.role, token_len, h.expires_at_s if h.role == REPLICA else None)
+                   for w, h in node.holders.items() if w in index]
+        for r in in_flight:
+            if r.block_hash == block_hash and r.target in index:
+                eta = busy.get(r.target, now_s)
+                holders.append(HolderView(index[r.target], REPLICA, r.num_tokens, now_s + r.ttl_s, eta))
+        session = demand.sessions.get(block_hash)
+        k, hint_at = demand.fanout.get(block_hash, (0, None))
         ewma = self.tracker.new_len_ewma
-        prefixes = []
-        for block_hash, hit_times in times.items():
-            session = sessions.get(block_hash)
-            if len(hit_times) < 2 and block_hash not in fanout and block_hash not in keepalive and session is None:
-                # NOTE: as the simulator's tracker prunes them: one request on a prefix says nothing about the
-                # next (a session's turn reuses its previous turn once, then moves on to a longer prefix); a
-                # prefix needs repeated demand, a hint or an open session before it is worth a copy.
-                continue
-            node = state.directory.node(block_hash)
-            if node is None or not node.token_ids:
-                continue  # nobody holds it (or its tokens are not known yet): nothing to copy
-            token_len = node.depth * page_len
-            holders = [HolderView(index[w], h.role, token_len, h.expires_at_s if h.role == REPLICA else None)
-                       for w, h in node.holders.items() if w in index]
-            for r in in_flight:
-                if r.block_hash == block_hash and r.target in index:
-                    eta = busy.get(r.target, now_s)
-                    holders.append(HolderView(index[r.target], REPLICA, r.num_tokens, now_s + r.ttl_s, eta))
-            k, hint_at = fanout.get(block_hash, (0, None))
-            prefixes.append(PrefixView(
-                node_id=block_hash, token_len=token_len, namespace=self._ns(namespaces.get(block_hash, "")),
-                class_key=session.class_key if session else "",
-                holders=tuple(holders), recent_hit_times_s=tuple(sorted(hit_times)),
-                last_finish_s=session.last_finish_s if session else None,
-                last_stop=session.last_stop if session else None,
-                expected_new_len=int(ewma.get(session.class_key, 0)) if session else 0,
-                fanout_hint=k, hint_at_s=hint_at, keepalive_until_s=keepalive.get(block_hash)))
-        snap = ClusterSnapshot(workers=tuple(workers), prefixes=tuple(prefixes), page_len=page_len,
-                               kv_bytes_per_token=kvb)
-        return snap, ids
+        return PrefixView(
+            node_id=block_hash, token_len=token_len, namespace=self._ns(demand.namespaces.get(block_hash, "")),
+            class_key=session.class_key if session else "",
+            holders=tuple(holders), recent_hit_times_s=tuple(sorted(demand.times[block_hash])),
+            last_finish_s=session.last_finish_s if session else None,
+            last_stop=session.last_stop if session else None,
+            expected_new_len=int(ewma.get(session.class_key, 0)) if session else 0,
+            fanout_hint=k, hint_at_s=hint_at, keepalive_until_s=demand.keepalive.get(block_hash))
 
     def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
         self.observe(state)

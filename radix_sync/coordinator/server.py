@@ -23,12 +23,13 @@ from aiohttp import web
 
 from radix_sync.fastjson import dumps as _dumps, loads as _loads
 from radix_sync import protocol as p
-from radix_sync.coordinator.rules import RuleBasedPolicy, RuleConfig
+from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
 from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig, _token_ids, parse_page_hashes
+from radix_sync.policy.rules import RuleConfig
 
 
 log = logging.getLogger("kvrep.coordinator")
-POLICIES = ("kvrep", "rules", "none")
+POLICIES = tuple(LIVE_POLICIES.names())
 
 
 @dataclass(frozen=True)
@@ -115,14 +116,8 @@ class Coordinator:
         self._http = _AdminServer(config.admin_host, config.admin_port, _AdminApi(self))
         self.admin_port = self._http.port
 
-    def _make_policy(self, name: str):
-        if name == "rules":
-            return RuleBasedPolicy(self.config.rules)
-        if name == "kvrep":
-            from radix_sync.coordinator.live_planner import LivePlanner
-
-            return LivePlanner(self.config.profile)
-        return None
+    def _make_policy(self, name: str) -> LivePolicy:
+        return LIVE_POLICIES.create(name, rules=self.config.rules, profile=self.config.profile)
 
     def set_policy(self, name: str, mode: str, reset_demand: bool = False) -> None:
         """Switch policy and mode at run time (admin `POST /policy`). Caller holds the lock.
@@ -135,7 +130,7 @@ class Coordinator:
             raise AdminError(f"unknown policy {name!r} (choose one of {', '.join(POLICIES)})")
         if mode not in ("active", "shadow"):
             raise AdminError(f"mode must be active or shadow, got {mode!r}")
-        if self.policy is None or self.policy.name != name or reset_demand:
+        if self.policy.name != name or reset_demand:
             self.policy = self._make_policy(name)
         if reset_demand:
             self.state.hits.clear()
@@ -149,13 +144,8 @@ class Coordinator:
 
     def _decisions(self, now: float) -> list[tuple[str, str, str, int, int, float]]:
         """(source, target, namespace, block hash, prefix tokens, ttl) from whichever policy runs."""
-        if self.policy is None:
-            return []
-        if self.policy.name == "kvrep":
-            return [(d.source, d.target, d.namespace, d.block_hash, d.depth_len, d.ttl_s)
-                    for d in self.policy.decide(self.state, now)]
-        return [(d.source, d.target, d.namespace, d.block_hash, d.prefix_len, d.ttl_s)
-                for d in self.policy.decide(self.state.rule_snapshot(now), now)]
+        return [(d.source, d.target, d.namespace, d.block_hash, d.depth_len, d.ttl_s)
+                for d in self.policy.decide(self.state, now)]
 
     # ------------------------------------------------------------------------------------------------- running
     def serve_forever(self) -> None:
@@ -283,8 +273,7 @@ class Coordinator:
                     log.info("policy decision refused: %s", exc)
                     continue
                 self._outbox.put((target_rid, expect))
-            take = getattr(self.policy, "take_demotions", None)
-            for worker, namespace, block_hash in (take() if take is not None else []):
+            for worker, namespace, block_hash in self.policy.take_demotions():
                 tokens = self.state.directory.prefix_tokens(block_hash)
                 if tokens is not None:
                     self._demote(worker, namespace, tokens, send=self.mode == "active")

@@ -17,7 +17,7 @@ from typing import Optional
 from radix_sync import protocol as p
 from radix_sync.directory import PrefixDirectory
 from radix_sync.hashing import page_hashes
-from radix_sync.coordinator.rules import HitRecord, RuleSnapshot, WorkerView
+from radix_sync.policy.rules import HitRecord, RuleSnapshot, WorkerView
 
 log = logging.getLogger("kvrep.coordinator")
 

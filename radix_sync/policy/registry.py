@@ -1,7 +1,7 @@
 """A tiny name -> factory registry, used instead of if/elif chains on policy names.
 
 Callers: `radix_sync.policy.routers` registers router policies; `radix_sync.sim.policies` registers the simulator's
-named policy bundles; the coordinator looks planners up by name.
+named policy bundles; `radix_sync.coordinator.policies` registers the coordinator's live policies.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ import time
 
 from radix_sync.policy.cost import list_profiles, load_profile
 from radix_sync.policy.planner import PlannerConfig
-from radix_sync.sim.engine import Engine, EngineConfig
+from radix_sync.sim.config import EngineConfig
+from radix_sync.sim.engine import Engine
 from radix_sync.sim.generators import GENERATORS, GeneratorConfig
 from radix_sync.sim.metrics import format_table
 from radix_sync.sim.policies import POLICIES, build_policy

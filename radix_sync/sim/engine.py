@@ -8,73 +8,24 @@ The engine plays the coordinator and router of the real system: it builds `Reque
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Callable, Optional
 
+from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostProfile
-from radix_sync.policy.forecast import queue_wait_s
 from radix_sync.policy.snapshot import (OWNER, REPLICA, ClusterSnapshot, HolderView, PrefixView, RequestView,
                                         Route, WorkerView)
+from radix_sync.policy.tracker import NodeTracker
 from radix_sync.sim.cache import Directory, WorkerCache
+from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.tracker import NodeTracker
 from radix_sync.sim.worker import DECODE, IDLE, PREFILL, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload
 
 ARRIVE, ITER, XFER, EXPIRE, TICK, START = range(6)
 PENDING_TIMEOUT_S = 30.0
 """A planned copy whose source has not got the pages this long after the expected time is dropped, s."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Simulation knobs that are not part of the cost profile."""
-
-    num_workers: int = 16
-    """Workers in the cluster."""
-    duration_s: float = 600.0
-    """No request is issued after this time (in-flight ones complete), s."""
-    tick_s: float = 1.0
-    """Planner period, s."""
-    replica_budget_frac: float = 0.25
-    """Largest share of a worker's KV pool that replicas may take."""
-    overlap_lag: bool = False
-    """True: the workers run SGLang's overlap scheduler on a device that computes synchronously (the CPU): an
-    iteration's outputs (first tokens, finished requests) are streamed when the next iteration ends, or at once
-    when none follows (`Scheduler.event_loop_overlap` processes batch N's results after launching batch N+1, and
-    on the CPU launching is running)."""
-    record_requests: bool = False
-    """Keep one record per finished request in the result (`requests`; to compare with a live replay)."""
-    eviction: str = "lru"
-    """The workers' radix-cache eviction (`--radix-eviction-policy`): `lru` (SGLang's default) or `tlru`
-    (Tail-Optimized LRU, with `tlru_threshold_tokens` and `tlru_next_prompt_tokens` as SGLang's
-    `--radix-eviction-policy-config '{"threshold": ..., "next_prompt_estimate": ...}'`). Replicas and demoted
-    copies still go first."""
-    tlru_threshold_tokens: int = 0
-    """T-LRU: tokens a next prompt may leave uncached (the TTFT budget expressed in tokens)."""
-    tlru_next_prompt_tokens: int = 0
-    """T-LRU: tokens a conversation's next prompt is expected to add."""
-    shared_cores: int = 0
-    """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
-    more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
-    of its speed while k workers are busy, re-timed whenever k changes."""
-
-    def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers={self.num_workers!r} must be >= 1")
-        if self.duration_s <= 0 or self.tick_s <= 0:
-            raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
-        if self.shared_cores < 0:
-            raise ValueError(f"shared_cores={self.shared_cores!r} must be >= 0")
-        if self.eviction not in ("lru", "tlru"):
-            raise ValueError(f"eviction={self.eviction!r} must be 'lru' or 'tlru'")
-        if self.tlru_threshold_tokens < 0 or self.tlru_next_prompt_tokens < 0:
-            raise ValueError(f"tlru_threshold_tokens={self.tlru_threshold_tokens!r}, tlru_next_prompt_tokens="
-                             f"{self.tlru_next_prompt_tokens!r} must be >= 0")
-        if not 0.0 <= self.replica_budget_frac <= 1.0:
-            raise ValueError(f"replica_budget_frac={self.replica_budget_frac!r} must be in [0, 1]")
 
 
 class Engine:
@@ -166,7 +117,7 @@ class Engine:
             if self._progress is not None and t >= next_report:
                 self._progress(t)
                 next_report = t + 1.0
-        self.stats.finish(self)
+        self.stats.finish(len(self.workers))
         return self.stats
 
     # ---- requests ----
@@ -452,17 +403,11 @@ class Engine:
         return tuple(out)
 
     def _prefix_views(self, views: tuple[WorkerView, ...], now: float) -> tuple[PrefixView, ...]:
-        """The candidate nodes: those with a fan-out hint, a recent popularity signal, or whose every full
-        holder is busy (queue wait above the least-loaded worker's by the planner's minimum gain). The live
-        coordinator selects the same way; the planner's load forecast only sees these nodes' demand."""
+        """The candidate nodes (`radix_sync.policy.candidates`, the live coordinator's rule): those with a fan-out
+        hint, a recent popularity signal, or whose every full holder is busy."""
         page = self.page_len
         planner = self.policy.planner
-        waits = [queue_wait_s(planner.cost, v, now) for v in views]
-        floor = min(waits) + planner.cfg.min_gain_s
-        busy_mask = 0
-        for i, wt in enumerate(waits):
-            if wt >= floor:
-                busy_mask |= 1 << i
+        busy = busy_mask(planner.cost, views, now, planner.cfg.min_gain_s)
         holders_of = self.directory.holders
         ewma = self.tracker.new_len_ewma
         flying: dict[int, list[HolderView]] = {}
@@ -473,7 +418,7 @@ class Engine:
         for n in self.tracker.nodes.values():
             last = n.pages[n.num_pages - 1]
             bits = holders_of.get(last, 0)
-            if not (n.fanout_hint or len(n.hit_times_s) >= 2 or (bits and not bits & ~busy_mask)):
+            if not is_candidate(len(n.hit_times_s), bool(n.fanout_hint), all_busy(bits, busy)):
                 continue
             hs = []
             i = 0

@@ -18,7 +18,6 @@ from radix_sync.policy.cost import CostProfile
 from radix_sync.sim.workload import request_key
 
 if TYPE_CHECKING:
-    from radix_sync.sim.engine import Engine
     from radix_sync.sim.network import Transfer
     from radix_sync.sim.workload import SimRequest
 
@@ -96,8 +95,9 @@ class RunStats:
     def on_shadow_useful(self, num_bytes: int) -> None:
         self.shadow_useful_bytes += num_bytes
 
-    def finish(self, engine: "Engine") -> None:
-        self.num_workers = len(engine.workers)
+    def finish(self, num_workers: int) -> None:
+        """The run ended on a cluster of `num_workers` workers."""
+        self.num_workers = num_workers
 
     def to_dict(self) -> dict:
         """Returns: the JSON record of the run."""

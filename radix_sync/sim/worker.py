@@ -15,23 +15,49 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from radix_sync.policy.cost import CostProfile
 from radix_sync.sim.cache import WorkerCache
+from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.workload import SimRequest
-
-if TYPE_CHECKING:
-    from radix_sync.sim.engine import Engine
 
 IDLE, PREFILL, DECODE = 0, 1, 2
 FIRST, DONE = 0, 1  # kinds of a request's outputs held back by `EngineConfig.overlap_lag`
 
 
+class WorkerHost(Protocol):
+    """What a `SimWorker` reports to: the engine (`radix_sync.sim.engine.Engine`), named here by its role so that
+    the worker does not import the engine."""
+
+    cfg: EngineConfig
+
+    def schedule_iter_end(self, worker: "SimWorker", t: float) -> None:
+        """The worker's iteration in progress ends at `t` (an earlier schedule of it is void)."""
+
+    def core_speed(self) -> float:
+        """Returns: the speed an iteration runs at now (`EngineConfig.shared_cores`; 1.0 otherwise)."""
+
+    def on_busy_changed(self, now: float) -> None:
+        """The worker started or stopped working (`EngineConfig.shared_cores` only)."""
+
+    def on_admit(self, worker: "SimWorker", req: SimRequest, matched_pages: int, now: float) -> None:
+        """`req` was admitted on `worker` with `matched_pages` cached."""
+
+    def on_reject(self, req: SimRequest, now: float) -> None:
+        """`req` can never fit the worker's KV pool."""
+
+    def on_first_token(self, req: SimRequest, now: float) -> None:
+        """`req` streamed its first token."""
+
+    def on_finish(self, req: SimRequest, now: float) -> None:
+        """`req` finished."""
+
+
 class SimWorker:
     """One worker. Owns its queue, running batch and `WorkerCache`; reports to the engine by callbacks."""
 
-    def __init__(self, worker_id: int, profile: CostProfile, cache: WorkerCache, engine: "Engine") -> None:
+    def __init__(self, worker_id: int, profile: CostProfile, cache: WorkerCache, engine: WorkerHost) -> None:
         self.wid = worker_id
         self.p = profile
         self.cache = cache

@@ -5,7 +5,7 @@ import pytest
 
 from radix_sync.policy.predictor import DemandPredictor, GapModel, PredictorConfig
 from radix_sync.policy.snapshot import PrefixView
-from radix_sync.sim.tracker import NodeTracker
+from radix_sync.policy.tracker import NodeTracker
 
 # A negligible prior: the learned histogram is what the tests put in it.
 CFG = PredictorConfig(prior_weight=1e-9)

@@ -1,7 +1,7 @@
 import pytest
 
-from radix_sync.coordinator.rules import (HitRecord, ReplicateDecision, RuleBasedPolicy, RuleConfig, RuleSnapshot,
-                                          WorkerView)
+from radix_sync.policy.rules import (HitRecord, ReplicateDecision, RuleBasedPolicy, RuleConfig, RuleSnapshot,
+                                   WorkerView)
 
 CFG = RuleConfig(min_prefix_len=100, min_hits=3, window_s=10.0, max_queue=1, ttl_s=30.0)
 

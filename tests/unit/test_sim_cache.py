@@ -145,7 +145,8 @@ def test_tlru_high_water_mark_rises_with_the_branch_and_survives_eviction():
 def test_worker_cache_and_engine_pass_tlru_through():
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
-    from radix_sync.sim.engine import Engine, EngineConfig
+    from radix_sync.sim.config import EngineConfig
+    from radix_sync.sim.engine import Engine
     from radix_sync.sim.generators import AgentWorkload, GeneratorConfig
     from radix_sync.sim.policies import build_policy
     c = WorkerCache(0, 64 * 100, 64, Directory(), tlru_slack_tokens=130)  # floor(130 / 64) = 2 pages

@@ -1,7 +1,8 @@
 """Whole-engine properties on small generated workloads: determinism, conservation, copies and shadow mode."""
 
 from radix_sync.policy.cost import load_profile
-from radix_sync.sim.engine import Engine, EngineConfig
+from radix_sync.sim.config import EngineConfig
+from radix_sync.sim.engine import Engine
 from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
 from radix_sync.sim.policies import build_policy
 

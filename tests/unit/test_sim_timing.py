@@ -3,7 +3,8 @@
 import pytest
 
 from radix_sync.policy.cost import CostProfile
-from radix_sync.sim.engine import Engine, EngineConfig
+from radix_sync.sim.config import EngineConfig
+from radix_sync.sim.engine import Engine
 from radix_sync.sim.policies import build_policy
 from radix_sync.sim.workload import SimRequest, Workload
 

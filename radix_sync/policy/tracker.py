@@ -1,4 +1,8 @@
-"""The simulator's prefix-node tracker: the part of the coordinator's directory a planner snapshot needs.
+"""The prefix-node tracker: the part of the coordinator's directory a planner snapshot needs.
+
+Fed by the simulator's engine (`radix_sync.sim.engine`) and by the live planner
+(`radix_sync.coordinator.live_planner`), from request finishes and arrivals; both choose candidates among its
+nodes with `radix_sync.policy.candidates`.
 
 A node is the whole prompt of a finished request (a session may continue it) or the deepest cached prefix an
 arriving request hit (a shared trunk). Nodes carry the session signals (last finish, stop reason), explicit

@@ -3,7 +3,8 @@
 Replicate a prefix of at least `min_prefix_len` tokens that was hit at least `min_hits` times in the last
 `window_s` seconds on a worker whose queue holds more than `max_queue` waiting requests, to the least-loaded
 compatible worker that does not hold it yet. It is the baseline the predictive planner must beat, and stays
-available as `--policy rules`.
+available as `--policy rules` (`radix_sync.coordinator.policies.RulesPolicy` feeds it the coordinator's
+`RuleSnapshot`).
 """
 from __future__ import annotations
 

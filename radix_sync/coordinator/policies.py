@@ -1,0 +1,93 @@
+"""The coordinator's live policies: chosen by name through one `Registry`, called through one interface.
+
+`Coordinator` builds its policy with `LIVE_POLICIES.create(name, rules=..., profile=...)` and calls it only
+through `LivePolicy`; it never switches on a policy's name. Registered, in this order (the order error messages
+list them in):
+- `kvrep`: the predictive planner on the coordinator's state (`LivePlanner`);
+- `rules`: the rule-based baseline (`radix_sync.policy.rules.RuleBasedPolicy`) on the state's rule snapshot;
+- `none`: decides nothing (replication only on the admin API's request).
+
+The pure policies live in `radix_sync.policy`; what is here only adapts them to `ClusterState`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+from radix_sync.coordinator.live_planner import LiveDecision, LivePlanner
+from radix_sync.coordinator.state import ClusterState
+from radix_sync.policy.registry import Registry
+from radix_sync.policy.rules import RuleBasedPolicy, RuleConfig
+
+
+class LivePolicy(Protocol):
+    """What the coordinator calls on its policy, under the state lock."""
+
+    name: str
+    """The registered name (`/status`, the origin of the replications it asks for)."""
+    hint_outcomes: dict[int, list[tuple[float, str]]]
+    """Hinted prefix -> what the policy made of it, each change with its time (for `/status`; empty if none)."""
+
+    def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
+        """Returns: the copies to make now (the coordinator sends them, or records them in shadow mode)."""
+
+    def take_demotions(self) -> list[tuple[str, str, int]]:
+        """Returns: (worker, namespace, block hash of the prefix's last page) decided since the last call."""
+
+    def session_stats(self) -> Optional[dict]:
+        """Returns: what the policy knows of sessions, for `/status` (None when it does not track them)."""
+
+
+LIVE_POLICIES: Registry[LivePolicy] = Registry("policy")
+
+
+class RulesPolicy:
+    """`RuleBasedPolicy` on `ClusterState.rule_snapshot`."""
+
+    name = "rules"
+
+    def __init__(self, config: RuleConfig) -> None:
+        self.rules = RuleBasedPolicy(config)
+        self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
+
+    def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
+        return [LiveDecision(d.source, d.target, d.namespace, d.block_hash, d.prefix_len, d.ttl_s, 0.0)
+                for d in self.rules.decide(state.rule_snapshot(now_s), now_s)]
+
+    def take_demotions(self) -> list[tuple[str, str, int]]:
+        return []
+
+    def session_stats(self) -> Optional[dict]:
+        return None
+
+
+class NoPolicy:
+    """Decides nothing: replications happen only when the admin API asks for them."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
+
+    def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
+        return []
+
+    def take_demotions(self) -> list[tuple[str, str, int]]:
+        return []
+
+    def session_stats(self) -> Optional[dict]:
+        return None
+
+
+@LIVE_POLICIES.register("kvrep")
+def _kvrep(rules: RuleConfig, profile: str) -> LivePolicy:
+    return LivePlanner(profile)
+
+
+@LIVE_POLICIES.register("rules")
+def _rules(rules: RuleConfig, profile: str) -> LivePolicy:
+    return RulesPolicy(rules)
+
+
+@LIVE_POLICIES.register("none")
+def _none(rules: RuleConfig, profile: str) -> LivePolicy:
+    return NoPolicy()

@@ -1,0 +1,58 @@
+"""The simulator's run knobs that are not part of the cost profile (`EngineConfig`).
+
+Read by the engine (`radix_sync.sim.engine`) and its workers (`radix_sync.sim.worker`); built by the command line
+(`radix_sync.sim.cli.engine_config`) and by tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Simulation knobs that are not part of the cost profile."""
+
+    num_workers: int = 16
+    """Workers in the cluster."""
+    duration_s: float = 600.0
+    """No request is issued after this time (in-flight ones complete), s."""
+    tick_s: float = 1.0
+    """Planner period, s."""
+    replica_budget_frac: float = 0.25
+    """Largest share of a worker's KV pool that replicas may take."""
+    overlap_lag: bool = False
+    """True: the workers run SGLang's overlap scheduler on a device that computes synchronously (the CPU): an
+    iteration's outputs (first tokens, finished requests) are streamed when the next iteration ends, or at once
+    when none follows (`Scheduler.event_loop_overlap` processes batch N's results after launching batch N+1, and
+    on the CPU launching is running)."""
+    record_requests: bool = False
+    """Keep one record per finished request in the result (`requests`; to compare with a live replay)."""
+    eviction: str = "lru"
+    """The workers' radix-cache eviction (`--radix-eviction-policy`): `lru` (SGLang's default) or `tlru`
+    (Tail-Optimized LRU, with `tlru_threshold_tokens` and `tlru_next_prompt_tokens` as SGLang's
+    `--radix-eviction-policy-config '{"threshold": ..., "next_prompt_estimate": ...}'`). Replicas and demoted
+    copies still go first."""
+    tlru_threshold_tokens: int = 0
+    """T-LRU: tokens a next prompt may leave uncached (the TTFT budget expressed in tokens)."""
+    tlru_next_prompt_tokens: int = 0
+    """T-LRU: tokens a conversation's next prompt is expected to add."""
+    shared_cores: int = 0
+    """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
+    more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
+    of its speed while k workers are busy, re-timed whenever k changes."""
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers={self.num_workers!r} must be >= 1")
+        if self.duration_s <= 0 or self.tick_s <= 0:
+            raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
+        if self.shared_cores < 0:
+            raise ValueError(f"shared_cores={self.shared_cores!r} must be >= 0")
+        if self.eviction not in ("lru", "tlru"):
+            raise ValueError(f"eviction={self.eviction!r} must be 'lru' or 'tlru'")
+        if self.tlru_threshold_tokens < 0 or self.tlru_next_prompt_tokens < 0:
+            raise ValueError(f"tlru_threshold_tokens={self.tlru_threshold_tokens!r}, tlru_next_prompt_tokens="
+                             f"{self.tlru_next_prompt_tokens!r} must be >= 0")
+        if not 0.0 <= self.replica_budget_frac <= 1.0:
+            raise ValueError(f"replica_budget_frac={self.replica_budget_frac!r} must be in [0, 1]")
