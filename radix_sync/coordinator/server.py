@@ -134,6 +134,7 @@ class Coordinator:
             self._loop()
         finally:
             self._http.shutdown()
+            http_thread.join(5.0)  # its cleanup closes the listening socket's site before the socket goes
             self._http.server_close()
             self._sock.close(0)
             os.close(self._wake_r)

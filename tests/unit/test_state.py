@@ -1,8 +1,11 @@
+import dataclasses
+
 import pytest
 
 from radix_sync import api
 from radix_sync import protocol as p
 from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig
+from radix_sync.integrity import IntegrityError
 from radix_sync.hashing import page_hashes
 
 PS = 4
@@ -210,3 +213,81 @@ def test_demand_events_are_bounded_when_no_policy_drains_them():
     assert len(s.demand_events) == 3 and s.demand_events[0][1].time_s == 2.0
     with pytest.raises(ValueError, match="max_demand_events"):
         StateConfig(max_demand_events=0)
+
+
+def corruptions():
+    """(what is broken, how to break a healthy state), one per owner and one across owners."""
+    def routing(s):
+        s._workers._by_routing[b"ZZ"] = "a"
+
+    def worker_key(s):
+        s._workers.records["z"] = dataclasses.replace(s._workers.records["a"], routing_id=b"Z")
+        s._workers._by_routing[b"Z"] = "z"
+
+    def replication_state(s):
+        next(iter(s.replications.values())).state = "lost"
+
+    def replication_finish(s):
+        next(iter(s.replications.values())).finished_s = 3.0
+
+    def event(s):
+        kind, rec, hashes, held, copies = s.demand_events[-1]
+        s.demand_events[-1] = (kind, rec, hashes, len(hashes) + 1, copies)
+
+    def hint_times(s):
+        del next(iter(s.hint_times.values()))["hint_s"]
+
+    def directory(s):
+        s.directory._by_worker["a"].add(12345)
+
+    def unknown_holder(s):
+        s._workers.remove("b")
+
+    return [("socket", routing), ("holds the record", worker_key), ("unknown state", replication_state),
+            ("finished_s", replication_finish), ("arrival event holds", event), ("no hint time", hint_times),
+            ("unknown page 12345", directory), ("pages of unknown worker b", unknown_holder)]
+
+
+def corruptible(st):
+    toks = list(range(12))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    st.handle(b"B", stored("b", 1, toks[:8]), 1.0)
+    st.request_replication("a", "b", toks, "", 30.0, now_s=1.5)
+    st.record_arrival(arrival(input_ids=toks, worker="a"), 2.0)
+    st.record_hint({"kind": "fanout", "input_ids": toks, "k": 2}, 2.0)
+    st.check_integrity()
+    return st
+
+
+@pytest.mark.parametrize("needle,corrupt", corruptions(), ids=[n for n, _ in corruptions()])
+def test_check_integrity_raises_on_a_corrupted_state(st, needle, corrupt):
+    corruptible(st)
+    corrupt(st)
+    with pytest.raises(IntegrityError, match=needle):
+        st.check_integrity()
+
+
+def test_check_integrity_is_not_an_assert_it_holds_under_python_O():
+    """The same corruptions raise with assertions compiled out (the coordinator's /status relies on it)."""
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import sys; sys.path.insert(0, '.')",
+        "assert False, 'assertions are on'",  # compiled out under -O
+        "from tests.unit.test_state import ClusterState, StateConfig, hello, corruptible, corruptions",
+        "from radix_sync.integrity import IntegrityError",
+        "n = 0",
+        "for needle, corrupt in corruptions():",
+        "    st = ClusterState(StateConfig())",
+        "    st.handle(b'A', hello('a'), 0.0); st.handle(b'B', hello('b'), 0.0)",
+        "    corrupt(corruptible(st))",
+        "    try:",
+        "        st.check_integrity()",
+        "    except IntegrityError as exc:",
+        "        n += needle in str(exc)",
+        "print(sys.flags.optimize, n)",
+    ])
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", str(len(corruptions()))]
