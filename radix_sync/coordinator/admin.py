@@ -68,23 +68,29 @@ class AdminServer:
         self._changed: Optional[asyncio.Event] = None
         self._ready = threading.Event()
 
+    def routes(self) -> list[tuple[str, str, object]]:
+        """(method, path, handler) of every endpoint (`radix_sync.api` lists their bodies)."""
+        return [
+            ("GET", "/health", self.health),
+            ("GET", "/workers", self.workers),
+            ("GET", "/replications", self.replications),
+            ("GET", "/status", self.status),
+            ("GET", "/metrics", self.metrics),
+            ("GET", "/directory/lookup", self.lookup_query),
+            ("POST", "/directory/lookup", self.lookup),
+            ("GET", "/directory/feed", self.feed),
+            ("POST", "/arrivals", self.arrivals),
+            ("POST", "/hints", self.hints),
+            ("POST", "/replicate", self.replicate),
+            ("POST", "/replicas/drop", self.drop_replicas),
+            ("POST", "/demote", self.demote),
+            ("POST", "/policy", self.policy),
+        ]
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors])
-        get = lambda path, handler: app.router.add_get(path, handler, allow_head=False)  # noqa: E731
-        get("/health", self.health)
-        get("/workers", self.workers)
-        get("/replications", self.replications)
-        get("/status", self.status)
-        get("/metrics", self.metrics)
-        get("/directory/lookup", self.lookup_query)
-        get("/directory/feed", self.feed)
-        app.router.add_post("/directory/lookup", self.lookup)
-        app.router.add_post("/arrivals", self.arrivals)
-        app.router.add_post("/hints", self.hints)
-        app.router.add_post("/replicate", self.replicate)
-        app.router.add_post("/replicas/drop", self.drop_replicas)
-        app.router.add_post("/demote", self.demote)
-        app.router.add_post("/policy", self.policy)
+        for method, path, handler in self.routes():
+            app.router.add_route(method, path, handler)  # NOTE: no implicit HEAD (add_get would add one)
         return app
 
     # ----------------------------------------------------------------------------------------------- reading
