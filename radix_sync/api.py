@@ -32,8 +32,6 @@ from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
-__all__ = ["UNSET", "AdminError", "decode", "convert", "encode"]
-
 T = TypeVar("T")
 
 # NOTE: token ids travel on to the workers as MessagePack int64, and SGLang's block hashes are signed 64-bit: both
