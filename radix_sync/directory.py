@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Optional
 
+from radix_sync.integrity import IntegrityError
+
 OWNER = "owner"
 REPLICA = "replica"
 
@@ -266,18 +268,29 @@ class PrefixDirectory:
         return [w for w, held in self._by_worker.items() if held]
 
     def check_integrity(self) -> None:
-        """Asserts the two indexes agree and every node is held by someone."""
+        """Checks that the two indexes agree and every node is held by someone.
+
+        Raises:
+            IntegrityError: naming the first disagreement.
+        """
         count = 0
         for worker_id, hashes in self._by_worker.items():
             for block_hash in hashes:
                 node = self._nodes.get(block_hash)
-                assert node is not None, f"{worker_id} holds unknown page {block_hash}"
-                assert worker_id in node.holders, f"{worker_id} missing from holders of {block_hash}"
+                if node is None:
+                    raise IntegrityError(f"{worker_id} holds unknown page {block_hash}")
+                if worker_id not in node.holders:
+                    raise IntegrityError(f"{worker_id} missing from holders of {block_hash}")
                 count += 1
-        assert count == sum(len(n.holders) for n in self._nodes.values()), "holding counts disagree"
+        if count != sum(len(n.holders) for n in self._nodes.values()):
+            raise IntegrityError("holding counts disagree")
         for block_hash, node in self._nodes.items():
-            assert node.holders, f"page {block_hash} is held by nobody"
-            assert node.block_hash == block_hash
+            if not node.holders:
+                raise IntegrityError(f"page {block_hash} is held by nobody")
+            if node.block_hash != block_hash:
+                raise IntegrityError(f"page {block_hash} is indexed as {node.block_hash}")
             for holding in node.holders.values():
-                assert holding.role in (OWNER, REPLICA), holding.role
-                assert (holding.role == REPLICA) == (holding.expires_at_s is not None), holding
+                if holding.role not in (OWNER, REPLICA):
+                    raise IntegrityError(f"unknown role {holding.role!r} on page {block_hash}")
+                if (holding.role == REPLICA) != (holding.expires_at_s is not None):
+                    raise IntegrityError(f"a replica without expiry or an owner with one: {holding}")

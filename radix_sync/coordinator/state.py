@@ -1,156 +1,39 @@
 """ClusterState: everything the coordinator knows, mutated only by facts and admin requests.
 
+A thin facade over the owners, which it ties together:
+
+    ClusterState
+      |- directory     PrefixDirectory   (radix_sync.directory)  who holds which pages, as owner or replica
+      |- _workers      WorkerRegistry    (workers.py)            hellos, socket ids, sequence numbers, loads
+      |- _replications ReplicationBook   (replications.py)       copies asked for, their handshake and outcome
+      `- _demand       DemandLog         (demand.py)             hits, arrivals, finishes, hints
+
 `handle()` takes one decoded worker message and returns the replies to send; `request_replication()` validates an
-admin or policy request and returns the command for the source. Time is always passed in (`now_s`), so the whole
+admin or policy request and returns the command for the target. Time is always passed in (`now_s`), so the whole
 state machine is tested without sockets or sleeps. The server (`server.py`) owns the lock and the sockets.
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import secrets
 import uuid
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
+from radix_sync import api
 from radix_sync import protocol as p
+from radix_sync.api import AdminError
+from radix_sync.coordinator.demand import ArrivalRecord, DemandLog, FinishRecord, HintRecord
+from radix_sync.coordinator.replications import FAILED, DONE, PENDING, RUNNING, Replication, ReplicationBook
+from radix_sync.coordinator.workers import WorkerRecord, WorkerRegistry
 from radix_sync.directory import PrefixDirectory
 from radix_sync.hashing import page_hashes
+from radix_sync.integrity import IntegrityError
 from radix_sync.policy.rules import HitRecord, RuleSnapshot, WorkerView
 
+__all__ = ["AdminError", "ArrivalRecord", "ClusterState", "DONE", "FAILED", "FinishRecord", "HintRecord",
+           "IntegrityError", "PENDING", "RUNNING", "Replication", "StateConfig", "WorkerRecord"]
+
 log = logging.getLogger("kvrep.coordinator")
-
-PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
-
-
-@dataclass
-class WorkerRecord:
-    hello: p.Hello
-    routing_id: bytes
-    last_seen_s: float
-    last_seq: int = 0
-    load: Optional[p.LoadReported] = None
-
-    @property
-    def worker_id(self) -> str:
-        return self.hello.worker_id
-
-    def to_json(self) -> dict:
-        load = self.load
-        return {
-            "id": self.worker_id,
-            "url": self.hello.http_url,
-            "data_endpoint": self.hello.data_endpoint,
-            "fingerprint": self.hello.fingerprint,
-            "fingerprint_fields": self.hello.fingerprint_fields,
-            "page_size": self.hello.page_size,
-            "pool_capacity_tokens": self.hello.pool_capacity_tokens,
-            "replica_budget_tokens": self.hello.replica_budget_tokens,
-            "load": None if load is None else {
-                "num_running_reqs": load.num_running_reqs,
-                "num_waiting_reqs": load.num_waiting_reqs,
-                "num_waiting_tokens": load.num_waiting_tokens,
-                "available_tokens": load.available_tokens,
-                "evictable_tokens": load.evictable_tokens,
-                "replica_tokens": load.replica_tokens,
-                "demoted_chains": load.demoted_chains,
-                "demoted_evicted_tokens": load.demoted_evicted_tokens,
-                "demotions_taken_back": load.demotions_taken_back,
-            },
-        }
-
-
-@dataclass
-class Replication:
-    id: str
-    source: str
-    target: str
-    namespace: str
-    num_tokens: int
-    ttl_s: float
-    origin: str
-    """`admin` or the name of the policy that decided it."""
-    created_s: float
-    block_hash: Optional[int] = None
-    state: str = PENDING
-    error: str = ""
-    started_s: Optional[float] = None
-    finished_s: Optional[float] = None
-    num_bytes: int = 0
-    inserted_len: int = 0
-    promoted_tokens: int = 0
-    """Tokens of the replica a real request hit (its target promoted them to ordinary cache): > 0 = useful."""
-    timings_s: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.id, "source": self.source, "target": self.target, "namespace": self.namespace,
-            "num_tokens": self.num_tokens, "ttl_s": self.ttl_s, "origin": self.origin, "state": self.state,
-            "error": self.error or None, "bytes": self.num_bytes, "inserted_len": self.inserted_len,
-            "promoted_tokens": self.promoted_tokens,
-            "created_s": self.created_s, "started_s": self.started_s, "finished_s": self.finished_s,
-            "total_s": (self.finished_s - self.created_s) if self.finished_s is not None else None,
-            "timings_s": dict(self.timings_s),
-        }
-
-
-@dataclass(frozen=True)
-class ArrivalRecord:
-    """A request the router saw (the earliest demand signal): where it went and what prefix it carried."""
-
-    time_s: float
-    namespace: str
-    block_hash: Optional[int]
-    """Hash of the deepest page of the prompt some worker held when it arrived (the prefix it reuses); None when
-    no worker held any of it (no reuse to predict from)."""
-    prompt_len: int
-    worker_id: str
-    session_id: str = ""
-    class_key: str = ""
-    """Tenant/workload class the router put the request in (gap distributions are learned per class)."""
-
-
-@dataclass(frozen=True)
-class FinishRecord:
-    """A response the router saw end: the session-continuation signal (the next turn of a session extends this
-    prompt, after a gap that depends on how the response ended)."""
-
-    time_s: float
-    namespace: str
-    block_hash: Optional[int]
-    """Hash of the prompt's deepest full page (None: shorter than a page)."""
-    num_pages: int
-    stop: Optional[str]
-    """How the response ended, normalised by the router: `tool_use` (a tool call), `stop`, `length`, ...;
-    None when the router could not tell."""
-    class_key: str
-    worker_id: str
-
-
-@dataclass(frozen=True)
-class HintRecord:
-    """An explicit demand hint: `fanout` (k branches will extend this prefix) or `keepalive` (a session's next
-    turn is expected within ttl_s)."""
-
-    time_s: float
-    kind: str
-    namespace: str
-    block_hash: Optional[int]
-    prefix_len: int
-    k: int
-    ttl_s: float
-    delay_s: float = 0.5
-    """Fan-out: the branches follow the trunk's answer after about this long (the client's estimate; default
-    0.5 s, a short answer plus client work). The branches cannot come before the trunk is computed."""
-
-
-class AdminError(ValueError):
-    """An admin request the coordinator refuses; the message says why (HTTP 400/404)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -179,26 +62,44 @@ class ClusterState:
         self.config = config
         self.coordinator_id = coordinator_id or uuid.uuid4().hex[:12]
         self.directory = PrefixDirectory()
-        self.workers: dict[str, WorkerRecord] = {}
-        self._by_routing: dict[bytes, str] = {}
-        self.replications: dict[str, Replication] = {}
-        self.hits: deque[HitRecord] = deque()
-        self.arrivals: deque[ArrivalRecord] = deque()
-        self.hints: deque[HintRecord] = deque()
-        self.finishes: deque[FinishRecord] = deque()
-        self.demand_events: deque[tuple[str, object, list[int], int, tuple[int, list[str]]]] = deque(
-            maxlen=config.max_demand_events)
-        """(kind, record, the prompt's page hashes, pages held somewhere at arrival, (pages the worker it was
-        routed to held, the other workers holding exactly as much)) of each arrival (`arrival`) and finish
-        (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
-        self.hint_times: dict[int, dict[str, float]] = {}
-        """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
-        trunk's prefill is done) and `copy_s` (the first copy of it was issued): when a fan-out's branches are
-        due, and, in `/status`, whether its copies could have landed in time."""
+        self._workers = WorkerRegistry()
+        self._replications = ReplicationBook(config.replication_timeout_s)
+        self._demand = DemandLog(config.max_demand_events)
         self.num_protocol_errors = 0
-        # replication id -> (source routing id, command), held until the target says it expects the transfer
-        self._awaiting_target: dict[str, tuple[bytes, p.ReplicatePages]] = {}
-        self._ids = itertools.count(1)
+
+    # NOTE: the owners' collections, as the policies and the admin API read them (read-only views by contract:
+    # every change goes through the methods below).
+    @property
+    def workers(self) -> dict[str, WorkerRecord]:
+        return self._workers.records
+
+    @property
+    def replications(self) -> dict[str, Replication]:
+        return self._replications.records
+
+    @property
+    def hits(self):
+        return self._demand.hits
+
+    @property
+    def arrivals(self):
+        return self._demand.arrivals
+
+    @property
+    def finishes(self):
+        return self._demand.finishes
+
+    @property
+    def hints(self):
+        return self._demand.hints
+
+    @property
+    def hint_times(self) -> dict[int, dict[str, float]]:
+        return self._demand.hint_times
+
+    @property
+    def demand_events(self):
+        return self._demand.events
 
     # ------------------------------------------------------------------------------------------ worker messages
     def handle(self, routing_id: bytes, msg, now_s: float) -> list[tuple[bytes, p._Msg]]:
@@ -209,14 +110,13 @@ class ClusterState:
         """
         if isinstance(msg, p.Hello):
             return self._on_hello(routing_id, msg, now_s)
-        worker_id = self._by_routing.get(routing_id)
-        if worker_id is None or getattr(msg, "worker_id", None) != worker_id:
+        record = self._workers.sender(routing_id, msg)
+        if record is None:
             return [(routing_id, p.ResyncRequested(reason="unknown worker: say hello first"))]
-        record = self.workers[worker_id]
         record.last_seen_s = now_s
         if msg.seq != record.last_seq + 1:
             reason = f"sequence gap: expected {record.last_seq + 1}, got {msg.seq}"
-            self._forget_worker(worker_id, reason)
+            self._forget_pages(record.worker_id, reason)
             return [(routing_id, p.ResyncRequested(reason=reason))]
         record.last_seq = msg.seq
         return self._apply_fact(record, msg, now_s)
@@ -227,31 +127,23 @@ class ClusterState:
                                                f"(coordinator speaks {p.PROTOCOL_VERSION})", in_reply_to="Hello"))]
         if hello.page_size < 1:
             return [(routing_id, p.Error(error=f"bad page_size {hello.page_size}", in_reply_to="Hello"))]
-        old = self.workers.get(hello.worker_id)
-        if old is not None:
+        if hello.worker_id in self._workers:
             # A re-hello (restart or resync) replaces everything the worker said before.
-            self._forget_worker(hello.worker_id, "re-hello")
-            self._by_routing.pop(old.routing_id, None)
-        self.workers[hello.worker_id] = WorkerRecord(hello, routing_id, now_s, last_seq=hello.seq)
-        self._by_routing[routing_id] = hello.worker_id
+            self._forget_pages(hello.worker_id, "re-hello")
+        self._workers.add(hello, routing_id, now_s)
         return [(routing_id, p.HelloAck(coordinator_id=self.coordinator_id))]
 
     def _apply_fact(self, record: WorkerRecord, msg, now_s: float) -> list[tuple[bytes, p._Msg]]:
         wid = record.worker_id
         d = self.directory
         if isinstance(msg, p.ReplicaExpected):
-            pending = self._awaiting_target.pop(msg.replication_id, None)
-            rep = self.replications.get(msg.replication_id)
-            if pending is not None and rep is not None and rep.state == PENDING and rep.target == wid:
+            pending = self._replications.expected(msg.replication_id, wid)
+            if pending is not None:
                 return [pending]
         elif isinstance(msg, p.PagesStored):
             if msg.medium == "GPU":
                 d.add_pages(wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks))
-                if self.hint_times:
-                    for b in msg.blocks:
-                        times = self.hint_times.get(b.block_hash)
-                        if times is not None:
-                            times.setdefault("stored_s", now_s)
+                self._demand.pages_stored((b.block_hash for b in msg.blocks), now_s)
         elif isinstance(msg, p.PagesRemoved):
             d.remove_pages(wid, msg.block_hashes)
         elif isinstance(msg, p.AllPagesCleared):
@@ -260,42 +152,24 @@ class ClusterState:
             record.load = msg
         elif isinstance(msg, p.PrefixHit):
             if msg.block_hash is not None and msg.matched_len > 0:
-                self.hits.append(HitRecord(now_s, wid, msg.namespace, msg.block_hash, msg.matched_len))
+                self._demand.add_hit(HitRecord(now_s, wid, msg.namespace, msg.block_hash, msg.matched_len))
         elif isinstance(msg, p.ReplicaStored):
             num_written = msg.inserted_len // record.hello.page_size
             d.mark_replica(wid, msg.namespace, msg.block_hashes, num_written, now_s + msg.expires_in_s,
                            msg.replication_id)
-            rep = self.replications.get(msg.replication_id)
-            if rep is not None and rep.state in (PENDING, RUNNING):
-                rep.state, rep.finished_s = DONE, now_s
-                rep.inserted_len = msg.inserted_len
-                rep.num_bytes = rep.num_bytes or msg.num_bytes
-                rep.timings_s.update(receive_s=msg.receive_s, scatter_s=msg.scatter_s, insert_s=msg.insert_s)
+            self._replications.stored(msg, now_s)
         elif isinstance(msg, p.SourceSent):
-            rep = self.replications.get(msg.replication_id)
-            if rep is not None:
-                rep.num_bytes = msg.num_bytes
-                rep.timings_s.update(gather_s=msg.gather_s, send_s=msg.send_s)
-                if rep.state == PENDING:
-                    rep.state = RUNNING
+            self._replications.sent(msg)
         elif isinstance(msg, p.ReplicaPromoted):
             d.promote(wid, msg.replication_id)
-            rep = self.replications.get(msg.replication_id)
-            if rep is not None:
-                rep.promoted_tokens = max(rep.promoted_tokens, msg.num_promoted_tokens)
+            self._replications.promoted(msg)
         elif isinstance(msg, p.ReplicaExpired):
             d.remove_replica(wid, msg.replication_id)
         elif isinstance(msg, p.ReplicationFailed):
-            self._fail(msg.replication_id, f"{msg.role} {wid}: {msg.error}", now_s)
+            self._replications.fail(msg.replication_id, f"{msg.role} {wid}: {msg.error}", now_s)
         return []
 
-    def _fail(self, replication_id: str, error: str, now_s: float) -> None:
-        rep = self.replications.get(replication_id)
-        self._awaiting_target.pop(replication_id, None)
-        if rep is not None and rep.state in (PENDING, RUNNING):
-            rep.state, rep.error, rep.finished_s = FAILED, error, now_s
-
-    def _forget_worker(self, worker_id: str, reason: str) -> None:
+    def _forget_pages(self, worker_id: str, reason: str) -> None:
         num = self.directory.drop_worker(worker_id)
         log.info("forgot %d pages of worker %s (%s)", num, worker_id, reason)
 
@@ -305,28 +179,13 @@ class ClusterState:
     # ------------------------------------------------------------------------------------------------ timers
     def tick(self, now_s: float) -> None:
         """Drop silent workers, time out replications, trim hit history."""
-        for worker_id, record in list(self.workers.items()):
-            if now_s - record.last_seen_s > self.config.worker_timeout_s:
-                self._forget_worker(worker_id, "silent")
-                self._by_routing.pop(record.routing_id, None)
-                del self.workers[worker_id]
-                for rep in self.replications.values():
-                    if worker_id in (rep.source, rep.target):
-                        self._fail(rep.id, f"worker {worker_id} went silent", now_s)
-        for rep in self.replications.values():
-            if rep.state in (PENDING, RUNNING) and now_s - rep.created_s > self.config.replication_timeout_s:
-                self._fail(rep.id, f"timed out after {self.config.replication_timeout_s:g}s", now_s)
-        for log in (self.hits, self.arrivals, self.finishes):
-            while log and now_s - log[0].time_s > self.config.hit_window_s:
-                log.popleft()
-        while self.hints and now_s - self.hints[0].time_s > max(self.hints[0].ttl_s, self.config.hit_window_s):
-            self.hints.popleft()
-        if len(self.hint_times) > len(self.hints):
-            live = {h.block_hash for h in self.hints}
-            self.hint_times = {b: t for b, t in self.hint_times.items() if b in live}
-        while len(self.replications) > self.config.max_replications_kept:
-            oldest = next(iter(self.replications))
-            del self.replications[oldest]
+        for worker_id in self._workers.silent(now_s, self.config.worker_timeout_s):
+            self._forget_pages(worker_id, "silent")
+            self._workers.remove(worker_id)
+            self._replications.fail_involving(worker_id, now_s)
+        self._replications.time_out(now_s, self.config.replication_timeout_s)
+        self._demand.trim(now_s, self.config.hit_window_s)
+        self._replications.trim(self.config.max_replications_kept)
 
     # ------------------------------------------------------------------------------------------------- admin
     def request_replication(self, source: str, target: str, token_ids: list[int], namespace: str, ttl_s: float,
@@ -345,66 +204,44 @@ class ClusterState:
         if source == target:
             raise AdminError(f"source and target are the same worker {source!r}")
         for wid in (source, target):
-            if wid not in self.workers:
-                raise AdminError(f"unknown worker {wid!r} (known: {sorted(self.workers)})", 404)
-        src, dst = self.workers[source].hello, self.workers[target].hello
-        if src.fingerprint != dst.fingerprint:
-            diff = {k: (src.fingerprint_fields.get(k), dst.fingerprint_fields.get(k))
-                    for k in set(src.fingerprint_fields) | set(dst.fingerprint_fields)
-                    if src.fingerprint_fields.get(k) != dst.fingerprint_fields.get(k)}
-            raise AdminError(f"fingerprint mismatch between {source} and {target}: {diff}")
-        if not ttl_s > 0:
-            raise AdminError(f"ttl_s must be > 0, got {ttl_s}")
-        _token_ids({"input_ids": token_ids})
-        page_size = src.page_size
-        num_tokens = (len(token_ids) // page_size) * page_size
-        if num_tokens == 0:
-            raise AdminError(f"prefix of {len(token_ids)} tokens is shorter than one page ({page_size})")
-        rep = Replication(id=f"r{next(self._ids)}-{uuid.uuid4().hex[:6]}", source=source, target=target,
-                          namespace=namespace, num_tokens=num_tokens, ttl_s=ttl_s, origin=origin,
-                          created_s=now_s, block_hash=block_hash)
-        rep.started_s = now_s
-        self.replications[rep.id] = rep
-        if block_hash in self.hint_times:
-            self.hint_times[block_hash].setdefault("copy_s", now_s)
-        prefix = list(token_ids[:num_tokens])
-        auth_token = secrets.token_hex(16)
-        cmd = p.ReplicatePages(replication_id=rep.id, auth_token=auth_token, token_ids=prefix, namespace=namespace,
-                               target_id=target, target_endpoint=dst.data_endpoint,
-                               target_fingerprint=dst.fingerprint, ttl_s=ttl_s)
-        self._awaiting_target[rep.id] = (self.workers[source].routing_id, cmd)
-        expect = p.ExpectReplica(replication_id=rep.id, source_id=source, namespace=namespace, page_size=page_size,
-                                 block_hashes=page_hashes(prefix, page_size, namespace), auth_token=auth_token,
-                                 expires_in_s=self.config.replication_timeout_s)
-        return rep, self.workers[target].routing_id, expect
+            if wid not in self._workers:
+                raise AdminError(f"unknown worker {wid!r} (known: {sorted(self._workers)})", 404)
+        src, dst = self.workers[source], self.workers[target]
+        rep, expect = self._replications.create(src.hello, dst.hello, src.routing_id, token_ids, namespace, ttl_s,
+                                                now_s, origin, block_hash)
+        self._demand.copy_issued(block_hash, now_s)
+        return rep, dst.routing_id, expect
 
     def _page_size(self, worker_id: str = "") -> int:
         """The page size of `worker_id`, else the smallest any worker uses (1 with no worker)."""
-        if worker_id in self.workers:
-            return self.workers[worker_id].hello.page_size
-        return min((w.hello.page_size for w in self.workers.values()), default=1)
+        return self._workers.page_size(worker_id)
 
-    def record_arrival(self, body: dict, now_s: float) -> ArrivalRecord:
+    # ------------------------------------------------------------------------------------------------ demand
+    # NOTE: the demand methods take the API's structs, or the JSON objects they decode from (tests, tools), which
+    # are converted as the admin API decodes them.
+    def record_arrival(self, report: Union[api.ArrivalReport, dict], now_s: float) -> ArrivalRecord:
         """Raises AdminError on a malformed arrival (nothing is recorded then)."""
-        return self._record_arrival(self._parse_arrival(body), now_s)
+        if isinstance(report, dict):
+            report = api.convert(report, api.ArrivalReport)
+        return self._record_arrival(self._parse_arrival(report), now_s)
 
-    def record_demand(self, arrivals: list, finishes: list, now_s: float) -> tuple[int, int]:
+    def record_demand(self, arrivals: list[Union[api.ArrivalReport, dict]],
+                      finishes: list[Union[api.FinishReport, dict]], now_s: float) -> tuple[int, int]:
         """Records a router's batch: all of it, or (AdminError naming the bad item) none of it.
 
         Returns:
             (arrivals recorded, finishes recorded).
         """
+        if any(isinstance(item, dict) for item in (*arrivals, *finishes)):
+            batch = api.convert({"arrivals": [_builtins(a) for a in arrivals],
+                                 "finishes": [_builtins(f) for f in finishes]}, api.DemandBatch)
+            arrivals, finishes = batch.arrivals, batch.finishes
         parsed = []
         for kind, items, parse in (("arrivals", arrivals, self._parse_arrival),
                                    ("finishes", finishes, self._parse_finish)):
             for i, item in enumerate(items):
-                if not isinstance(item, dict):
-                    raise AdminError(f"{kind}[{i}] must be an object")
-                order = item.get("seq", 0)
-                if not isinstance(order, (int, float)) or isinstance(order, bool):
-                    raise AdminError(f"{kind}[{i}]: seq must be a number")
                 try:
-                    parsed.append((order, kind, parse(item)))
+                    parsed.append((item.seq, kind, parse(item)))
                 except AdminError as exc:
                     raise AdminError(f"{kind}[{i}]: {exc}") from None
         # NOTE: the router numbers its reports (`seq`) so a batch replays in the order things happened: a turn's
@@ -415,25 +252,30 @@ class ClusterState:
         num_a = sum(1 for _, kind, _ in parsed if kind == "arrivals")
         return num_a, len(parsed) - num_a
 
-    def _parse_arrival(self, body: dict) -> tuple:
-        namespace, worker_id = _namespace(body), str(body.get("worker", ""))
-        if "page_hashes" in body:  # the router's own hashes: nothing to rehash
-            hashes = self._parse_hashes(body, worker_id)
-            prompt_len = body.get("prompt_len")
-            if not isinstance(prompt_len, int) or isinstance(prompt_len, bool) or prompt_len < 0:
-                raise AdminError(f"prompt_len must be an integer >= 0 with page_hashes, got {prompt_len!r}")
-        else:
-            token_ids = _token_ids(body)
-            hashes, prompt_len = page_hashes(token_ids, self._page_size(worker_id), namespace), len(token_ids)
-        return hashes, prompt_len, namespace, worker_id, _short_str(body, "session_id", 256), \
-            _short_str(body, "class", 128)
+    def _prompt_hashes(self, report, namespace: str) -> list[int]:
+        """A report's prompt as page hashes: the router's own (checked against the worker's page size), or its
+        token ids hashed at the worker's page size."""
+        if report.page_hashes is not api.UNSET:  # the router's own hashes: nothing to rehash
+            page_size = api.page_size_of(report.page_size)
+            record = self._workers.get(report.worker)
+            if record is not None and record.hello.page_size != page_size:
+                raise AdminError(f"page_size {page_size} is not worker {report.worker}'s "
+                                 f"({record.hello.page_size})")
+            return report.page_hashes
+        if report.input_ids is api.UNSET:
+            raise AdminError("input_ids must be a list of integers in [0, 2**63)")
+        return page_hashes(report.input_ids, self._page_size(report.worker), namespace)
 
-    def _parse_hashes(self, body: dict, worker_id: str) -> list[int]:
-        hashes, page_size = parse_page_hashes(body)
-        if worker_id in self.workers and self.workers[worker_id].hello.page_size != page_size:
-            raise AdminError(f"page_size {page_size} is not worker {worker_id}'s "
-                             f"({self.workers[worker_id].hello.page_size})")
-        return hashes
+    def _parse_arrival(self, report: api.ArrivalReport) -> tuple:
+        namespace = api.namespace_of(report.cache_salt)
+        hashes = self._prompt_hashes(report, namespace)
+        if report.page_hashes is not api.UNSET:
+            if report.prompt_len is api.UNSET:
+                raise AdminError("prompt_len must be an integer >= 0 with page_hashes, got None")
+            prompt_len = report.prompt_len
+        else:
+            prompt_len = len(report.input_ids)
+        return hashes, prompt_len, namespace, report.worker, report.session_id or "", report.class_key or ""
 
     def _record_arrival(self, parsed: tuple, now_s: float) -> ArrivalRecord:
         hashes, prompt_len, namespace, worker_id, session_id, class_key = parsed
@@ -445,8 +287,7 @@ class ClusterState:
         held = max(matched.values(), default=0)
         block_hash = hashes[held - 1] if held > 0 else None
         rec = ArrivalRecord(now_s, namespace, block_hash, prompt_len, worker_id, session_id, class_key)
-        self.arrivals.append(rec)
-        self.demand_events.append(("arrival", rec, hashes, held, self._copies_ending_at(hashes, matched, worker_id)))
+        self._demand.add_arrival(rec, hashes, held, self._copies_ending_at(hashes, matched, worker_id))
         return rec
 
     def _copies_ending_at(self, hashes: list[int], matched: dict[str, int], worker_id: str) -> tuple[int, list[str]]:
@@ -459,54 +300,34 @@ class ClusterState:
         further = self.directory.holders(hashes[n]) if n < len(hashes) else {}
         return n, [w for w in self.directory.holders(hashes[n - 1]) if w != worker_id and w not in further]
 
-    def _parse_finish(self, body: dict) -> tuple:
-        namespace, worker_id = _namespace(body), str(body.get("worker", ""))
-        if "page_hashes" in body:
-            hashes = self._parse_hashes(body, worker_id)
-        else:
-            hashes = page_hashes(_token_ids(body), self._page_size(worker_id), namespace)
-        stop = body.get("stop")
-        if stop is not None and (not isinstance(stop, str) or len(stop) > 64):
-            raise AdminError("stop must be a string of at most 64 characters or null")
-        return hashes, namespace, worker_id, stop, _short_str(body, "class", 128)
+    def _parse_finish(self, report: api.FinishReport) -> tuple:
+        namespace = api.namespace_of(report.cache_salt)
+        hashes = self._prompt_hashes(report, namespace)
+        return hashes, namespace, report.worker, report.stop, report.class_key or ""
 
     def _record_finish(self, parsed: tuple, now_s: float) -> FinishRecord:
         hashes, namespace, worker_id, stop, class_key = parsed
         rec = FinishRecord(now_s, namespace, hashes[-1] if hashes else None, len(hashes), stop, class_key,
                            worker_id)
-        self.finishes.append(rec)
-        if hashes:
-            self.demand_events.append(("finish", rec, hashes, len(hashes), (0, [])))
+        self._demand.add_finish(rec, hashes)
         return rec
 
-    def record_hint(self, body: dict, now_s: float) -> HintRecord:
-        kind = body.get("kind")
-        if kind not in ("fanout", "keepalive"):
-            raise AdminError(f"hint kind must be fanout or keepalive, got {kind!r}")
-        token_ids, namespace = _token_ids(body), _namespace(body)
-        try:
-            k, ttl_s = int(body.get("k", 1)), float(body.get("ttl_s", 60.0))
-            delay_s = float(body.get("delay_s", 0.5))
-        except (TypeError, ValueError):
-            raise AdminError("k must be an integer, ttl_s and delay_s numbers") from None
-        if k < 1 or not ttl_s > 0 or not 0 <= delay_s <= 60:
-            raise AdminError(f"need k >= 1, ttl_s > 0 and 0 <= delay_s <= 60, got k={k} ttl_s={ttl_s} "
-                             f"delay_s={delay_s}")
+    def record_hint(self, req: Union[api.HintRequest, dict], now_s: float) -> HintRecord:
+        if isinstance(req, dict):
+            req = api.convert(req, api.HintRequest)
+        namespace = api.namespace_of(req.cache_salt)
         page_size = self._page_size()
-        hashes = page_hashes(token_ids, page_size, namespace)
+        hashes = page_hashes(req.input_ids, page_size, namespace)
         block_hash, prefix_len = (hashes[-1] if hashes else None), len(hashes) * page_size
-        rec = HintRecord(now_s, kind, namespace, block_hash, prefix_len, k, ttl_s, delay_s)
-        self.hints.append(rec)
-        if block_hash is not None:
-            times = self.hint_times.setdefault(block_hash, {"hint_s": now_s})
-            if self.directory.node(block_hash) is not None:
-                times.setdefault("stored_s", now_s)  # computed before the hint came
+        rec = HintRecord(now_s, req.kind, namespace, block_hash, prefix_len, req.k, req.ttl_s, req.delay_s)
+        self._demand.add_hint(rec, block_hash is not None and self.directory.node(block_hash) is not None)
         return rec
 
+    # ------------------------------------------------------------------------------------------------ queries
     def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
         """Tokens of `token_ids` each worker holds (as owner or replica), per the directory."""
         out: dict[str, int] = {wid: 0 for wid in self.workers}
-        for page_size in {w.hello.page_size for w in self.workers.values()}:
+        for page_size in self._workers.page_sizes():
             for wid, held in self.lookup_hashes(page_hashes(token_ids, page_size, namespace), page_size).items():
                 out[wid] = max(out[wid], held)
         return out
@@ -535,50 +356,24 @@ class ClusterState:
             for wid in node.holders:
                 held[(hit.block_hash, wid)] = node.depth * self.workers[wid].hello.page_size \
                     if wid in self.workers else 0
-        in_flight = frozenset((r.block_hash, r.target) for r in self.replications.values()
-                              if r.state in (PENDING, RUNNING) and r.block_hash is not None)
+        in_flight = frozenset((r.block_hash, r.target) for r in self._replications.in_flight()
+                              if r.block_hash is not None)
         return RuleSnapshot(tuple(self.hits), tuple(workers), held, in_flight)
 
     def check_integrity(self) -> None:
+        """Checks each owner, then what ties them: the directory holds pages only of known workers.
+
+        Raises:
+            IntegrityError: naming the first broken invariant (also under `python -O`).
+        """
         self.directory.check_integrity()
-        for routing_id, wid in self._by_routing.items():
-            assert self.workers[wid].routing_id == routing_id, wid
-        assert len(self._by_routing) == len(self.workers)
+        self._workers.check_integrity()
+        self._replications.check_integrity()
+        self._demand.check_integrity()
         for wid in self.directory.workers():
-            assert wid in self.workers, f"directory holds pages of unknown worker {wid}"
+            if wid not in self._workers:
+                raise IntegrityError(f"directory holds pages of unknown worker {wid}")
 
 
-def _token_ids(body: dict) -> list[int]:
-    token_ids = body.get("input_ids")
-    if not isinstance(token_ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 63 for t in token_ids):
-        raise AdminError("input_ids must be a list of integers in [0, 2**63)")
-    return token_ids
-
-
-def parse_page_hashes(body: dict) -> tuple[list[int], int]:
-    """`body["page_hashes"]`, `body["page_size"]` as a router sends them (SGLang's signed 64-bit block hashes of a
-    prompt's full pages). Raises AdminError when malformed."""
-    hashes, page_size = body.get("page_hashes"), body.get("page_size")
-    if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                               and -2 ** 63 <= h < 2 ** 63 for h in hashes):
-        raise AdminError("page_hashes must be a list of signed 64-bit integers (SGLang's block hashes)")
-    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-        raise AdminError(f"page_size must be an integer >= 1 with page_hashes, got {page_size!r}")
-    return hashes, page_size
-
-
-def _short_str(body: dict, key: str, limit: int) -> str:
-    value = body.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str) or len(value) > limit:
-        raise AdminError(f"{key} must be a string of at most {limit} characters")
-    return value
-
-
-def _namespace(body: dict) -> str:
-    namespace = body.get("cache_salt") or ""
-    if not isinstance(namespace, str):
-        raise AdminError("cache_salt must be a string")
-    return namespace
+def _builtins(item):
+    return item if isinstance(item, dict) else api.to_builtins(item)

@@ -6,6 +6,10 @@ Reachability: every call has a short timeout; a failure marks the coordinator do
 exponentially growing backoff (`backoff_min_s` doubling to `backoff_max_s`). While down, calls return None at once
 (no request waits on a dead coordinator) and the router routes from its own view; the first call after the backoff
 probes, and a success brings everything back. Owned by `radix_sync.router.server`; runs on its event loop.
+
+Every body is one of the structs of `radix_sync.api`, the module the coordinator's admin server decodes and encodes
+with: a report or hint that does not fit is refused here (counted or answered 400), an answer that does not fit
+counts as a failed call.
 """
 from __future__ import annotations
 
@@ -17,12 +21,14 @@ from typing import Any, Optional
 
 import aiohttp
 
-from radix_sync.fastjson import loads as _loads
+from radix_sync import api
+from radix_sync.api import AdminError
 from radix_sync.router.directory_replica import DirectoryReplica, FeedError
 from radix_sync.router.policy import CopyInFlight
 
 
 log = logging.getLogger("kvrep.router.coordinator")
+_JSON = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class ClusterState:
     """The coordinator's answer to /workers and /replications at one time."""
 
     workers: tuple[dict, ...]
+    """`api.WorkerInfo` of each worker, as the dicts its JSON decodes to."""
     copies: tuple[CopyInFlight, ...]
     fetched_at_s: float
 
@@ -79,8 +86,8 @@ class CoordinatorLink:
         self._backoff_s = 0.0
         self.reachable = False
         self.last_error = ""
-        self._arrivals: list[dict] = []
-        self._finishes: list[dict] = []
+        self._arrivals: list[api.ArrivalReport] = []
+        self._finishes: list[api.FinishReport] = []
         self._report_seq = 0
         self.num_arrivals_dropped = 0
         self.num_arrivals_sent = 0
@@ -108,22 +115,32 @@ class CoordinatorLink:
         """Returns: False while backing off after a failure."""
         return time.monotonic() >= self._down_until
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Optional[Any]:
+    async def _call(self, method: str, path: str, answer_type: Any, body: Any = None) -> Optional[Any]:
+        """Returns: the answer decoded as `answer_type`; None when backing off, on a failure (which starts a
+        backoff: no answer, or one that does not fit `answer_type`) or on a refusal (the coordinator is up)."""
         if not self.may_call():
             return None
         try:
-            async with self._session.request(method, self.cfg.url + path, json=body, timeout=self._timeout) as resp:
-                data = await resp.json(content_type=None)
-                if resp.status != 200:
-                    # The coordinator answered: it is up; the request was bad. Say so, do not back off.
-                    self._ok()
-                    log.warning("coordinator %s %s -> %d %s", method, path, resp.status, data)
-                    return None
-                self._ok()
-                return data
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            async with self._session.request(method, self.cfg.url + path, timeout=self._timeout,
+                                             data=None if body is None else api.encode(body),
+                                             headers=None if body is None else _JSON) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self._failed(exc)
             return None
+        if status != 200:
+            # The coordinator answered: it is up; the request was bad. Say so, do not back off.
+            self._ok()
+            log.warning("coordinator %s %s -> %d %s", method, path, status, raw[:500])
+            return None
+        try:
+            out = api.decode(raw, answer_type)
+        except AdminError as exc:
+            self._failed(exc)
+            return None
+        self._ok()
+        return out
 
     # ------------------------------------------------------------------------------------------------ queries
     async def cluster_state(self, force: bool = False) -> Optional[ClusterState]:
@@ -146,16 +163,15 @@ class CoordinatorLink:
         return self.state if self.reachable else None
 
     async def _refresh(self) -> None:
-        workers = await self._call("GET", "/workers")
+        workers = await self._call("GET", "/workers", list[api.WorkerInfo])
         if workers is None:
             return
-        reps = await self._call("GET", "/replications")
+        reps = await self._call("GET", "/replications", list[api.ReplicationInfo])
         if reps is None:
             return
-        copies = tuple(CopyInFlight(str(r["source"]), str(r["target"]), r.get("namespace") or "",
-                                    int(r.get("num_tokens") or 0))
-                       for r in reps if r.get("state") in ("pending", "running"))
-        self.state = ClusterState(tuple(w for w in workers if isinstance(w, dict)), copies, time.monotonic())
+        copies = tuple(CopyInFlight(r.source, r.target, r.namespace, r.num_tokens)
+                       for r in reps if r.state in ("pending", "running"))
+        self.state = ClusterState(tuple(api.to_builtins(w) for w in workers), copies, time.monotonic())
 
     async def lookup(self, input_ids: list[int], namespace: str,
                      page_hashes: Optional[tuple[list[int], int]] = None) -> Optional[dict[str, int]]:
@@ -164,33 +180,39 @@ class CoordinatorLink:
         `page_hashes`: (the prompt's page hashes in `namespace`, their page size) when every candidate worker
         uses that page size: the coordinator then matches them directly (no token list to send, parse, rehash)."""
         if page_hashes is not None:
-            body = {"page_hashes": page_hashes[0], "page_size": page_hashes[1]}
+            body = api.LookupRequest(page_hashes=page_hashes[0], page_size=page_hashes[1])
         else:
-            body = {"input_ids": input_ids, "cache_salt": namespace}
+            body = api.LookupRequest(input_ids=input_ids, cache_salt=namespace)
         if self._inflight_lookups >= self.cfg.max_inflight_lookups:
             self.num_lookups_shed += 1
             return None
         self._inflight_lookups += 1
         try:
-            out = await self._call("POST", "/directory/lookup", body)
+            out = await self._call("POST", "/directory/lookup", api.LookupAnswer, body)
         finally:
             self._inflight_lookups -= 1
-        if not isinstance(out, dict) or not isinstance(out.get("matched"), dict):
-            return None
-        return {str(k): int(v) for k, v in out["matched"].items()}
+        return None if out is None else dict(out.matched)
 
     async def hint(self, body: dict) -> tuple[int, dict]:
-        """Forwards a hint; returns (status, answer) with 503 when the coordinator is unreachable."""
+        """Forwards a hint (the fields of an `api.HintRequest`); returns (status, answer): 400 for a hint that does
+        not fit the API (not sent), 503 when the coordinator is unreachable."""
+        try:
+            req = api.convert(body, api.HintRequest)
+        except AdminError as exc:
+            return 400, {"error": str(exc)}
         if not self.may_call():
             return 503, {"error": f"coordinator unreachable: {self.last_error}"}
         try:
-            async with self._session.post(self.cfg.url + "/hints", json=body, timeout=self._timeout) as resp:
-                data = await resp.json(content_type=None)
-                self._ok()
-                return resp.status, data
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            async with self._session.post(self.cfg.url + "/hints", data=api.encode(req), headers=_JSON,
+                                          timeout=self._timeout) as resp:
+                raw = await resp.read()
+                status = resp.status
+            answer = api.decode(raw, api.HintRecorded if status == 200 else api.ErrorAnswer)
+        except (aiohttp.ClientError, asyncio.TimeoutError, AdminError) as exc:
             self._failed(exc)
             return 503, {"error": f"coordinator unreachable: {self.last_error}"}
+        self._ok()
+        return status, api.to_builtins(answer)
 
     # ------------------------------------------------------------------------------------------ directory feed
     async def run_directory_feed(self, replica: DirectoryReplica) -> None:
@@ -221,11 +243,14 @@ class CoordinatorLink:
             try:
                 if status != 200:
                     raise FeedError(f"HTTP {status}: {data[:200]!r}")
-                msg = _loads(data)
-                if not isinstance(msg, dict):
-                    raise FeedError("feed answer is not an object")
+                feed = api.decode(data, api.DirectoryFeed)
+                msg = {"epoch": feed.epoch, "seq": feed.seq, "head": feed.head}
+                if feed.snapshot is not api.UNSET:
+                    msg["snapshot"] = feed.snapshot
+                else:
+                    msg["changes"] = [] if feed.changes is api.UNSET else feed.changes
                 replica.apply(msg)
-            except (FeedError, ValueError) as exc:
+            except (FeedError, AdminError) as exc:
                 replica.mark_unhealthy()
                 log.warning("directory feed: %s; resyncing", exc)
                 replica.reset()
@@ -235,21 +260,29 @@ class CoordinatorLink:
 
     # ----------------------------------------------------------------------------------------------- arrivals
     def report_arrival(self, item: dict) -> None:
-        """Queues an arrival (fire and forget); `run_arrivals` sends them in batches."""
-        if not self._enqueue(self._arrivals, item):
+        """Queues an arrival (the fields of an `api.ArrivalReport`; fire and forget); `run_arrivals` sends them
+        in batches."""
+        if not self._enqueue(self._arrivals, item, api.ArrivalReport):
             self.num_arrivals_dropped += 1
 
     def report_finish(self, item: dict) -> None:
-        """Queues a finished response (fire and forget); sent with the arrivals, in order with them."""
-        if not self._enqueue(self._finishes, item):
+        """Queues a finished response (the fields of an `api.FinishReport`; fire and forget); sent with the
+        arrivals, in order with them."""
+        if not self._enqueue(self._finishes, item, api.FinishReport):
             self.num_finishes_dropped += 1
 
-    def _enqueue(self, queue: list[dict], item: dict) -> bool:
-        """Numbers a report in the order of all reports; False (not queued) when `queue` is full."""
+    def _enqueue(self, queue: list, item: dict, report_type: type) -> bool:
+        """Numbers a report in the order of all reports; False (not queued) when `queue` is full or the report
+        does not fit the API (logged: a bug of the caller)."""
         if len(queue) >= self.cfg.max_pending_arrivals:
             return False
+        try:
+            report = api.convert({**item, "seq": self._report_seq + 1}, report_type)
+        except AdminError as exc:
+            log.warning("dropped a malformed %s: %s", report_type.__name__, exc)
+            return False
         self._report_seq += 1
-        queue.append({**item, "seq": self._report_seq})
+        queue.append(report)
         return True
 
     async def flush_arrivals(self) -> None:
@@ -257,7 +290,8 @@ class CoordinatorLink:
             return
         arrivals, finishes = self._arrivals, self._finishes
         self._arrivals, self._finishes = [], []
-        if await self._call("POST", "/arrivals", {"arrivals": arrivals, "finishes": finishes}) is None:
+        batch = api.DemandBatch(arrivals=arrivals, finishes=finishes)
+        if await self._call("POST", "/arrivals", api.DemandRecorded, batch) is None:
             # Arrivals and finishes are demand signals for the next seconds: stale ones are worth little.
             # Drop, count.
             self.num_arrivals_dropped += len(arrivals)

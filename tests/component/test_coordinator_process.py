@@ -120,7 +120,7 @@ def test_directory_feed_long_poll_wakes_on_a_change(coord, dealer):
 
 @pytest.mark.parametrize("body,status,needle", [
     ({"source": "nope", "target": "w1", "input_ids": [1, 2, 3, 4]}, 404, "unknown worker"),
-    ({"target": "w1", "input_ids": [1]}, 400, "missing field"),
+    ({"target": "w1", "input_ids": [1]}, 400, "missing required field `source`"),
     ({"source": "w1", "target": "w1", "input_ids": [1, 2, 3, 4]}, 400, "same worker"),
     ({"source": "w1", "target": "w2", "input_ids": "abc"}, 400, "input_ids"),
 ])

@@ -36,3 +36,51 @@ def test_lookups_beyond_the_bound_are_shed_and_the_coordinator_stays_reachable()
     assert again == {"w1": 32}
     assert seen[0] == {"page_hashes": [7, 8], "page_size": 16} and seen[-1] == {"input_ids": [1] * 32,
                                                                                  "cache_salt": "t"}
+
+
+def test_answers_are_decoded_with_the_api_structs_and_a_misfit_is_a_failed_call():
+    from radix_sync import api
+
+    worker = {"id": "w1", "url": "http://w1", "data_endpoint": "tcp://w1:1", "fingerprint": "f",
+              "fingerprint_fields": {}, "page_size": 16, "pool_capacity_tokens": 100, "replica_budget_tokens": 25,
+              "load": {"num_running_reqs": 1, "num_waiting_reqs": 2, "num_waiting_tokens": 3, "available_tokens": 4,
+                       "evictable_tokens": 5, "replica_tokens": 6, "demoted_chains": 0,
+                       "demoted_evicted_tokens": 0, "demotions_taken_back": 0}}
+    rep = api.to_builtins(api.ReplicationInfo(id="r1", source="w1", target="w2", namespace="t", num_tokens=32,
+                                              ttl_s=5.0, origin="admin", state="running", error=None,
+                                              num_bytes=0))
+    answers = {"/workers": [worker], "/replications": [rep, {**rep, "id": "r2", "state": "done"}]}
+    hints = []
+
+    async def get(request):
+        return web.json_response(answers[request.path])
+
+    async def hint(request):
+        hints.append(await request.json())
+        return web.json_response({"recorded": 1, "kind": "fanout", "prefix_len": 16})
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/workers", get)
+        app.router.add_get("/replications", get)
+        app.router.add_post("/hints", hint)
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            link = CoordinatorLink(LinkConfig(url=url, timeout_s=5.0), session)
+            state = await link.cluster_state(force=True)
+            # a hint that does not fit the API is refused here, and not sent
+            refused = await link.hint({"kind": "fanout", "input_ids": [1], "k": "eight"})
+            sent = await link.hint({"kind": "fanout", "input_ids": list(range(16)), "k": 8, "cache_salt": ""})
+            # a malformed report is dropped and counted, not queued
+            link.report_arrival({"input_ids": [1, -1]})
+            answers["/workers"] = [{"id": "w1"}]  # an answer that does not fit: a failed call
+            broken = await link.cluster_state(force=True)
+            return link, state, refused, sent, broken
+
+    link, state, refused, sent, broken = asyncio.run(main())
+    assert state.workers == (worker,)
+    assert [(c.source, c.target, c.namespace, c.num_tokens) for c in state.copies] == [("w1", "w2", "t", 32)]
+    assert refused[0] == 400 and "at `$.k`" in refused[1]["error"]
+    assert sent == (200, {"recorded": 1, "kind": "fanout", "prefix_len": 16})
+    assert hints == [{"kind": "fanout", "input_ids": list(range(16)), "cache_salt": "", "k": 8}]
+    assert link.num_arrivals_dropped == 1 and link._arrivals == []
+    assert broken is None and not link.reachable and "missing required field `url`" in link.last_error

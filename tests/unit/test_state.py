@@ -1,10 +1,26 @@
+import dataclasses
+
 import pytest
 
+from radix_sync import api
 from radix_sync import protocol as p
 from radix_sync.coordinator.state import AdminError, ClusterState, StateConfig
+from radix_sync.integrity import IntegrityError
 from radix_sync.hashing import page_hashes
 
 PS = 4
+
+
+def arrival(**fields) -> api.ArrivalReport:
+    """An arrival report as the admin API decodes it from the router's JSON."""
+    return api.convert(fields, api.ArrivalReport)
+
+
+def record_batch(st, body: dict, now_s: float):
+    """`POST /arrivals` without HTTP: the body decoded as the admin API does, then recorded."""
+    batch = api.convert(body, api.DemandBatch)
+    return st.record_demand([] if batch.arrivals is api.UNSET else batch.arrivals,
+                            [] if batch.finishes is api.UNSET else batch.finishes, now_s)
 
 
 def hello(wid, fp="f", ps=PS):
@@ -131,16 +147,16 @@ def test_protocol_version_and_rehello(st):
 def test_an_arrival_counts_for_the_prefix_it_reuses(st):
     trunk = list(range(12))
     # nothing holds it yet: the arrival shows no reuse (a one-off prompt must not look popular)
-    first = st.record_arrival({"input_ids": trunk, "worker": "a"}, 1.0)
+    first = st.record_arrival(arrival(input_ids=trunk, worker="a"), 1.0)
     assert first.block_hash is None and first.prompt_len == 12
     st.handle(b"A", stored("a", 1, trunk), 1.5)
     # a branch (trunk + 8 new tokens) counts for the trunk, which a worker holds, not for its own new pages
-    branch = st.record_arrival({"input_ids": trunk + [50, 51, 52, 53, 54, 55, 56, 57], "worker": "b"}, 2.0)
+    branch = st.record_arrival(arrival(input_ids=trunk + [50, 51, 52, 53, 54, 55, 56, 57], worker="b"), 2.0)
     assert branch.block_hash == page_hashes(trunk, PS)[-1] and branch.prompt_len == 20
     # a prompt sharing only the first page counts for that page
-    other = st.record_arrival({"input_ids": trunk[:4] + [90] * 8}, 3.0)
+    other = st.record_arrival(arrival(input_ids=trunk[:4] + [90] * 8), 3.0)
     assert other.block_hash == page_hashes(trunk, PS)[0]
-    assert st.record_arrival({"input_ids": [1, 2]}, 4.0).block_hash is None
+    assert st.record_arrival(arrival(input_ids=[1, 2]), 4.0).block_hash is None
 
 
 def test_a_router_batch_replays_in_report_order_and_records_all_or_nothing(st):
@@ -148,33 +164,44 @@ def test_a_router_batch_replays_in_report_order_and_records_all_or_nothing(st):
     st.handle(b"A", stored("a", 1, toks), 1.0)
     hashes = page_hashes(toks, PS)
     # the finish was reported before the arrival (seq), though it sits in the other list
-    st.record_demand([{"input_ids": toks + [50] * 4, "worker": "a", "class": "acme", "seq": 2}],
-                     [{"page_hashes": hashes, "page_size": PS, "worker": "a", "stop": "tool_use", "class": "acme",
-                       "seq": 1}], 2.0)
+    record_batch(st, {"arrivals": [{"input_ids": toks + [50] * 4, "worker": "a", "class": "acme", "seq": 2}],
+                      "finishes": [{"page_hashes": hashes, "page_size": PS, "worker": "a", "stop": "tool_use",
+                                    "class": "acme", "seq": 1}]}, 2.0)
     assert [kind for kind, *_ in st.demand_events] == ["finish", "arrival"]
     fin = st.finishes[-1]
     assert (fin.block_hash, fin.num_pages, fin.stop, fin.class_key) == (hashes[-1], 3, "tool_use", "acme")
     assert st.arrivals[-1].block_hash == hashes[-1] and st.arrivals[-1].class_key == "acme"
     # an arrival given as the router's page hashes is the same arrival, not rehashed
-    st.record_demand([{"page_hashes": hashes + [123], "page_size": PS, "prompt_len": 17, "worker": "a"}], [], 2.2)
+    record_batch(st, {"arrivals": [{"page_hashes": hashes + [123], "page_size": PS, "prompt_len": 17,
+                                    "worker": "a"}]}, 2.2)
     assert (st.arrivals[-1].block_hash, st.arrivals[-1].prompt_len) == (hashes[-1], 17)
     # a finish given as token ids hashes them at the worker's page size
-    st.record_demand([], [{"input_ids": toks, "worker": "a"}], 2.5)
+    record_batch(st, {"finishes": [{"input_ids": toks, "worker": "a"}]}, 2.5)
     assert st.finishes[-1].block_hash == hashes[-1] and st.finishes[-1].stop is None
     before = (len(st.arrivals), len(st.finishes), len(st.demand_events))
+    # each refusal names the bad item (msgspec's path for a malformed one; the item's index for the rest)
     bad = [
-        ([{"input_ids": toks}], [{"page_hashes": hashes, "page_size": 8, "worker": "a"}], "page_size 8"),
-        ([{"input_ids": toks}], [{"page_hashes": [2 ** 63], "page_size": PS}], "signed 64-bit"),
-        ([{"input_ids": toks}], [{"input_ids": toks, "stop": 3}], "stop must be"),
-        ([{"input_ids": toks}, {"input_ids": "x"}], [], "arrivals[1]"),
-        ([{"input_ids": toks, "class": ["x"]}], [], "class must be"),
-        ([{"input_ids": toks, "seq": "1"}], [], "seq must be"),
-        ([{"page_hashes": hashes, "page_size": PS}], [], "prompt_len must be"),
-        ([], ["nope"], "finishes[0] must be an object"),
+        ([{"input_ids": toks}], [{"page_hashes": hashes, "page_size": 8, "worker": "a"}],
+         "finishes[0]: page_size 8 is not worker a's (4)"),
+        ([{"input_ids": toks}], [{"page_hashes": [2 ** 63], "page_size": PS}],
+         "Expected `int` <= 9223372036854775807 - at `$.finishes[0].page_hashes[0]`"),
+        ([{"input_ids": toks}], [{"input_ids": toks, "stop": 3}], "got `int` - at `$.finishes[0].stop`"),
+        ([{"input_ids": toks}], [{"input_ids": toks, "stop": "x" * 65}],
+         "Expected `str` of length <= 64 - at `$.finishes[0].stop`"),
+        ([{"input_ids": toks}, {"input_ids": "x"}], [], "Expected `array`, got `str` - at `$.arrivals[1].input_ids`"),
+        ([{"input_ids": [1, -2]}], [], "Expected `int` >= 0 - at `$.arrivals[0].input_ids[1]`"),
+        ([{"input_ids": [1, True]}], [], "Expected `int`, got `bool` - at `$.arrivals[0].input_ids[1]`"),
+        ([{"input_ids": toks, "class": ["x"]}], [], "got `array` - at `$.arrivals[0].class`"),
+        ([{"input_ids": toks, "session_id": "s" * 257}], [], "length <= 256 - at `$.arrivals[0].session_id`"),
+        ([{"input_ids": toks, "seq": "1"}], [], "Expected `int | float`, got `str` - at `$.arrivals[0].seq`"),
+        ([{"page_hashes": hashes, "page_size": PS}], [], "arrivals[0]: prompt_len must be"),
+        ([{"worker": "a"}], [], "arrivals[0]: input_ids must be a list of integers"),
+        ([], ["nope"], "Expected `object`, got `str` - at `$.finishes[0]`"),
     ]
     for arrivals, finishes, msg in bad:
-        with pytest.raises(AdminError, match=msg.replace("[", r"\[").replace("]", r"\]")):
-            st.record_demand(arrivals, finishes, 3.0)
+        with pytest.raises(AdminError) as err:
+            record_batch(st, {"arrivals": arrivals, "finishes": finishes}, 3.0)
+        assert msg in str(err.value) and err.value.status == 400
     assert (len(st.arrivals), len(st.finishes), len(st.demand_events)) == before
 
 
@@ -182,7 +209,85 @@ def test_demand_events_are_bounded_when_no_policy_drains_them():
     s = ClusterState(StateConfig(max_demand_events=3))
     s.handle(b"A", hello("a"), 0.0)
     for i in range(5):
-        s.record_arrival({"input_ids": list(range(8)), "worker": "a"}, float(i))
+        s.record_arrival(arrival(input_ids=list(range(8)), worker="a"), float(i))
     assert len(s.demand_events) == 3 and s.demand_events[0][1].time_s == 2.0
     with pytest.raises(ValueError, match="max_demand_events"):
         StateConfig(max_demand_events=0)
+
+
+def corruptions():
+    """(what is broken, how to break a healthy state), one per owner and one across owners."""
+    def routing(s):
+        s._workers._by_routing[b"ZZ"] = "a"
+
+    def worker_key(s):
+        s._workers.records["z"] = dataclasses.replace(s._workers.records["a"], routing_id=b"Z")
+        s._workers._by_routing[b"Z"] = "z"
+
+    def replication_state(s):
+        next(iter(s.replications.values())).state = "lost"
+
+    def replication_finish(s):
+        next(iter(s.replications.values())).finished_s = 3.0
+
+    def event(s):
+        kind, rec, hashes, held, copies = s.demand_events[-1]
+        s.demand_events[-1] = (kind, rec, hashes, len(hashes) + 1, copies)
+
+    def hint_times(s):
+        del next(iter(s.hint_times.values()))["hint_s"]
+
+    def directory(s):
+        s.directory._by_worker["a"].add(12345)
+
+    def unknown_holder(s):
+        s._workers.remove("b")
+
+    return [("socket", routing), ("holds the record", worker_key), ("unknown state", replication_state),
+            ("finished_s", replication_finish), ("arrival event holds", event), ("no hint time", hint_times),
+            ("unknown page 12345", directory), ("pages of unknown worker b", unknown_holder)]
+
+
+def corruptible(st):
+    toks = list(range(12))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    st.handle(b"B", stored("b", 1, toks[:8]), 1.0)
+    st.request_replication("a", "b", toks, "", 30.0, now_s=1.5)
+    st.record_arrival(arrival(input_ids=toks, worker="a"), 2.0)
+    st.record_hint({"kind": "fanout", "input_ids": toks, "k": 2}, 2.0)
+    st.check_integrity()
+    return st
+
+
+@pytest.mark.parametrize("needle,corrupt", corruptions(), ids=[n for n, _ in corruptions()])
+def test_check_integrity_raises_on_a_corrupted_state(st, needle, corrupt):
+    corruptible(st)
+    corrupt(st)
+    with pytest.raises(IntegrityError, match=needle):
+        st.check_integrity()
+
+
+def test_check_integrity_is_not_an_assert_it_holds_under_python_O():
+    """The same corruptions raise with assertions compiled out (the coordinator's /status relies on it)."""
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import sys; sys.path.insert(0, '.')",
+        "assert False, 'assertions are on'",  # compiled out under -O
+        "from tests.unit.test_state import ClusterState, StateConfig, hello, corruptible, corruptions",
+        "from radix_sync.integrity import IntegrityError",
+        "n = 0",
+        "for needle, corrupt in corruptions():",
+        "    st = ClusterState(StateConfig())",
+        "    st.handle(b'A', hello('a'), 0.0); st.handle(b'B', hello('b'), 0.0)",
+        "    corrupt(corruptible(st))",
+        "    try:",
+        "        st.check_integrity()",
+        "    except IntegrityError as exc:",
+        "        n += needle in str(exc)",
+        "print(sys.flags.optimize, n)",
+    ])
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", str(len(corruptions()))]

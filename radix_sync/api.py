@@ -1,0 +1,309 @@
+"""The coordinator's admin HTTP API (what the router and the tools send and get back), as msgspec structs.
+
+Both sides use this one module: the coordinator's admin server (`radix_sync.coordinator.admin`) decodes each
+request body into its struct and encodes each answer from one; the router's client
+(`radix_sync.router.coordinator_link`) encodes its requests and decodes the answers with the same structs. The JSON
+is the same as when these were untyped dicts: same field names, same optional fields, same limits. A body that does
+not fit its struct is refused with HTTP 400 and msgspec's message, which names the bad field
+(``Expected `int` >= 0 - at `$.arrivals[1].input_ids[3]` ``). Checks that involve two fields, or the
+coordinator's state (a page size that must match a worker's), stay with the code that does them.
+
+Endpoints (all JSON; errors are `{"error": ...}` with 400, or 404 for an unknown worker or endpoint):
+
+    GET  /health                 -> Health
+    GET  /workers                -> [WorkerInfo]
+    GET  /replications           -> [ReplicationInfo]
+    GET  /status                 -> a JSON object (for people and tests: policy-specific parts vary)
+    GET  /metrics                -> Prometheus text
+    GET  /directory/lookup?input_ids=1,2,3&cache_salt=s -> LookupAnswer
+    POST /directory/lookup       LookupRequest      -> LookupAnswer
+    GET  /directory/feed?epoch=E&since=S&wait_s=W   -> DirectoryFeed
+    POST /arrivals               DemandBatch        -> DemandRecorded
+    POST /hints                  HintRequest        -> HintRecorded
+    POST /replicate              ReplicateRequest   -> ReplicationInfo
+    POST /replicas/drop          DropReplicasRequest -> ReplicasDropped
+    POST /demote                 DemoteRequest      -> Demoted
+    POST /policy                 PolicyRequest      -> PolicySet
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, TypeVar, Union
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType, field
+
+T = TypeVar("T")
+
+# NOTE: token ids travel on to the workers as MessagePack int64, and SGLang's block hashes are signed 64-bit: both
+# are bounded here so that nothing out of range gets into the state.
+TokenId = Annotated[int, Meta(ge=0, le=2 ** 63 - 1)]
+PageHash = Annotated[int, Meta(ge=-2 ** 63, le=2 ** 63 - 1)]
+SessionId = Annotated[str, Meta(max_length=256)]
+ClassKey = Annotated[str, Meta(max_length=128)]
+StopReason = Annotated[str, Meta(max_length=64)]
+
+
+class AdminError(ValueError):
+    """A request the coordinator refuses; the message says why. `status`: the HTTP status (400, or 404 for an
+    unknown worker or endpoint)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Body(Struct, frozen=True, omit_defaults=True):
+    """A request body: unknown fields are ignored (an older or newer peer), absent optional ones are not sent."""
+
+
+# ------------------------------------------------------------------------------------------------------ requests
+class LookupRequest(_Body):
+    """`POST /directory/lookup`: how much of a prompt each worker holds. Either the router's own page hashes of
+    it (namespace already in them; `page_size` required) or its token ids (`cache_salt`: the namespace)."""
+
+    page_hashes: Union[list[PageHash], UnsetType] = UNSET
+    page_size: Union[int, UnsetType] = UNSET
+    input_ids: Union[list[int], UnsetType] = UNSET
+    cache_salt: Optional[str] = None
+
+
+class ArrivalReport(_Body):
+    """A request the router sent to `worker`: its prompt as page hashes (+ `page_size`, `prompt_len`) or as
+    token ids. `seq` orders it among the router's reports."""
+
+    input_ids: Union[list[TokenId], UnsetType] = UNSET
+    page_hashes: Union[list[PageHash], UnsetType] = UNSET
+    page_size: Union[int, UnsetType] = UNSET
+    prompt_len: Union[Annotated[int, Meta(ge=0)], UnsetType] = UNSET
+    cache_salt: Optional[str] = None
+    worker: str = ""
+    session_id: Optional[SessionId] = None
+    class_key: Optional[ClassKey] = field(default=None, name="class")
+    seq: Union[int, float] = 0
+
+
+class FinishReport(_Body):
+    """A response that ended: its prompt (as page hashes + `page_size`, or token ids) and how it ended (`stop`:
+    `tool_use`, `stop`, `length`, ...; None: unknown)."""
+
+    input_ids: Union[list[TokenId], UnsetType] = UNSET
+    page_hashes: Union[list[PageHash], UnsetType] = UNSET
+    page_size: Union[int, UnsetType] = UNSET
+    cache_salt: Optional[str] = None
+    worker: str = ""
+    stop: Optional[StopReason] = None
+    class_key: Optional[ClassKey] = field(default=None, name="class")
+    seq: Union[int, float] = 0
+
+
+class DemandBatch(_Body):
+    """`POST /arrivals`: a router's batch of reports (either list may be absent, not both)."""
+
+    arrivals: Union[list[ArrivalReport], UnsetType] = UNSET
+    finishes: Union[list[FinishReport], UnsetType] = UNSET
+
+
+class HintRequest(_Body):
+    """`POST /hints`: `fanout` (k branches will extend this prefix after about `delay_s`) or `keepalive` (a
+    session's next turn is expected within `ttl_s`)."""
+
+    kind: Literal["fanout", "keepalive"]
+    input_ids: list[TokenId]
+    cache_salt: Optional[str] = None
+    k: Annotated[int, Meta(ge=1)] = 1
+    ttl_s: Annotated[float, Meta(gt=0)] = 60.0
+    delay_s: Annotated[float, Meta(ge=0, le=60)] = 0.5
+
+
+class ReplicateRequest(_Body):
+    """`POST /replicate`: copy the pages of this prefix from `source` to `target` (`ttl_s` absent: the rule
+    policy's TTL)."""
+
+    source: str
+    target: str
+    input_ids: list[TokenId]
+    cache_salt: Optional[str] = None
+    ttl_s: Union[float, UnsetType] = UNSET
+
+
+class DropReplicasRequest(_Body):
+    """`POST /replicas/drop`: evict the live replicas of `worker` (None: of every worker) now."""
+
+    worker: Optional[str] = None
+
+
+class DemoteRequest(_Body):
+    """`POST /demote`: the worker's cached chain ending at exactly these tokens becomes evict-first."""
+
+    worker: str
+    input_ids: Annotated[list[TokenId], Meta(min_length=1)]
+    cache_salt: Optional[str] = None
+
+
+class PolicyRequest(_Body):
+    """`POST /policy`: switch policy (and mode; absent: keep it); `reset_demand` forgets the demand seen."""
+
+    policy: str = ""
+    mode: Union[str, UnsetType] = UNSET
+    reset_demand: bool = False
+
+
+# ------------------------------------------------------------------------------------------------------- answers
+class _Answer(Struct, frozen=True):
+    """An answer body: every field is written, None as null."""
+
+
+class Health(_Answer):
+    ok: bool = True
+
+
+class ErrorAnswer(_Answer):
+    error: str
+
+
+class WorkerLoad(_Answer):
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_waiting_tokens: int
+    available_tokens: int
+    evictable_tokens: int
+    replica_tokens: int
+    demoted_chains: int = 0
+    demoted_evicted_tokens: int = 0
+    demotions_taken_back: int = 0
+
+
+class WorkerInfo(_Answer):
+    """One worker of `GET /workers`: its hello and its last load report (None before the first)."""
+
+    id: str
+    url: str
+    data_endpoint: str
+    fingerprint: str
+    fingerprint_fields: dict[str, str]
+    page_size: int
+    pool_capacity_tokens: int
+    replica_budget_tokens: int
+    load: Optional[WorkerLoad] = None
+
+
+class ReplicationInfo(_Answer):
+    """One replication of `GET /replications` (and the answer to `POST /replicate`). `state`: pending, running,
+    done or failed; `total_s`: created to finished (None while not finished)."""
+
+    id: str
+    source: str
+    target: str
+    namespace: str
+    num_tokens: int
+    ttl_s: float
+    origin: str
+    state: str
+    error: Optional[str]
+    num_bytes: int = field(name="bytes")
+    inserted_len: int = 0
+    promoted_tokens: int = 0
+    created_s: float = 0.0
+    started_s: Optional[float] = None
+    finished_s: Optional[float] = None
+    total_s: Optional[float] = None
+    timings_s: dict[str, float] = {}
+
+
+class LookupAnswer(_Answer):
+    """Tokens of the prompt each worker holds (as owner or replica), per the exact directory."""
+
+    matched: dict[str, int]
+
+
+class DirectoryFeed(_Answer):
+    """`GET /directory/feed`: the holding changes after `since` (`changes`: [op (+1 stored, -1 removed), worker,
+    page hash]; `seq`: the last one included, call again while below `head`), or a `snapshot` (worker -> page
+    hashes) for a caller of another epoch or too far behind."""
+
+    epoch: str
+    seq: int
+    head: int
+    changes: Union[list[tuple[int, str, int]], UnsetType] = UNSET
+    snapshot: Union[dict[str, list[int]], UnsetType] = UNSET
+
+
+class DemandRecorded(_Answer):
+    recorded: int
+    finishes_recorded: int = 0
+    """(Absent from the answers of a coordinator that did not record finishes yet.)"""
+
+
+class HintRecorded(_Answer):
+    recorded: int
+    kind: str
+    prefix_len: int
+
+
+class ReplicasDropped(_Answer):
+    dropped: int
+
+
+class Demoted(_Answer):
+    worker: str
+    tokens: int
+
+
+class PolicySet(_Answer):
+    policy: str
+    mode: str
+
+
+# --------------------------------------------------------------------------------------------------------- codec
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type, msgspec.json.Decoder] = {}
+
+
+def encode(obj: Any) -> bytes:
+    """JSON of a struct (or of plain dicts and lists, as `/status` is)."""
+    return _encoder.encode(obj)
+
+
+def decode(raw: bytes, type_: type[T]) -> T:
+    """A request or answer body as `type_`.
+
+    Raises:
+        AdminError (400): not JSON, or not of that shape (msgspec's message, naming the field).
+    """
+    dec = _decoders.get(type_)
+    if dec is None:
+        dec = _decoders[type_] = msgspec.json.Decoder(type_)
+    try:
+        return dec.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise AdminError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise AdminError(f"body is not JSON: {exc}") from None
+
+
+def convert(obj: Any, type_: type[T]) -> T:
+    """Like `decode`, from decoded JSON (dicts and lists), e.g. a body the router assembled as a dict."""
+    try:
+        return msgspec.convert(obj, type_)
+    except msgspec.ValidationError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def to_builtins(obj: Any) -> Any:
+    """A struct as the dicts and lists its JSON decodes to (field names as on the wire, UNSET fields left out)."""
+    return msgspec.to_builtins(obj)
+
+
+def page_size_of(page_size: Union[int, UnsetType]) -> int:
+    """Returns: the `page_size` that must come with a body's `page_hashes`. Raises AdminError when it is absent or
+    < 1."""
+    if page_size is UNSET or page_size < 1:
+        got = None if page_size is UNSET else page_size
+        raise AdminError(f"page_size must be an integer >= 1 with page_hashes, got {got!r}")
+    return page_size
+
+
+def namespace_of(cache_salt: Optional[str]) -> str:
+    """The namespace a body names (`cache_salt`; absent or null: the default namespace "")."""
+    return cache_salt or ""
+

@@ -1,0 +1,148 @@
+"""The coordinator's demand signals: prefix hits, arrivals, finishes and hints, kept for the policies.
+
+`DemandLog` owns the recent records (trimmed to a time window) and the ordered event queue the predictive
+planner drains (`LivePlanner.consume`). What a record says (which prefix, held by whom) is worked out by
+`ClusterState` (`state.py`) from the directory and the workers, under the coordinator's lock.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+from radix_sync.integrity import IntegrityError
+
+HINT_KINDS = ("fanout", "keepalive")
+
+
+@dataclass(frozen=True)
+class ArrivalRecord:
+    """A request the router saw (the earliest demand signal): where it went and what prefix it carried."""
+
+    time_s: float
+    namespace: str
+    block_hash: Optional[int]
+    """Hash of the deepest page of the prompt some worker held when it arrived (the prefix it reuses); None when
+    no worker held any of it (no reuse to predict from)."""
+    prompt_len: int
+    worker_id: str
+    session_id: str = ""
+    class_key: str = ""
+    """Tenant/workload class the router put the request in (gap distributions are learned per class)."""
+
+
+@dataclass(frozen=True)
+class FinishRecord:
+    """A response the router saw end: the session-continuation signal (the next turn of a session extends this
+    prompt, after a gap that depends on how the response ended)."""
+
+    time_s: float
+    namespace: str
+    block_hash: Optional[int]
+    """Hash of the prompt's deepest full page (None: shorter than a page)."""
+    num_pages: int
+    stop: Optional[str]
+    """How the response ended, normalised by the router: `tool_use` (a tool call), `stop`, `length`, ...;
+    None when the router could not tell."""
+    class_key: str
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class HintRecord:
+    """An explicit demand hint: `fanout` (k branches will extend this prefix) or `keepalive` (a session's next
+    turn is expected within ttl_s)."""
+
+    time_s: float
+    kind: str
+    namespace: str
+    block_hash: Optional[int]
+    prefix_len: int
+    k: int
+    ttl_s: float
+    delay_s: float = 0.5
+    """Fan-out: the branches follow the trunk's answer after about this long (the client's estimate; default
+    0.5 s, a short answer plus client work). The branches cannot come before the trunk is computed."""
+
+
+DemandEvent = tuple[str, object, list[int], int, tuple[int, list[str]]]
+
+
+class DemandLog:
+    def __init__(self, max_events: int) -> None:
+        self.hits: deque = deque()
+        """`HitRecord`s (`radix_sync.coordinator.rules`) of the workers' prefix hits."""
+        self.arrivals: deque[ArrivalRecord] = deque()
+        self.hints: deque[HintRecord] = deque()
+        self.finishes: deque[FinishRecord] = deque()
+        self.events: deque[DemandEvent] = deque(maxlen=max_events)
+        """(kind, record, the prompt's page hashes, pages held somewhere at arrival, (pages the worker it was
+        routed to held, the other workers holding exactly as much)) of each arrival (`arrival`) and finish
+        (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
+        self.hint_times: dict[int, dict[str, float]] = {}
+        """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
+        trunk's prefill is done) and `copy_s` (the first copy of it was issued): when a fan-out's branches are
+        due, and, in `/status`, whether its copies could have landed in time."""
+
+    # ------------------------------------------------------------------------------------------------ records
+    def add_hit(self, hit) -> None:
+        self.hits.append(hit)
+
+    def add_arrival(self, rec: ArrivalRecord, hashes: list[int], held: int, copies: tuple[int, list[str]]) -> None:
+        self.arrivals.append(rec)
+        self.events.append(("arrival", rec, hashes, held, copies))
+
+    def add_finish(self, rec: FinishRecord, hashes: list[int]) -> None:
+        self.finishes.append(rec)
+        if hashes:
+            self.events.append(("finish", rec, hashes, len(hashes), (0, [])))
+
+    def add_hint(self, rec: HintRecord, already_stored: bool) -> None:
+        """`already_stored`: the hinted prefix is in the directory already (computed before the hint came)."""
+        self.hints.append(rec)
+        if rec.block_hash is not None:
+            times = self.hint_times.setdefault(rec.block_hash, {"hint_s": rec.time_s})
+            if already_stored:
+                times.setdefault("stored_s", rec.time_s)
+
+    def pages_stored(self, block_hashes, now_s: float) -> None:
+        """Pages reached the directory: the hinted prefixes among them are computed now."""
+        if self.hint_times:
+            for block_hash in block_hashes:
+                times = self.hint_times.get(block_hash)
+                if times is not None:
+                    times.setdefault("stored_s", now_s)
+
+    def copy_issued(self, block_hash: Optional[int], now_s: float) -> None:
+        if block_hash in self.hint_times:
+            self.hint_times[block_hash].setdefault("copy_s", now_s)
+
+    # ------------------------------------------------------------------------------------------------ timers
+    def trim(self, now_s: float, window_s: float) -> None:
+        """Forgets hits, arrivals and finishes older than `window_s`, and hints older than both their TTL and
+        `window_s`."""
+        for log in (self.hits, self.arrivals, self.finishes):
+            while log and now_s - log[0].time_s > window_s:
+                log.popleft()
+        while self.hints and now_s - self.hints[0].time_s > max(self.hints[0].ttl_s, window_s):
+            self.hints.popleft()
+        if len(self.hint_times) > len(self.hints):
+            live = {h.block_hash for h in self.hints}
+            self.hint_times = {b: t for b, t in self.hint_times.items() if b in live}
+
+    def check_integrity(self) -> None:
+        """Raises IntegrityError unless every hint is of a known kind and bounds, every event is an arrival or
+        a finish whose held pages are pages of its prompt, and every hinted prefix's timeline starts with its
+        hint."""
+        for hint in self.hints:
+            if hint.kind not in HINT_KINDS or hint.k < 1 or not hint.ttl_s > 0:
+                raise IntegrityError(f"bad hint {hint}")
+        for kind, rec, hashes, held, (num_at_worker, _) in self.events:
+            if kind not in ("arrival", "finish"):
+                raise IntegrityError(f"demand event of unknown kind {kind!r}")
+            if not 0 <= held <= len(hashes) or not 0 <= num_at_worker <= held:
+                raise IntegrityError(f"{kind} event holds {held} (worker: {num_at_worker}) of {len(hashes)} "
+                                     f"pages: {rec}")
+        for block_hash, times in self.hint_times.items():
+            if "hint_s" not in times:
+                raise IntegrityError(f"hinted prefix {block_hash} has no hint time: {times}")
