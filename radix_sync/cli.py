@@ -94,7 +94,7 @@ def _run_router(args) -> int:
 
     from radix_sync.router.config import RouterConfig
     from radix_sync.router.policy import RouterCosts
-    from radix_sync.router.server import serve
+    from radix_sync.router.app import serve
     from radix_sync.router.tokenize import PromptTokenizer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

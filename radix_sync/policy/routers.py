@@ -282,6 +282,21 @@ class PrebleE2Router(RouterPolicy):
         return Route(target)
 
 
+def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[WorkerView]) -> tuple[float, int, int]:
+    """The order of `ExpectedTtftRouter`'s options, best first (its choice is the lowest; `kvrep router` ranks
+    its failover order by it too).
+
+    Args:
+        expected_ttft_s: the option's expected TTFT, s.
+        worker_id: the option's worker (an index into `workers`).
+        workers: every worker's load, indexed by worker id.
+    Returns:
+        (expected TTFT rounded to 1 ns, the worker's outstanding requests, its id): so ties go to fewer
+        outstanding requests, then to the lower id.
+    """
+    return round(expected_ttft_s, 9), _load(workers[worker_id]), worker_id
+
+
 @ROUTERS.register("expected_ttft")
 class ExpectedTtftRouter(RouterPolicy):
     """Ours (`kvrep` and `oracle`): the worker with the lowest expected TTFT = queue wait + prefill of the
@@ -346,18 +361,11 @@ class ExpectedTtftRouter(RouterPolicy):
         return [self._route(*o) for o in self._scan(req, workers, now)]
 
     def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
-        # the lowest (TTFT rounded to 1 ns, outstanding requests, id); rounding is monotonic, so only options
-        # within a rounding step of the fastest can tie with it (the rest need no `round`)
+        # the lowest `ttft_rank_key`; rounding is monotonic, so only options within a rounding step of the
+        # fastest can tie with it (the rest need no key)
         opts = self._scan(req, workers, now)
-        fastest = min(o[0] for o in opts)
-        top, near = round(fastest, 9), fastest + 2e-9
-        best, best_key = None, None
-        for o in opts:
-            if o[0] <= near and round(o[0], 9) == top:
-                w = workers[o[1]]
-                key = (w.num_running + w.num_waiting, o[1])
-                if best_key is None or key < best_key:
-                    best, best_key = o, key
+        near = min(o[0] for o in opts) + 2e-9
+        best = min((o for o in opts if o[0] <= near), key=lambda o: ttft_rank_key(o[0], o[1], workers))
         return self._route(*best)
 
 

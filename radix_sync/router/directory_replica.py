@@ -5,7 +5,7 @@ hashes locally instead of asking the coordinator per request.
 Only holdings are mirrored (block hash -> worker ids): roles, expiry and tokens stay at the coordinator. A replica
 is usable while its feed is healthy: the last long poll answered within `max_silence_s`; otherwise the router
 asks the coordinator per request (and falls back to its own view when that fails too). Owned by
-`radix_sync.router.server.Router`; runs on its event loop.
+`radix_sync.router.service.Router`; runs on its event loop.
 """
 from __future__ import annotations
 

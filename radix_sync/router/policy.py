@@ -9,8 +9,12 @@ Two rules:
   per-worker tree of what this router routed (rule and defaults as published in sgl-model-gateway's README,
   "Cache-Aware Load-Balancing", and `CacheAwareConfig` in `radix_sync.policy.routers`).
 
-The whole ranking is returned, not only the winner, so the server can fail over to the next worker.
-Called by `radix_sync.router.server`; nothing here reads a clock or a socket.
+The loads they rank on: `with_local_load` merges a worker's last load report with what this router itself has
+sent there and not seen start (`QueuedWork`, counted by `radix_sync.router.pool.WorkerPool`).
+
+The whole ranking is returned, not only the winner, so the proxy can fail over to the next worker. Workers are
+named by the router's one id for them (their base URL). Called by `radix_sync.router.service`; nothing here reads
+a clock or a socket.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from typing import Mapping, Optional, Sequence
 
 from radix_sync.policy.cost import CostModel, CostProfile
 from radix_sync.policy.pagetree import PageTree
-from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter
+from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, ttft_rank_key
 from radix_sync.policy.snapshot import REPLICA, HolderView, RequestView, WorkerView
 
 DIRECTORY = "directory"
@@ -75,7 +79,7 @@ class WorkerState:
     sent there and not yet seen start."""
 
     worker_id: str
-    url: str
+    """The router's id for the worker: its base URL (no trailing slash)."""
     page_size: int = 16
     num_running: int = 0
     num_waiting: int = 0
@@ -111,6 +115,46 @@ class Decision:
     """The first choice is best only once a replica in flight to it has landed."""
     cached_by_worker: tuple[int, ...] = ()
     """Tokens of the prompt each ranked worker holds, in `ranked` order (directory mode; for the record)."""
+
+
+@dataclass(frozen=True)
+class QueuedWork:
+    """The prefill work of one request this router sent to a worker that has not started it (no output yet)."""
+
+    num_tokens: int
+    """Uncached prompt tokens."""
+    attn_pairs: float
+    """new x cached + new x (new + 1) / 2 attention pairs."""
+    cached_pairs: float
+    """cached x (cached + 1) / 2 (see `CostProfile.prefill_s_per_cached_pair`)."""
+
+
+def queued_work(uncached: int, cached: int) -> QueuedWork:
+    """Returns: the prefill work of a request with `uncached` new tokens (negative: 0) after `cached` ones."""
+    uncached = max(0, uncached)
+    return QueuedWork(uncached, uncached * cached + uncached * (uncached + 1) / 2.0, cached * (cached + 1) / 2.0)
+
+
+def with_local_load(reported: WorkerState, num_outstanding: int, queued_tokens: int, queued_pairs: float,
+                    queued_cached_pairs: float, directory: bool) -> WorkerState:
+    """Merges a worker's load with this router's own counts of it.
+
+    NOTE: load reports lag; what this router sent and has not seen finish is a lower bound on the queue.
+
+    Args:
+        reported: the worker with its last reported load (directory mode) or with none (fallback).
+        num_outstanding: requests this router sent there and has not seen finish.
+        queued_tokens, queued_pairs, queued_cached_pairs: the sums of `QueuedWork` of those not started.
+        directory: True: raise the reported load to the router's counts; False: the router's counts alone.
+    Returns:
+        the worker as the ranking sees it.
+    """
+    if not directory:
+        return WorkerState(reported.worker_id, reported.page_size, num_outstanding, 0, queued_tokens, queued_pairs,
+                           queued_cached_pairs)
+    return WorkerState(reported.worker_id, reported.page_size, reported.num_running,
+                       max(reported.num_waiting, num_outstanding - reported.num_running),
+                       max(reported.num_waiting_tokens, queued_tokens), queued_pairs, queued_cached_pairs)
 
 
 def _load(w: WorkerState) -> int:
@@ -161,9 +205,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     req = RequestView(0, prompt_len, cached_len=cached, inflight=tuple(inflight))
     policy = ExpectedTtftRouter(model, model.profile.kv_bytes_per_token, allow_pull=False)
     options = policy.options(req, views, now)
-    # NOTE: the same key as ExpectedTtftRouter.route, so ranked[0] is exactly its choice.
-    options.sort(key=lambda r: (round(r.expected_ttft_s, 9), views[r.worker_id].num_running
-                                + views[r.worker_id].num_waiting, r.worker_id))
+    # NOTE: the key ExpectedTtftRouter.route picks by, so ranked[0] is exactly its choice.
+    options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views))
     first = options[0]
     return Decision(tuple(order[r.worker_id].worker_id for r in options),
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],

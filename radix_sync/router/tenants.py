@@ -8,7 +8,7 @@ File format (JSON shown; TOML has the same shape, `[tenants.acme]` tables):
 A tenant without `namespace` gets its name as namespace. Keys are unique across tenants. The router sets the
 request's `cache_salt` to the namespace and drops any `cache_salt` / `extra_key` the client sent, so a client
 cannot reach another tenant's KV. Without a file everyone is the default namespace "" (`TenantTable.open()`).
-Called by `radix_sync.router.server` for every request.
+Called by `radix_sync.router.app` for every request.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@
 Batches (a list of texts or prompts) are routed by their first prompt. Multimodal content parts are reduced to
 their text parts: the ids may then differ from the worker's, which only costs routing quality, never
 correctness (the body is forwarded unchanged). The HF tokenizer is imported lazily (transformers pulls in torch
-when it is installed); `radix_sync` itself never imports it at module load. Called by `radix_sync.router.server`.
+when it is installed); `radix_sync` itself never imports it at module load. Called by `radix_sync.router.app`.
 """
 from __future__ import annotations
 

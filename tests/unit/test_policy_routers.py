@@ -96,3 +96,20 @@ def test_expected_ttft_counts_a_copy_in_flight():
     # without the copy in flight and without pulling, recomputing on w1 (1.1 s) beats waiting at w0 (10.1 s)
     route = router("expected_ttft", allow_pull=False).route(req(110, cached=(100, 0)), ws, 0.0)
     assert route == Route(1, expected_ttft_s=pytest.approx(1.1))
+
+
+def test_ttft_rank_key_orders_by_rounded_ttft_then_load_then_id():
+    from radix_sync.policy.routers import ttft_rank_key
+
+    ws = workers(3, w0=dict(num_running=2), w1=dict(num_waiting=1))
+    # within 1 ns the TTFTs tie: fewer outstanding first (w2: 0, w1: 1, w0: 2); a slower one last
+    keys = {i: ttft_rank_key(t, i, ws) for i, t in ((0, 1.0), (1, 1.0 + 1e-10), (2, 1.0 - 1e-10))}
+    assert sorted(keys, key=keys.get) == [2, 1, 0]
+    assert ttft_rank_key(0.5, 0, ws) < ttft_rank_key(0.6, 2, ws)
+    assert ttft_rank_key(1.0, 0, ws) == (1.0, 2, 0)
+    # the router picks the lowest key among its options
+    r = router("expected_ttft", allow_pull=False)
+    q = req(10, cached=(0, 0, 0))  # nothing cached: every worker 0.1 s plus its queue
+    opts = r.options(q, ws, 0.0)
+    best = min(opts, key=lambda o: ttft_rank_key(o.expected_ttft_s, o.worker_id, ws))
+    assert r.route(q, ws, 0.0) == best and best.worker_id == 2

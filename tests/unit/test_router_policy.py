@@ -12,7 +12,7 @@ COSTS = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_st
 
 
 def w(wid, running=0, waiting=0, waiting_tokens=0, page_size=16):
-    return WorkerState(wid, f"http://{wid}", page_size, running, waiting, waiting_tokens)
+    return WorkerState(wid, page_size, running, waiting, waiting_tokens)
 
 
 def rank(workers, matched, copies=(), prompt_len=100, ns="", costs=COSTS):
@@ -137,7 +137,7 @@ def test_a_backend_that_recomputes_the_cached_prefix_prices_hits_and_queued_hits
     d = rank_by_ttft([w("a"), w("b")], {"a": 80}, (), 100, "", 0.0, model)
     assert d.ranked == ("a", "b") and d.expected_ttft_s == pytest.approx((0.2 + 3240e-6, 1.0))
     # two hits queued at a, each recomputing attention over 1,000 cached tokens (0.5 s each): b wins now
-    busy = WorkerState("a", "http://a", 16, 0, 2, 40, num_waiting_pairs=0.0, num_waiting_cached_pairs=2 * 500500)
+    busy = WorkerState("a", 16, 0, 2, 40, num_waiting_pairs=0.0, num_waiting_cached_pairs=2 * 500500)
     d = rank_by_ttft([busy, w("b")], {"a": 80}, (), 100, "", 0.0, model)
     assert d.ranked == ("b", "a")
     assert d.expected_ttft_s[1] == pytest.approx(0.4 + 2 * 0.5005 + 0.2 + 3240e-6)

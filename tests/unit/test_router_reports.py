@@ -6,7 +6,7 @@ import aiohttp
 from aiohttp import web
 
 from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
-from radix_sync.router.server import finish_reason
+from radix_sync.router.proxy import finish_reason
 from tests.util import serve_app
 
 

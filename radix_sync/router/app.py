@@ -1,0 +1,181 @@
+"""The router's HTTP app (aiohttp): SGLang's native and OpenAI endpoints, the router's own, and `serve`.
+
+Each handler is the HTTP edge of one call on the `Router` (`radix_sync.router.service`): the tenant from the API
+key (401 if unknown), the JSON body (400 if bad), the prompt's token ids (`tokenize`), then the router decides
+and forwards. Run by `kvrep router` (`radix_sync.cli`), or in-process with `build_app` (tests,
+`scripts/bench_router.py`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Optional
+
+import aiohttp
+from aiohttp import web
+
+from radix_sync.fastjson import loads as _loads
+from radix_sync.router.config import RouterConfig
+from radix_sync.router.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from radix_sync.router.proxy import NoWorker
+from radix_sync.router.service import Router
+from radix_sync.router.tenants import Tenant, TenantTable, Unauthorized, apply_namespace
+from radix_sync.router.tokenize import BadRequest, PromptTokenizer
+
+log = logging.getLogger("kvrep.router")
+
+ROUTER_KEY = web.AppKey("router", Router)
+
+
+def _router(request: web.Request) -> Router:
+    return request.app[ROUTER_KEY]
+
+
+def _tenant(request: web.Request) -> Tenant:
+    r = _router(request)
+    try:
+        return r.tenants.resolve(request.headers.get("Authorization"), request.headers.get("x-api-key"))
+    except Unauthorized as exc:
+        r.metrics.unauthorized.inc()
+        raise web.HTTPUnauthorized(text=json.dumps({"error": str(exc)}), content_type="application/json") from None
+
+
+async def _json_body(request: web.Request) -> dict:
+    try:
+        body = _loads(await request.read())
+    except ValueError:  # json.JSONDecodeError and orjson.JSONDecodeError are ValueErrors
+        raise web.HTTPBadRequest(text=json.dumps({"error": "body is not JSON"}), content_type="application/json")
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"error": "body must be a JSON object"}),
+                                 content_type="application/json")
+    return body
+
+
+def _prompt_ids(r: Router, endpoint: str, body: dict) -> list[int]:
+    try:
+        if r.tokenizer is not None:
+            return r.tokenizer.prompt_ids(endpoint, body)
+        ids = body.get("input_ids") if endpoint == "generate" else body.get("prompt")
+        if isinstance(ids, list) and ids and isinstance(ids[0], int):
+            return ids
+        return []  # no tokenizer: routed by load only
+    except BadRequest as exc:
+        raise web.HTTPBadRequest(text=json.dumps({"error": str(exc)}), content_type="application/json") from None
+
+
+def _proxy_handler(endpoint: str):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        r = _router(request)
+        tenant = _tenant(request)
+        body = await _json_body(request)
+        t0 = time.perf_counter()
+        ids = _prompt_ids(r, endpoint, body)
+        try:
+            decision, hashes, hash_page_size = await r.decide(ids, tenant.namespace)
+            decision_s = time.perf_counter() - t0
+            r.metrics.decision_seconds.observe(decision_s)
+            resp = await r.forward(request, request.path, apply_namespace(body, tenant), decision, endpoint, ids,
+                                   hashes, tenant, hash_page_size)
+            if not resp.prepared:  # streams have sent their headers already
+                resp.headers["x-kvrep-decision-us"] = str(int(decision_s * 1e6))
+            return resp
+        except NoWorker as exc:
+            r.metrics.no_worker.inc()
+            return web.json_response({"error": str(exc)}, status=503)
+        except asyncio.TimeoutError:
+            return web.json_response({"error": "worker timed out"}, status=504)
+        except aiohttp.ClientError as exc:  # the worker failed after it started answering: no failover
+            log.warning("worker failed mid-answer: %s: %s", type(exc).__name__, exc)
+            return web.json_response({"error": f"upstream worker failed mid-answer: {type(exc).__name__}"},
+                                     status=502)
+    return handler
+
+
+def _passthrough(method: str, path: str):
+    async def handler(request: web.Request) -> web.Response:
+        _tenant(request)
+        try:
+            return await _router(request).any_worker(request, method, path)
+        except NoWorker as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+    return handler
+
+
+async def _flush_cache(request: web.Request) -> web.Response:
+    _tenant(request)
+    return await _router(request).fan_out(request, "/flush_cache")
+
+
+async def _health(request: web.Request) -> web.Response:
+    r = _router(request)
+    await r.refresh_workers()
+    ok = bool(r.pool.known)
+    return web.json_response({"ok": ok, "num_workers": len(r.pool.known)}, status=200 if ok else 503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=_router(request).metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def _status(request: web.Request) -> web.Response:
+    return web.json_response(_router(request).status())
+
+
+async def _hints(request: web.Request) -> web.Response:
+    r = _router(request)
+    tenant = _tenant(request)
+    body = await _json_body(request)
+    if r.link is None:
+        return web.json_response({"error": "no coordinator configured"}, status=503)
+    endpoint = "chat" if "messages" in body else "generate"
+    ids = _prompt_ids(r, endpoint, body)
+    if not ids:
+        return web.json_response({"error": "hint needs input_ids, text or messages (text needs a tokenizer)"},
+                                 status=400)
+    hint = {k: body[k] for k in ("kind", "k", "ttl_s", "delay_s") if k in body}
+    hint.update(input_ids=ids, cache_salt=tenant.namespace)
+    status, answer = await r.link.hint(hint)
+    return web.json_response(answer, status=status)
+
+
+def build_app(cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None,
+              tenants: Optional[TenantTable] = None) -> web.Application:
+    """Returns: the aiohttp application (its router is `app[ROUTER_KEY]`)."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    router = Router(cfg, tokenizer, tenants)
+    app[ROUTER_KEY] = router
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.stop)
+    for path, endpoint in (("/generate", "generate"), ("/v1/completions", "completions"),
+                           ("/v1/chat/completions", "chat")):
+        app.router.add_post(path, _proxy_handler(endpoint))
+    for path in ("/v1/models", "/model_info", "/server_info", "/get_model_info", "/get_server_info"):
+        app.router.add_get(path, _passthrough("GET", path))
+    app.router.add_route("*", "/flush_cache", _flush_cache)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/kvrep/status", _status)
+    app.router.add_post("/kvrep/hints", _hints)
+    return app
+
+
+async def serve(cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None) -> None:
+    """Runs the router until SIGTERM or SIGINT, then lets in-flight requests finish (`shutdown_timeout_s`)."""
+    import signal
+
+    app = build_app(cfg, tokenizer)
+    runner = web.AppRunner(app, shutdown_timeout=cfg.shutdown_timeout_s, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"kvrep router: listening on http://{cfg.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: waiting up to %gs for in-flight requests", cfg.shutdown_timeout_s)
+    await runner.cleanup()

@@ -1,0 +1,165 @@
+"""The router's workers: who they are, which are up, and what this router has sent them.
+
+One id per worker throughout the router: its base URL (no trailing slash). Rankings, counters, cool-downs and the
+router's own view are keyed by it. The coordinator names workers by its own ids; they are kept here
+(`coordinator_ids`) and translated at the boundary only: a directory answer and the copies in flight on the way
+in (`by_url`, `copies_by_url`), the reports on the way out (`report_id`).
+
+Owned by `radix_sync.router.service.Router`; runs on its event loop (no locks). Reads no clock: callers pass `now`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable, Mapping, Optional, Sequence
+
+from radix_sync.router.policy import CopyInFlight, QueuedWork, WorkerState, queued_work, with_local_load
+
+
+class _Queued:
+    """The sums of `QueuedWork` of one worker's requests sent and not started."""
+
+    __slots__ = ("num_tokens", "attn_pairs", "cached_pairs")
+
+    def __init__(self) -> None:
+        self.num_tokens = 0
+        self.attn_pairs = 0.0
+        self.cached_pairs = 0.0
+
+    def add(self, work: QueuedWork, sign: int) -> None:
+        self.num_tokens += sign * work.num_tokens
+        self.attn_pairs += sign * work.attn_pairs
+        self.cached_pairs += sign * work.cached_pairs
+        if self.num_tokens == 0:
+            self.attn_pairs = self.cached_pairs = 0.0  # no float drift
+
+
+class WorkerPool:
+    """The workers to route to: the static ones, plus every worker the coordinator ever listed.
+
+    Args:
+        static_urls: the `--worker` URLs (kept whatever the coordinator says).
+        page_size: the page size of a worker until the coordinator reports its own.
+        cooldown_s: how long a worker that refused a connection is tried last, s.
+    """
+
+    def __init__(self, static_urls: Sequence[str], page_size: int, cooldown_s: float) -> None:
+        self.default_page_size = page_size
+        self.cooldown_s = cooldown_s
+        self.known: dict[str, WorkerState] = {u.rstrip("/"): WorkerState(u.rstrip("/"), page_size)
+                                              for u in static_urls}
+        """url -> worker (no load), as last heard of."""
+        self.static_urls = frozenset(self.known)
+        self.listed: Optional[frozenset[str]] = None
+        """Urls in the coordinator's last /workers answer (None before the first)."""
+        self.coordinator_ids: dict[str, str] = {}
+        """url -> the coordinator's id of the worker."""
+        self._url_of: dict[str, str] = {}
+        """coordinator id -> url (the inverse of `coordinator_ids`, rebuilt when it changes)."""
+        self.outstanding: dict[str, int] = defaultdict(int)
+        """url -> requests sent and not finished."""
+        self._queued: dict[str, _Queued] = defaultdict(_Queued)
+        self.down_until: dict[str, float] = {}
+        """url -> end of its cool-down."""
+
+    # ---------------------------------------------------------------------------------------------- membership
+    def sync(self, workers: Iterable[dict]) -> dict[str, WorkerState]:
+        """Merges the coordinator's /workers answer into `known`.
+
+        Returns:
+            url -> the worker with its reported load, for the workers of this answer.
+        """
+        out = {}
+        changed = False
+        for w in workers:
+            url = (w.get("url") or "").rstrip("/")
+            if not url:
+                continue
+            load = w.get("load") or {}
+            st = WorkerState(url, int(w.get("page_size") or self.default_page_size),
+                             int(load.get("num_running_reqs", 0)), int(load.get("num_waiting_reqs", 0)),
+                             int(load.get("num_waiting_tokens", 0)))
+            self.known[url] = WorkerState(url, st.page_size)
+            cid = str(w.get("id"))
+            if self.coordinator_ids.get(url) != cid:
+                self.coordinator_ids[url] = cid
+                changed = True
+            out[url] = st
+        if changed:
+            self._url_of = {cid: u for u, cid in self.coordinator_ids.items()}
+        self.listed = frozenset(out)
+        return out
+
+    def unidentified(self) -> bool:
+        """Returns: whether a known worker has no coordinator id yet (its directory matches would read as 0)."""
+        return any(u not in self.coordinator_ids for u in self.known)
+
+    def serving(self, coordinator_reachable: bool) -> list[str]:
+        """The workers to serve from: while the coordinator answers, a worker it no longer lists (it went silent:
+        dead, or cut off) is left out unless it is a static one or nothing else is left; with the coordinator
+        down (or restarted and not yet told) every known worker stays."""
+        pool = list(self.known)
+        if self.listed and coordinator_reachable:
+            pool = [u for u in pool if u in self.listed or u in self.static_urls] or pool
+        return pool
+
+    def candidates(self, now: float, coordinator_reachable: bool) -> list[str]:
+        """Workers `serving` not in cool-down (all of them if every one is)."""
+        pool = self.serving(coordinator_reachable)
+        up = [u for u in pool if self.down_until.get(u, 0.0) <= now]
+        return up or pool
+
+    def mark_down(self, url: str, now: float) -> None:
+        """Puts a worker that refused a connection in cool-down."""
+        self.down_until[url] = now + self.cooldown_s
+
+    def page_size(self, url: str, default: int) -> int:
+        """Returns: the worker's page size (`default` for a worker not known)."""
+        w = self.known.get(url)
+        return w.page_size if w is not None else default
+
+    # ------------------------------------------------------------------------- the coordinator's ids, translated
+    def by_url(self, matched: Mapping[str, int]) -> dict[str, int]:
+        """Returns: a directory answer (coordinator id -> tokens held) keyed by url."""
+        return {u: matched.get(cid, 0) for u, cid in self.coordinator_ids.items()}
+
+    def copies_by_url(self, copies: Iterable[CopyInFlight]) -> list[CopyInFlight]:
+        """Returns: the copies in flight between workers this router knows, their ends named by url."""
+        url_of = self._url_of
+        return [CopyInFlight(url_of[c.source], url_of[c.target], c.namespace, c.num_tokens)
+                for c in copies if c.source in url_of and c.target in url_of]
+
+    def report_id(self, url: str) -> str:
+        """Returns: the coordinator's id of the worker (its url when the coordinator has not listed it)."""
+        return self.coordinator_ids.get(url, url)
+
+    # ----------------------------------------------------------------------------------------- local accounting
+    def with_local_load(self, st: WorkerState, directory: bool) -> WorkerState:
+        """Returns: `st` merged with this router's counts of its worker (`policy.with_local_load`)."""
+        q = self._queued[st.worker_id]
+        return with_local_load(st, self.outstanding[st.worker_id], q.num_tokens, q.attn_pairs, q.cached_pairs,
+                               directory)
+
+    def queue(self, url: str, uncached: int, cached: int):
+        """Counts a request's prefill work as headed for `url` and not started.
+
+        Returns:
+            the (idempotent) call that stops counting it.
+        """
+        work = queued_work(uncached, cached)
+        q = self._queued[url]
+        q.add(work, +1)
+        done = []
+
+        def unqueue() -> None:
+            if not done:
+                done.append(True)
+                q.add(work, -1)
+        return unqueue
+
+    def status(self, now: float) -> list[dict]:
+        """Returns: per known worker, what `/kvrep/status` shows of it."""
+        return [{"url": u, "id": self.coordinator_ids.get(u), "page_size": w.page_size,
+                 "listed": None if self.listed is None else (u in self.listed),
+                 "outstanding": self.outstanding[u],
+                 "cooldown_s": round(max(0.0, self.down_until.get(u, 0.0) - now), 3)}
+                for u, w in self.known.items()]

@@ -1,0 +1,248 @@
+"""The router service: one request's way through the router, and what it tells the coordinator.
+
+Per request: a ranked decision (`policy.rank_by_ttft` on the coordinator's directory, matched against the local
+mirror of it or asked per request, or `ApproxPrefixIndex.rank` when the coordinator is unreachable), then the
+`Proxy` sends the body to the first choice and fails over down the ranking. The arrival, and the end of the answer
+(with how it ended: the session-continuation signal), are reported to the coordinator in the background.
+
+`Router` owns the parts: the `WorkerPool` (workers by URL, the one id), the `Proxy` (upstream connections), the
+`CoordinatorLink`, the `DirectoryReplica`, the router's own `ApproxPrefixIndex`, the cost model and the metrics.
+Built by `radix_sync.router.app.build_app`, which maps HTTP routes onto it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Optional
+
+import aiohttp
+from aiohttp import web
+
+from radix_sync.hashing import page_hashes
+from radix_sync.router.config import RouterConfig
+from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
+from radix_sync.router.directory_replica import DirectoryReplica
+from radix_sync.router.metrics import RouterMetrics
+from radix_sync.router.policy import ApproxPrefixIndex, Decision, cost_model, rank_by_ttft
+from radix_sync.router.pool import WorkerPool
+from radix_sync.router.proxy import NoWorker, Proxy
+from radix_sync.router.tenants import Tenant, TenantTable
+from radix_sync.router.tokenize import PromptTokenizer
+
+log = logging.getLogger("kvrep.router")
+
+
+class Router:
+    """Decides, forwards through the `Proxy`, reports; one per router process (or per `build_app`)."""
+
+    def __init__(self, cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None,
+                 tenants: Optional[TenantTable] = None) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.tenants = tenants or (TenantTable.load(cfg.tenants_path) if cfg.tenants_path else TenantTable.open())
+        self.link: Optional[CoordinatorLink] = None
+        self.metrics = RouterMetrics(lambda: self.link.num_arrivals_dropped if self.link is not None else 0)
+        self.index = ApproxPrefixIndex()
+        if cfg.profile:
+            from radix_sync.policy.cost import CostModel, load_profile
+            self.model = CostModel(load_profile(cfg.profile))
+        else:
+            self.model = cost_model(cfg.costs)
+        self.pool = WorkerPool(cfg.worker_urls, cfg.page_size, cfg.worker_cooldown_s)
+        self.proxy = Proxy(cfg, self.pool, self.metrics)
+        self.replica: Optional[DirectoryReplica] = None
+        """The coordinator's holdings, mirrored from its change feed (None: ask it per request)."""
+        self._tasks: list[asyncio.Task] = []
+        self.decisions: deque = deque(maxlen=256)
+
+    # --------------------------------------------------------------------------------------------- lifecycle
+    async def start(self, app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.cfg.max_connections_per_worker,
+                                         enable_cleanup_closed=True)
+        self.proxy.session = session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        if self.cfg.coordinator_url:
+            self.link = CoordinatorLink(LinkConfig(self.cfg.coordinator_url.rstrip("/"),
+                                                   timeout_s=self.cfg.coordinator_timeout_s), session)
+            self._tasks.append(asyncio.create_task(self.link.run_arrivals()))
+            if self.cfg.directory_feed:
+                self.replica = DirectoryReplica()
+                self._tasks.append(asyncio.create_task(self.link.run_directory_feed(self.replica)))
+            await self.refresh_workers()
+        if self.cfg.tokenizer == "auto" and self.tokenizer is None:
+            self._tasks.append(asyncio.create_task(self._load_tokenizer_from_worker()))
+
+    async def stop(self, app: web.Application) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.link is not None:
+            await self.link.flush_arrivals()
+        if self.proxy.session is not None:
+            await self.proxy.session.close()
+
+    async def _load_tokenizer_from_worker(self) -> None:
+        for url in self.candidates():
+            try:
+                async with self.proxy.session.get(url + "/model_info", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    info = await r.json(content_type=None)
+                path = info.get("tokenizer_path") or info.get("model_path")
+                self.tokenizer = await asyncio.get_running_loop().run_in_executor(
+                    None, PromptTokenizer.from_pretrained, path)
+                log.info("tokenizer loaded from %s (reported by %s)", path, url)
+                return
+            except Exception as exc:  # noqa: BLE001 - try the next worker; text is routed by load meanwhile
+                log.warning("no tokenizer from %s: %s", url, exc)
+        log.warning("no tokenizer: text prompts are routed by load only (give --tokenizer)")
+
+    # ------------------------------------------------------------------------------------------------ workers
+    def _coordinator_reachable(self) -> bool:
+        return self.link is not None and self.link.reachable
+
+    async def refresh_workers(self) -> None:
+        """Learns the coordinator's workers (if it is reachable) without routing anything."""
+        if self.link is not None:
+            state = await self.link.cluster_state()
+            if state is not None:
+                self.pool.sync(state.workers)
+
+    def serving(self) -> list[str]:
+        """Returns: the workers to serve from (`WorkerPool.serving`)."""
+        return self.pool.serving(self._coordinator_reachable())
+
+    def candidates(self) -> list[str]:
+        """Returns: the workers to serve from not in cool-down (`WorkerPool.candidates`)."""
+        return self.pool.candidates(time.monotonic(), self._coordinator_reachable())
+
+    # ----------------------------------------------------------------------------------------------- deciding
+    async def decide(self, ids: list[int], namespace: str) -> tuple[Decision, list[int], int]:
+        """Ranks the candidate workers for a prompt.
+
+        Returns:
+            the decision, the prompt's page hashes (for the router's own view) and their page size.
+        """
+        pool = self.pool
+        state = await self.link.cluster_state() if self.link is not None else None
+        reported = pool.sync(state.workers) if state is not None else {}
+        if state is not None and pool.unidentified():
+            # a worker we route to is missing from the (cached) coordinator view: without its id its directory
+            # matches would read as 0, so refresh once before deciding
+            state = await self.link.cluster_state(force=True)
+            reported = pool.sync(state.workers) if state is not None else {}
+        cands = self.candidates()
+        if not cands:
+            raise NoWorker("no worker known")
+        page_size = min(pool.known[u].page_size for u in cands)
+        hashes = page_hashes(ids, page_size, namespace)
+        matched = None
+        if state is not None and ids:
+            same = all(pool.known[u].page_size == page_size for u in cands)
+            replica = self.replica
+            if same and replica is not None and replica.usable():
+                # NOTE: the local mirror of the directory: no call per request (the coordinator's admin API
+                # cannot answer ~1,000 lookups/s on a small machine); at most a long poll's delivery behind
+                matched = {wid: pages * page_size for wid, pages in replica.match(hashes).items()}
+            else:
+                matched = await self.link.lookup(ids, namespace, (hashes, page_size) if same and hashes else None)
+        if matched is not None:
+            workers = [pool.with_local_load(reported.get(u, pool.known[u]), True) for u in cands]
+            decision = rank_by_ttft(workers, pool.by_url(matched), pool.copies_by_url(state.copies), len(ids),
+                                    namespace, time.monotonic(), self.model)
+        else:
+            workers = [pool.with_local_load(pool.known[u], False) for u in cands]
+            decision = self.index.rank(workers, hashes, len(ids))
+            self.metrics.fallback_decisions.inc()
+        return decision, hashes, page_size
+
+    async def _wait_for_copy(self, url: str) -> None:
+        """Holds a request (bounded) until the copy in flight to `url` is no longer pending/running."""
+        cid = self.pool.coordinator_ids.get(url)
+        deadline = time.monotonic() + self.cfg.max_wait_inflight_s
+        while time.monotonic() < deadline and self.link is not None:
+            state = await self.link.cluster_state()
+            if state is None or not any(c.target == cid for c in state.copies):
+                return
+            await asyncio.sleep(0.02)
+
+    # --------------------------------------------------------------------------------------------- forwarding
+    async def forward(self, request: web.Request, path: str, body: dict, decision: Decision, endpoint: str,
+                      ids: list[int], hashes: list[int], tenant: Tenant,
+                      hash_page_size: int = 0) -> web.StreamResponse:
+        """Forwards a decided request (`Proxy.forward`), recording and reporting where it went and how it ended."""
+        def dispatched(url: str, attempt: int) -> None:
+            self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size)
+
+        def finished(url: str, stop: Optional[str]) -> None:
+            self._on_finished(url, ids, hashes, hash_page_size, tenant, stop)
+
+        return await self.proxy.forward(request, path, body, decision, len(ids), self._wait_for_copy, dispatched,
+                                        finished)
+
+    async def any_worker(self, request: web.Request, method: str, path: str) -> web.Response:
+        """Proxies a read-only call (models, server info) to the first worker that answers."""
+        return await self.proxy.any_worker(request, method, path, self.candidates())
+
+    async def fan_out(self, request: web.Request, path: str) -> web.Response:
+        """Sends a call to every known worker; 200 only if all answered 200. Clears the router's own view."""
+        await self.refresh_workers()
+        results = await self.proxy.fan_out(request, path, self.serving())
+        self.index = ApproxPrefixIndex(self.index.cfg)
+        ok = bool(results) and all(s == 200 for _, s, _ in results)
+        return web.json_response({"success": ok, "workers": {u: {"status": s, "body": b} for u, s, b in results}},
+                                 status=200 if ok else 500)
+
+    # ---------------------------------------------------------------------------------------------- reporting
+    def _on_dispatched(self, url: str, endpoint: str, decision: Decision, ids: list[int], hashes: list[int],
+                       tenant: Tenant, body: dict, attempt: int, hash_page_size: int = 0) -> None:
+        now = time.monotonic()
+        self.index.observe(url, hashes, self.pool.page_size(url, self.cfg.page_size), now)
+        self.metrics.requests.labels(url, endpoint, decision.mode).inc()
+        if attempt:
+            self.metrics.failovers.inc()
+        self.decisions.append({"time_s": round(now, 3), "endpoint": endpoint, "tenant": tenant.name,
+                               "prompt_len": len(ids), "mode": decision.mode, "worker": url, "attempt": attempt,
+                               "ranked": list(decision.ranked),
+                               "expected_ttft_s": [round(t, 6) for t in decision.expected_ttft_s],
+                               "cached_by_worker": list(decision.cached_by_worker),
+                               "cached_tokens": decision.cached_tokens if attempt == 0 else None})
+        if self.link is not None and ids:
+            item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "prompt_len": len(ids)}
+            session_id = body.get("session_id") or body.get("user")
+            if isinstance(session_id, str):
+                item["session_id"] = session_id
+            self.link.report_arrival(item)
+
+    def _report_fields(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int,
+                       tenant: Tenant) -> dict:
+        """What an arrival or finish report says of a request: its prompt as page hashes when they were computed
+        at this worker's page size (the coordinator needs not rehash them), else as token ids."""
+        item: dict = {"cache_salt": tenant.namespace, "worker": self.pool.report_id(url), "class": tenant.name}
+        page_size = self.pool.page_size(url, 0)
+        if hashes and page_size == hash_page_size:
+            item.update(page_hashes=hashes, page_size=page_size)
+        else:
+            item["input_ids"] = ids
+        return item
+
+    def _on_finished(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int, tenant: Tenant,
+                     stop: Optional[str]) -> None:
+        """Reports an answer's end and how it ended, so the coordinator can predict the session's next turn."""
+        if self.link is not None and ids:
+            self.link.report_finish({**self._report_fields(url, ids, hashes, hash_page_size, tenant), "stop": stop})
+
+    def status(self) -> dict:
+        """Returns: what `/kvrep/status` shows: the coordinator link, the workers, the last decisions."""
+        link = self.link
+        return {
+            "coordinator": None if link is None else {
+                "url": link.cfg.url, "reachable": link.reachable, "last_error": link.last_error,
+                "arrivals_sent": link.num_arrivals_sent, "arrivals_dropped": link.num_arrivals_dropped,
+                "finishes_sent": link.num_finishes_sent, "finishes_dropped": link.num_finishes_dropped,
+                "lookups_shed": link.num_lookups_shed,
+                "directory_replica": None if self.replica is None else self.replica.status()},
+            "tokenizer": self.tokenizer is not None,
+            "tenants": self.tenants.namespaces() if self.tenants.required else None,
+            "workers": self.pool.status(time.monotonic()),
+            "last_decisions": list(self.decisions),
+        }
