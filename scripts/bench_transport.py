@@ -5,7 +5,7 @@ rank (32 layers, 8 KV heads, head_dim 128, bf16, page size 16), 128 KiB per toke
 
   raw    source `sendall`s the payload; target `recv_into`s a pre-faulted buffer and acks: the loopback ceiling.
   kvrep  the data plane's own code on both ends: the source sends the header and page chunks with
-         `dataplane.chunk_frames` (per-chunk xxh64, zero-copy frames, the agent's send-queue bound); the target
+         `dataplane.wire.chunk_frames` (per-chunk xxh64, zero-copy frames, the agent's send-queue bound); the target
          runs the agent's receive path: `check_header`, a staging buffer from `StagingPool` (reused across
          transfers, as in the agent), `Incoming.add_chunk` (verify + stage every chunk), `Incoming.finish`, then
          `TransferAccepted`. The scheduler-side gather/scatter is not included (see docs/kernels.md).
@@ -32,8 +32,9 @@ import torch  # noqa: E402
 import zmq  # noqa: E402
 
 from radix_sync import protocol as p  # noqa: E402
-from sglang_kvrep.dataplane import (Incoming, LocalGeometry, StagingPool, check_header,  # noqa: E402
-                                    chunk_frames)
+from sglang_kvrep.dataplane.checks import LocalGeometry, check_header  # noqa: E402
+from sglang_kvrep.dataplane.staging import Incoming, StagingPool  # noqa: E402
+from sglang_kvrep.dataplane.wire import chunk_frames  # noqa: E402
 
 PAGE_SIZE, NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 16, 32, 8, 128
 GEOMETRY = LocalGeometry(fingerprint="bench", page_size=PAGE_SIZE, dtype="torch.bfloat16", layout="NHD",

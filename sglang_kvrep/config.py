@@ -1,10 +1,16 @@
 """The extension's configuration: the flags it adds to `sglang.launch_server` / `sglang serve`, parsed into a
-frozen dataclass that travels to the scheduler process on `server_args._kvrep_config`."""
+frozen dataclass that travels to the scheduler process on SGLang's `ServerArgs` (see `sglang_kvrep.compat`).
+
+The dataclass is the one place each setting is written: its default, type and docstring make the flag
+(`--kvrep-<field>`, its default and its help); a few fields have no flag (`_NO_FLAG`).
+"""
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import Field, asdict, dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -30,11 +36,13 @@ class KvrepConfig:
     send_rate_mbps: float = 0.0
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
     transport: str = "zmq"
-    """Name of the data-plane implementation (`sglang_kvrep.transport` registry)."""
+    """Name of the data-plane implementation (`sglang_kvrep.dataplane.registry`)."""
     load_interval_s: float = 0.2
     """How often the scheduler thread reports its load."""
     shadow: bool = False
     """Publish facts but refuse to execute replication commands."""
+    inner_kv_events: str = ""
+    """The user's own `--kv-events-config` publisher (JSON), which ours forwards every batch to; "" for none."""
 
     def __post_init__(self) -> None:
         if not self.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
@@ -54,7 +62,7 @@ class KvrepConfig:
             raise ValueError(f"--kvrep-send-rate-mbps must be >= 0, got {self.send_rate_mbps}")
         # NOTE: imported here, not at the top: the registry pulls in torch and zmq, which only the processes that
         # build a config need (the launcher and the scheduler, where sglang has loaded them anyway).
-        from sglang_kvrep.transport import check_transport_name
+        from sglang_kvrep.dataplane.registry import check_transport_name
 
         try:
             check_transport_name(self.transport)
@@ -69,45 +77,59 @@ class KvrepConfig:
         return cls(**json.loads(text))
 
 
+_NO_FLAG = ("load_interval_s", "inner_kv_events")
+"""Fields without a flag: a tuning constant, and one the plugin derives from SGLang's own `--kv-events-config`."""
+_DEFAULT_FROM_HOST = ("data_host",)
+"""Flags whose default is SGLang's `--host` rather than the field's default."""
+
+
+def _flag_fields() -> list[Field]:
+    return [f for f in fields(KvrepConfig) if f.name not in _NO_FLAG]
+
+
+def _field_docs() -> dict[str, str]:
+    """Each field's docstring (the string under it), used as its flag's help."""
+    try:
+        cls = ast.parse(inspect.getsource(KvrepConfig)).body[0]
+    except (OSError, TypeError, IndexError):  # no source (a frozen install): flags without help
+        return {}
+    docs = {}
+    for prev, node in zip(cls.body, cls.body[1:]):
+        if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr) \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            docs[prev.target.id] = " ".join(node.value.value.split()).replace("%", "%%")
+    return docs
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     if any("--enable-kv-replication" in a.option_strings for a in parser._actions):
         return  # idempotent: the hook may run twice in one process
     g = parser.add_argument_group("KV replication (sglang-kvrep)")
     g.add_argument("--enable-kv-replication", action="store_true",
                    help="Join a kvrep cluster: publish cache facts and execute KV replication commands.")
-    g.add_argument("--kvrep-coordinator", default=KvrepConfig.coordinator, help="coordinator ZMQ endpoint")
-    g.add_argument("--kvrep-worker-id", default="", help="worker name (default host:port)")
-    g.add_argument("--kvrep-http-url", default="", help="advertised HTTP URL (default http://host:port)")
-    g.add_argument("--kvrep-data-host", default=None, help="data-plane bind/advertise address (default --host)")
-    g.add_argument("--kvrep-data-port", type=int, default=0, help="data-plane port (0: any free port)")
-    g.add_argument("--kvrep-replica-budget-tokens", type=int, default=0,
-                   help="max tokens held as replicas (0: a quarter of the KV pool)")
-    g.add_argument("--kvrep-transfer-timeout-s", type=float, default=KvrepConfig.transfer_timeout_s)
-    g.add_argument("--kvrep-chunk-bytes", type=int, default=KvrepConfig.chunk_bytes)
-    g.add_argument("--kvrep-staging-bytes", type=int, default=KvrepConfig.staging_bytes,
-                   help="receive buffers kept for reuse")
-    g.add_argument("--kvrep-send-rate-mbps", type=float, default=0.0, help="cap on outgoing replication MB/s")
-    g.add_argument("--kvrep-transport", default=KvrepConfig.transport,
-                   help="data-plane transport between workers (default zmq)")
-    g.add_argument("--kvrep-shadow", action="store_true", help="publish facts, never copy pages")
+    docs = _field_docs()
+    for f in _flag_fields():
+        flag = "--kvrep-" + f.name.replace("_", "-")
+        help_text = docs.get(f.name)
+        if isinstance(f.default, bool):
+            g.add_argument(flag, action="store_true", default=f.default, help=help_text)
+        elif f.name in _DEFAULT_FROM_HOST:
+            g.add_argument(flag, type=type(f.default), default=None, help=f"{help_text} (default: --host)")
+        else:
+            g.add_argument(flag, type=type(f.default), default=f.default, help=help_text)
 
 
-def from_namespace(ns: argparse.Namespace) -> KvrepConfig:
-    host = getattr(ns, "host", "127.0.0.1") or "127.0.0.1"
-    port = getattr(ns, "port", 30000)
+def from_namespace(ns: argparse.Namespace, *, host: str, port: int, inner_kv_events: str = "") -> KvrepConfig:
+    """The config from parsed flags; `host`/`port` are SGLang's `--host`/`--port` (the defaults of the worker's
+    name, URL and data host).
+
+    Raises:
+        ValueError: a bad value (see `KvrepConfig`).
+    """
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    return KvrepConfig(
-        coordinator=ns.kvrep_coordinator,
-        worker_id=ns.kvrep_worker_id or f"{host}:{port}",
-        http_url=ns.kvrep_http_url or f"http://{host}:{port}",
-        data_host=ns.kvrep_data_host or host,
-        data_port=ns.kvrep_data_port,
-        replica_budget_tokens=ns.kvrep_replica_budget_tokens,
-        transfer_timeout_s=ns.kvrep_transfer_timeout_s,
-        chunk_bytes=ns.kvrep_chunk_bytes,
-        staging_bytes=ns.kvrep_staging_bytes,
-        send_rate_mbps=ns.kvrep_send_rate_mbps,
-        transport=ns.kvrep_transport,
-        shadow=ns.kvrep_shadow,
-    )
+    values = {f.name: getattr(ns, "kvrep_" + f.name) for f in _flag_fields()}
+    values["worker_id"] = values["worker_id"] or f"{host}:{port}"
+    values["http_url"] = values["http_url"] or f"http://{host}:{port}"
+    values["data_host"] = values["data_host"] or host
+    return KvrepConfig(**values, inner_kv_events=inner_kv_events)

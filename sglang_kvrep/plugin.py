@@ -9,18 +9,14 @@ logged and the agent disables itself, leaving a plain SGLang worker.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
-import os
 
 from sglang_kvrep import compat
 from sglang_kvrep.config import KvrepConfig, add_cli_args, from_namespace
 
 log = logging.getLogger("kvrep.plugin")
 
-CONFIG_ATTR = "_kvrep_config"
-INNER_PUBLISHER_ENV = "KVREP_INNER_KV_EVENTS"
 _agent = None  # the WorkerAgent of this scheduler process, if any
 
 
@@ -61,22 +57,24 @@ def arrange_server_flags(ns: argparse.Namespace) -> KvrepConfig:
         KvrepFlagConflict: a flag the user set explicitly conflicts with replication.
         ValueError: a bad --kvrep-* value.
     """
-    if getattr(ns, "disable_radix_cache", False):
+    flags = compat.read_launch_flags(ns)
+    if flags.disable_radix_cache:
         raise KvrepFlagConflict("--disable-radix-cache leaves nothing to replicate")
-    if getattr(ns, "enable_priority_scheduling", False):
+    if flags.enable_priority_scheduling:
         raise KvrepFlagConflict("--enable-priority-scheduling gives requests priorities below the replicas' "
                                 "eviction priority; run without it")
-    for flag, attr in (("--tp-size", "tp_size"), ("--pp-size", "pp_size"), ("--dp-size", "dp_size")):
-        if (getattr(ns, attr, 1) or 1) > 1:
+    for flag, size in (("--tp-size", flags.tp_size), ("--pp-size", flags.pp_size), ("--dp-size", flags.dp_size)):
+        if size > 1:
             raise KvrepFlagConflict(f"{flag} > 1 is not supported yet (replica inserts must be mirrored per rank)")
-    policy = getattr(ns, "radix_eviction_policy", "lru")
+    policy = flags.radix_eviction_policy
     if policy != "priority":
-        if getattr(ns, "_radix_eviction_policy_explicitly_set", False):
+        if flags.radix_eviction_policy_explicit:
             raise KvrepFlagConflict(f"--radix-eviction-policy {policy} cannot evict replicas first; use priority "
                                     "(or leave the flag out and the extension sets it)")
-        ns.radix_eviction_policy = "priority"
-    user_events = getattr(ns, "kv_events_config", None)
+        compat.set_launch_flags(ns, radix_eviction_policy="priority")
+    user_events = flags.kv_events_config
     events = {"publisher": "kvrep"}
+    inner = ""
     if user_events:
         try:
             cfg = json.loads(user_events)
@@ -86,16 +84,20 @@ def arrange_server_flags(ns: argparse.Namespace) -> KvrepConfig:
             raise KvrepFlagConflict("--kv-events-config format must be 'default' (the directory uses SGLang's "
                                     "default page hashes)")
         if cfg.get("publisher", "null") not in ("null", "kvrep"):
-            # Keep the user's publisher: ours forwards every batch to it.
-            os.environ[INNER_PUBLISHER_ENV] = json.dumps(cfg)
+            # Keep the user's publisher: ours forwards every batch to it (its config travels in ours).
+            inner = json.dumps(cfg)
         events = {**cfg, "publisher": "kvrep"}
-    ns.kv_events_config = json.dumps(events)
-    return from_namespace(ns)
+    compat.set_launch_flags(ns, kv_events_config=json.dumps(events))
+    return from_namespace(ns, host=flags.host, port=flags.port, inner_kv_events=inner)
 
 
 def _before_from_cli_args(*args, **kwargs):
     ns = _namespace_in(args)
     if ns is not None and getattr(ns, "enable_kv_replication", False):
+        try:
+            compat.check_sglang_version()
+        except RuntimeError as exc:
+            raise KvrepFlagConflict(str(exc)) from None
         try:
             ns._kvrep_config_json = arrange_server_flags(ns).to_json()
         except ValueError as exc:
@@ -107,23 +109,22 @@ def _after_from_cli_args(server_args, *args, **kwargs):
     ns = _namespace_in(args)
     text = getattr(ns, "_kvrep_config_json", None) if ns is not None else None
     if text:
-        setattr(server_args, CONFIG_ATTR, text)
+        compat.attach_config(server_args, text)
     return server_args
 
 
 # ------------------------------------------------------------------------------------------ scheduler side
 def _after_scheduler_init(result, scheduler, *args, **kwargs):
     global _agent
-    text = getattr(scheduler.server_args, CONFIG_ATTR, None)
+    text = compat.scheduler_config(scheduler)
     if not text or _agent is not None:
         return result
     try:
         if not compat.is_publisher_rank():
             return result
-        from sglang_kvrep.agent import WorkerAgent
+        from sglang_kvrep.agent import start_agent
 
-        _agent = WorkerAgent(compat.SchedulerView(scheduler), KvrepConfig.from_json(text))
-        _agent.start()
+        _agent = start_agent(compat.SchedulerView(scheduler), KvrepConfig.from_json(text))
     except Exception:
         log.exception("kvrep: could not start the worker agent; serving as plain SGLang")
         _agent = None
@@ -133,14 +134,14 @@ def _after_scheduler_init(result, scheduler, *args, **kwargs):
 def _around_ingest(original, scheduler, *args, **kwargs):
     result = original(scheduler, *args, **kwargs)
     agent = _agent
-    if agent is not None and agent.view.scheduler is scheduler:
+    if agent is not None and agent.view.is_of(scheduler):
         agent.on_iteration_safe()
     return result
 
 
 def _after_match_prefix(result, cache, params, *args, **kwargs):
     agent = _agent
-    if agent is not None and getattr(params, "req", None) is not None:
+    if agent is not None:
         agent.on_request_match_safe(params, result)
     return result
 
@@ -151,13 +152,13 @@ def _around_evict_for_alloc(original, cache, params, *args, **kwargs):
     added to what the call reports as evicted."""
     agent = _agent
     freed = 0
-    if agent is not None and agent.demoted and agent.view.tree_cache is cache:
-        want = int(getattr(params, "num_tokens", 0) or 0)
+    if agent is not None and agent.demoted and agent.view.owns_cache(cache):
+        want = compat.evict_request_tokens(params)
         if want > 0:
-            freed = agent.evict_demoted_safe(want, kwargs.get("allocation_reclaim_satisfied"))
+            freed = agent.evict_demoted_safe(want, compat.reclaim_predicate(kwargs))
             if freed > 0:
-                params = dataclasses.replace(params, num_tokens=max(0, want - freed))
+                params = compat.with_evict_tokens(params, max(0, want - freed))
     result = original(cache, params, *args, **kwargs)
-    if freed > 0 and hasattr(result, "num_tokens_evicted"):
-        result.num_tokens_evicted += freed
+    if freed > 0:
+        compat.add_evicted_tokens(result, freed)
     return result

@@ -17,7 +17,8 @@ from typing import Optional
 
 from kvrep_kernels import scatter_pages, slots_to_page_ids
 from sglang_kvrep.compat import SchedulerView
-from sglang_kvrep.dataplane import DTYPES, Incoming
+from sglang_kvrep.dataplane.checks import DTYPES
+from sglang_kvrep.dataplane.staging import Incoming
 
 log = logging.getLogger("kvrep.replicas")
 

@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from radix_sync import protocol as p
-from sglang_kvrep.dataplane import send_transfer
+from sglang_kvrep.dataplane.wire import send_transfer
 from tests.integration.conftest import PAGE_SIZE, prompt, wait_until
 
 pytestmark = pytest.mark.server

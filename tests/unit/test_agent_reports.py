@@ -4,6 +4,7 @@ import torch
 
 from radix_sync import protocol as p
 from sglang_kvrep.agent import WorkerAgent
+from sglang_kvrep.agent import mailbox as m
 from sglang_kvrep.config import KvrepConfig
 
 
@@ -36,10 +37,9 @@ class FakeView:
 
 def loads(agent):
     out = []
-    while not agent.io_q.empty():
-        item = agent.io_q.get()
-        if item[0] == "coord" and isinstance(item[1], p.LoadReported):
-            out.append(item[1])
+    while (msg := agent.mailbox.take_for_io()) is not None:
+        if isinstance(msg, m.ToCoordinator) and isinstance(msg.message, p.LoadReported):
+            out.append(msg.message)
     return out
 
 
@@ -61,7 +61,7 @@ def test_events_flush_every_iteration_and_going_idle_is_reported_at_once():
 
 def test_the_iteration_length_while_busy_is_reported(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("sglang_kvrep.agent.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("sglang_kvrep.agent.scheduler_side.time.monotonic", lambda: clock[0])
     view = FakeView()
     agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=1e-6))  # report every iteration
     agent.on_iteration()               # t=100, busy: the first boundary, no length yet
@@ -86,8 +86,8 @@ def test_a_request_reusing_exactly_a_demoted_chain_takes_the_demotion_back():
 
     agent = WorkerAgent(FakeView(), KvrepConfig(worker_id="w", load_interval_s=3600.0))
     chain = list(range(100, 132))  # two of these fit in the stand-in's 64-token pool
-    agent._run_command(("demote", "t1", chain))
-    agent._run_command(("demote", "t2", chain))
+    agent._on_message(m.Demote("t1", chain))
+    agent._on_message(m.Demote("t2", chain))
     assert len(agent.demoted) == 2
 
     def match(rid, ids, salt, matched):
@@ -100,3 +100,79 @@ def test_a_request_reusing_exactly_a_demoted_chain_takes_the_demotion_back():
     assert len(agent.demoted) == 2
     match("r3", chain + [1, 2, 3], "t1", 32)  # exactly the chain, in its namespace
     assert [ns for ns, _ in agent.demoted.values()] == ["t2"] and agent.demote_stats["taken_back"] == 1
+
+
+class SourceView(FakeView):
+    """A stand-in that holds a 256-token cached prefix (16 pages of 16, slots from page 1 on: page 0 is the pool's
+    padding page) a source can lock and gather."""
+
+    def __init__(self):
+        super().__init__()
+        self.locks, self.unlocked = 0, []
+
+    def kv_buffers(self):
+        k = [torch.arange(512 * 16, dtype=torch.float32).view(512, 2, 8) + i for i in range(2)]
+        return k, [x + 0.5 for x in k], "NHD"
+
+    def pool_capacity_tokens(self):
+        return 512
+
+    def match(self, token_ids, namespace):
+        return min(len(token_ids), 256), "node"
+
+    def lock(self, node):
+        self.locks += 1
+        return f"lock{self.locks}"
+
+    def unlock(self, lock):
+        self.unlocked.append(lock)
+
+    def path_slots(self, node):
+        return torch.arange(16, 16 + 256)
+
+
+def posted(agent, kind):
+    out = []
+    while (msg := agent.mailbox.take_for_io()) is not None:
+        if isinstance(msg, kind):
+            out.append(msg)
+    return out
+
+
+def test_a_source_gathers_ahead_of_the_wire_and_stops_when_the_transfer_is_cancelled(monkeypatch):
+    monkeypatch.setattr("sglang_kvrep.agent.scheduler_side.GATHER_SLICE_S", 3600.0)  # no time slicing here
+    view = SourceView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", chunk_bytes=4096, load_interval_s=3600.0))  # 1 page a chunk
+    cmd = p.ReplicatePages(replication_id="r1", auth_token="t", token_ids=list(range(256)), namespace="",
+                           target_id="x", target_endpoint="tcp://127.0.0.1:1", target_fingerprint=agent.fingerprint,
+                           ttl_s=5.0)
+    agent._on_message(m.Replicate(cmd))
+    [tid] = agent.gathers
+    msgs = posted(agent, (m.StartSend, m.ChunkGathered))
+    assert isinstance(msgs[0], m.StartSend) and msgs[0].target_endpoint == "tcp://127.0.0.1:1"
+    assert msgs[0].header.num_chunks == 16
+    assert [c.index for c in msgs[1:]] == [0, 1, 2, 3]  # MAX_AHEAD chunks ahead of what was sent
+    agent.mailbox.post_to_scheduler(m.ChunksSent(tid, 2))
+    agent.on_iteration()
+    assert [c.index for c in posted(agent, m.ChunkGathered)] == [4, 5]
+    agent.mailbox.post_to_scheduler(m.SendCancelled(tid))
+    agent.on_iteration()
+    assert not agent.gathers and view.unlocked == ["lock1"] and not agent.sent_chunks and not agent.cancelled
+    assert posted(agent, m.ChunkGathered) == []
+    agent.mailbox.post_to_scheduler(m.ChunksSent(tid, 3))  # a late report of the ended transfer: kept nowhere
+    agent.mailbox.post_to_scheduler(m.SendCancelled("someone-else"))
+    agent.on_iteration()
+    assert not agent.sent_chunks and not agent.cancelled
+
+
+def test_progress_reports_do_not_count_against_the_per_iteration_command_budget():
+    from sglang_kvrep.agent.scheduler_side import MAX_COMMANDS
+
+    agent = WorkerAgent(SourceView(), KvrepConfig(worker_id="w", load_interval_s=3600.0))
+    for i in range(MAX_COMMANDS + 1):
+        agent.mailbox.post_to_scheduler(m.ChunksSent(f"t{i}", 1))  # progress of no running job
+        agent.mailbox.post_to_scheduler(m.Demote("", [i]))
+    agent.on_iteration()
+    assert len(agent.demoted) == MAX_COMMANDS  # the last command waits for the next iteration
+    agent.on_iteration()
+    assert len(agent.demoted) == MAX_COMMANDS + 1

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from radix_sync import protocol as p
-from sglang_kvrep.dataplane import (Incoming, LocalGeometry, StagingPool, TokenBucket, check_header, chunk_frames,
-                                    split_pages)
+from sglang_kvrep.dataplane.checks import LocalGeometry, check_header
+from sglang_kvrep.dataplane.staging import Incoming, StagingPool
+from sglang_kvrep.dataplane.wire import TokenBucket, chunk_frames, split_pages
 
 GEO = LocalGeometry("fp", 4, "torch.bfloat16", "NHD", (2, 4, 2, 8), num_layers=3, itemsize=2)
 

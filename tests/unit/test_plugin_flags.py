@@ -1,16 +1,18 @@
-"""The plugin's flags: sensible defaults, what it arranges in SGLang's flags, and clear refusals."""
+"""The plugin's flags: sensible defaults (the dataclass's, written once), what it arranges in SGLang's flags, the
+config that reaches the scheduler process, and clear refusals (conflicting flags, another SGLang version)."""
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
 
-from sglang_kvrep import plugin
+from sglang_kvrep import compat, events, plugin
 from sglang_kvrep.config import KvrepConfig, add_cli_args
 
 
-def parse(*argv: str) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
@@ -21,7 +23,11 @@ def parse(*argv: str) -> argparse.Namespace:
     parser.add_argument("--tp-size", type=int, default=1)
     add_cli_args(parser)
     add_cli_args(parser)  # idempotent
-    ns = parser.parse_args(list(argv))
+    return parser
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    ns = _parser().parse_args(list(argv))
     ns._radix_eviction_policy_explicitly_set = "--radix-eviction-policy" in argv
     return ns
 
@@ -37,12 +43,23 @@ def test_two_flags_are_enough():
 
 
 def test_user_kv_events_publisher_is_kept(monkeypatch):
-    monkeypatch.delenv(plugin.INNER_PUBLISHER_ENV, raising=False)
     ns = parse("--enable-kv-replication", "--kv-events-config", '{"publisher": "zmq", "endpoint": "tcp://*:6000"}')
-    plugin.arrange_server_flags(ns)
+    cfg = plugin.arrange_server_flags(ns)
     assert json.loads(ns.kv_events_config) == {"publisher": "kvrep", "endpoint": "tcp://*:6000"}
-    import os
-    assert json.loads(os.environ[plugin.INNER_PUBLISHER_ENV])["publisher"] == "zmq"
+    # the user's publisher travels in our config (on ServerArgs), not in the environment
+    assert json.loads(cfg.inner_kv_events) == {"publisher": "zmq", "endpoint": "tcp://*:6000"}
+    assert KvrepConfig.from_json(cfg.to_json()) == cfg
+    # in the scheduler process our publisher finds it there and forwards every batch to it
+    made = []
+    monkeypatch.setattr(compat, "process_config", lambda: cfg.to_json())
+    monkeypatch.setattr(compat, "create_event_publisher", lambda kind, rank, **kw: made.append((kind, rank, kw)))
+    events.KvrepEventPublisher(attn_dp_rank=0, endpoint="tcp://*:5557", topic="")
+    assert made == [("zmq", 0, {"endpoint": "tcp://*:6000", "topic": ""})]
+    made.clear()
+    monkeypatch.setattr(compat, "process_config", lambda: plugin.arrange_server_flags(parse(
+        "--enable-kv-replication")).to_json())
+    events.KvrepEventPublisher(attn_dp_rank=0, endpoint="tcp://*:5557")
+    assert made == []  # no publisher of the user's: none to forward to
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -73,11 +90,44 @@ def test_bad_values(bad):
         plugin.arrange_server_flags(parse("--enable-kv-replication", *bad))
 
 
-def test_flag_off_does_nothing():
+def test_flag_off_does_nothing(monkeypatch):
+    monkeypatch.setattr("sglang_kvrep.compat.version.sglang_version", lambda: "9.9.9")  # not even checked
     ns = parse("--kvrep-coordinator", "tcp://1.2.3.4:1")
     assert plugin._before_from_cli_args(ns) is None
     assert ns.radix_eviction_policy == "lru" and ns.kv_events_config is None
     assert not hasattr(ns, "_kvrep_config_json")
+
+
+def test_another_sglang_version_is_refused_when_enabled(monkeypatch):
+    assert compat.sglang_version() == compat.SUPPORTED_SGLANG == "0.5.23"
+    monkeypatch.setattr("sglang_kvrep.compat.version.sglang_version", lambda: "0.5.24")
+    ns = parse("--enable-kv-replication")
+    with pytest.raises(plugin.KvrepFlagConflict) as exc:
+        plugin._before_from_cli_args(ns)
+    assert str(exc.value).startswith("error: --enable-kv-replication: sglang-kvrep supports sglang 0.5.23 only, "
+                                     "but sglang 0.5.24 is installed")
+    assert not hasattr(ns, "_kvrep_config_json") and ns.radix_eviction_policy == "lru"
+
+
+def test_every_flag_default_is_the_dataclass_default():
+    ns = parse("--enable-kv-replication")
+    defaults = KvrepConfig()
+    flagged = [f for f in dataclasses.fields(KvrepConfig) if f.name not in ("load_interval_s", "inner_kv_events")]
+    for f in flagged:
+        got = getattr(ns, "kvrep_" + f.name)
+        if f.name == "data_host":
+            assert got is None  # SGLang's --host
+        else:
+            assert got == getattr(defaults, f.name) and type(got) is type(getattr(defaults, f.name)), f.name
+    assert not hasattr(ns, "kvrep_load_interval_s") and not hasattr(ns, "kvrep_inner_kv_events")
+    ns = parse("--enable-kv-replication", "--kvrep-data-port", "7000", "--kvrep-send-rate-mbps", "12.5",
+               "--kvrep-shadow", "--kvrep-data-host", "10.0.0.2", "--host", "10.0.0.1")
+    cfg = plugin.arrange_server_flags(ns)
+    assert (cfg.data_port, cfg.send_rate_mbps, cfg.shadow, cfg.data_host) == (7000, 12.5, True, "10.0.0.2")
+    assert (cfg.worker_id, cfg.http_url) == ("10.0.0.1:30000", "http://10.0.0.1:30000")
+    assert plugin.arrange_server_flags(parse("--enable-kv-replication", "--host", "10.0.0.1")).data_host == "10.0.0.1"
+    helps = {a.dest: a.help for a in _parser()._actions}
+    assert helps["kvrep_coordinator"] == "ZMQ endpoint of the coordinator."  # the field's docstring
 
 
 def test_real_launcher_accepts_flags_and_refuses_conflicts():

@@ -1,13 +1,10 @@
 """The `Transport` interface through its ZeroMQ implementation, over real loopback sockets: transfers land
 bit-exact; corruption, a wrong token and silence end as `TransferFailed` with the staging buffer back in its pool;
-the rate cap holds; the registry refuses unknown names. Then the agent's I/O loop driving two transports end to end
-against a fake coordinator. Stall timeouts and the rate cap run on an injected clock."""
-import os
-import queue
+the rate cap holds; the registry refuses unknown names. Then the agent's I/O side driving two transports end to end
+against a fake coordinator, through the mailbox. Stall timeouts and the rate cap run on an injected clock."""
 import select
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,11 +12,15 @@ import zmq
 
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
+from sglang_kvrep.agent import mailbox as m
+from sglang_kvrep.agent.io_side import IoSide
 from sglang_kvrep.config import KvrepConfig
-from sglang_kvrep.dataplane import LocalGeometry, send_transfer, split_pages
-from sglang_kvrep.io_loop import IoLoop
-from sglang_kvrep.transport import (ChunkSent, Refusal, TransferFailed, TransferReceived, TransferSent, Transport,
-                                    ZmqTransport, known_transports, make_transport)
+from sglang_kvrep.dataplane.checks import LocalGeometry
+from sglang_kvrep.dataplane.registry import known_transports, make_transport
+from sglang_kvrep.dataplane.transport import (ChunkSent, Refusal, TransferFailed, TransferReceived, TransferSent,
+                                              Transport)
+from sglang_kvrep.dataplane.wire import send_transfer, split_pages
+from sglang_kvrep.dataplane.zmq_transport import ZmqTransport
 
 GEO = LocalGeometry("fp", 4, "torch.bfloat16", "NHD", (2, 4, 2, 8), num_layers=3, itemsize=2)  # 768 B per page
 
@@ -211,40 +212,53 @@ def test_rate_cap_spaces_chunks(ctx):
     dst.t.close()
 
 
-# ----------------------------------------------------------------------------- the agent's I/O loop on top
+# ----------------------------------------------------------------------------- the agent's I/O side on top
 class StubAgent:
-    """What `IoLoop` reads from a `WorkerAgent`, without SGLang: queues, pipes and the local geometry."""
+    """The scheduler side's end of the mailbox, without SGLang: an `IoSide` on its own thread, with what a
+    `WorkerAgent` would tell it (`WorkerInfo`) and the messages it posts back kept in `got`."""
 
     def __init__(self, worker_id: str, coordinator: str) -> None:
         self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport="zmq")
-        self.fingerprint, self.fingerprint_fields, self.page_size, self.capacity = "fp", {}, 4, 1000
-        self.replicas = SimpleNamespace(budget_tokens=100)
-        self.geometry, self._free_replica_tokens = GEO, 100
-        self.sched_q: queue.SimpleQueue = queue.SimpleQueue()
-        self.io_q: queue.SimpleQueue = queue.SimpleQueue()
-        self._bell_r, self._bell_w = os.pipe()
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._bell_r, self._wake_r, self._bell_w, self._wake_w):
-            os.set_blocking(fd, False)
-        self.sent_chunks: dict = {}
-        self.cancelled: set = set()
-        self._stop, self._ready = threading.Event(), threading.Event()
-        self.data_endpoint = ""
-        self.loop = IoLoop(self)
-        self.thread = threading.Thread(target=self.loop.run, daemon=True)
-        self.thread.start()
+        info = m.WorkerInfo(fingerprint="fp", fingerprint_fields={}, page_size=4, pool_capacity_tokens=1000,
+                            replica_budget_tokens=100, free_replica_tokens=100, geometry=GEO)
+        self.mailbox = m.Mailbox()
+        self.got: list = []
+        self.loop: IoSide = None
+        built = threading.Event()
 
-    def to_io(self, item: tuple) -> None:
-        self.io_q.put(item)
-        os.write(self._wake_w, b"x")
+        def main() -> None:
+            self.loop = IoSide(self.config, info, self.mailbox)
+            built.set()
+            self.loop.run()
+
+        self.thread = threading.Thread(target=main, daemon=True)
+        self.thread.start()
+        assert built.wait(10)
+        [started] = self.wait_for(m.IoStarted)
+        self.data_endpoint = started.data_endpoint
+
+    def to_io(self, msg: m.ToIo) -> None:
+        self.mailbox.post_to_io(msg)
+
+    def wait_for(self, kind, n: int = 1, timeout_s: float = 20.0) -> list:
+        """The messages of `kind` the I/O side posted to the scheduler side, once there are `n`."""
+        deadline = time.monotonic() + timeout_s
+        while len([x for x in self.got if isinstance(x, kind)]) < n:
+            assert time.monotonic() < deadline, f"no {kind.__name__} from the I/O side"
+            msg = self.mailbox.take_for_scheduler()
+            if msg is None:
+                select.select([self.mailbox.scheduler_bell_fd], [], [], 0.05)  # rung when it posts
+                self.mailbox.clear_bell()
+            else:
+                self.got.append(msg)
+        return [x for x in self.got if isinstance(x, kind)]
 
     def close(self) -> None:
-        self.to_io(("stop",))
+        self.to_io(m.Stop())
         self.thread.join(10)
         self.loop.coord.close(linger=0)
         self.loop.ctx.term()
-        for fd in (self._bell_r, self._wake_r, self._bell_w, self._wake_w):
-            os.close(fd)
+        self.mailbox.close()
 
 
 class FakeCoordinator:
@@ -273,7 +287,7 @@ class FakeCoordinator:
             block_hashes=page_hashes(h.token_ids, 4, ""), auth_token="good", expires_in_s=60.0))])
 
 
-def test_io_loop_replicates_through_the_transport_and_reports_failures(ctx):
+def test_io_side_replicates_through_the_transport_and_reports_failures(ctx):
     coord = FakeCoordinator(ctx)
     a, b = StubAgent("a", coord.endpoint), StubAgent("b", coord.endpoint)
     try:
@@ -284,24 +298,25 @@ def test_io_loop_replicates_through_the_transport_and_reports_failures(ctx):
         coord.grant("b", h)
         coord.wait_for(p.ReplicaExpected)
         # a wrong token is refused without consuming the grant or telling the coordinator
-        a.to_io(("send_begin", SimpleNamespace(target_endpoint=b.data_endpoint), header(tid="x", token="forged")))
-        deadline = time.monotonic() + 20
-        while "x" not in a.cancelled:  # the source's loop rings its scheduler when it learns of the refusal
-            assert time.monotonic() < deadline, "the source never learned of the refusal"
-            select.select([a._bell_r], [], [], 0.05)
+        a.to_io(m.StartSend(header(tid="x", token="forged"), b.data_endpoint))
+        # the source's I/O side tells its scheduler side to stop gathering when it learns of the refusal
+        assert a.wait_for(m.SendCancelled) == [m.SendCancelled("x")]
         # the real transfer: chunks arrive as the "scheduler" gathers them
-        a.to_io(("send_begin", SimpleNamespace(target_endpoint=b.data_endpoint), h))
+        a.to_io(m.StartSend(h, b.data_endpoint))
         for i in range(h.num_chunks):
-            a.to_io(("send_chunk", h.transfer_id, i, chunk(h, payload, i), 0.125))
-        kind, inc, hashes = b.sched_q.get(timeout=20)
-        assert kind == "install" and hashes == page_hashes(h.token_ids, 4, "")
+            a.to_io(m.ChunkGathered(h.transfer_id, i, chunk(h, payload, i), 0.125))
+        [install] = b.wait_for(m.Install)
+        inc, hashes = install.incoming, install.block_hashes
+        assert hashes == page_hashes(h.token_ids, 4, "")
         assert torch.equal(inc.buffer, payload)
-        b.to_io(("install_done", inc, SimpleNamespace(inserted_len=12, scatter_s=0.0, insert_s=0.0), None, hashes))
+        b.to_io(m.Installed(inc, hashes, inserted_len=12, scatter_s=0.0, insert_s=0.0))
         [stored] = coord.wait_for(p.ReplicaStored)
         [sent] = coord.wait_for(p.SourceSent)
         assert (stored.worker_id, stored.replication_id, stored.inserted_len) == ("b", "r1", 12)
         assert (sent.worker_id, sent.num_tokens, sent.num_bytes, sent.gather_s) == ("a", 12, h.num_bytes, 0.25)
-        assert "t1" not in a.sent_chunks
+        # the scheduler side heard of every chunk on the wire, in order, and of no failure of this one
+        assert [x.num_sent for x in a.wait_for(m.ChunksSent, 2) if x.transfer_id == "t1"] == [1, 2]
+        assert [x.transfer_id for x in a.got if isinstance(x, m.SendCancelled)] == ["x"]
         # a corrupted chunk of a granted transfer: refused, the grant consumed, the coordinator told
         h2 = header(tid="t2", rid="r2")
         coord.grant("b", h2)

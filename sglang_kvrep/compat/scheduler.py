@@ -1,86 +1,20 @@
-"""The one door to SGLang internals (sglang==0.5.23): every SGLang import, attribute and signature the plugin
-relies on lives here, so a version bump is a change to this file and its tests only.
+"""`SchedulerView`: the handles of one live SGLang scheduler the worker agent needs (radix tree, allocator, KV pool,
+queues), with SGLang's names kept in here. Part of the one door to SGLang (`sglang_kvrep.compat`).
 
 Everything here that touches the tree cache or the allocator must be called on the scheduler thread.
 """
 from __future__ import annotations
 
 import json
-import logging
 from array import array
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
-log = logging.getLogger("kvrep.compat")
-
-SUPPORTED_SGLANG = "0.5.23"
-
-# Hook targets (dotted paths resolved by SGLang's HookRegistry in every process that loads plugins).
-ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
-FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
-SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
-SCHEDULER_INGEST = "sglang.srt.managers.scheduler.Scheduler.ingest_requests"
-CACHE_MATCH_PREFIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
-CACHE_EVICT_FOR_ALLOC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict_for_alloc"
-"""Every allocation-driven eviction (a prefill's or a decode step's slots, a replica's install) goes through it;
-`evict` (the agent's own replica expiry) does not."""
+from sglang_kvrep.compat.version import sglang_version
 
 
-def sglang_version() -> str:
-    import sglang
-
-    return getattr(sglang, "__version__", "unknown")
-
-
-def register_hook(target: str, fn: Callable, kind: str) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(target, fn, getattr(HookType, kind))
-
-
-def register_event_publisher(name: str, ctor: Callable[..., Any]) -> None:
-    from sglang.srt.disaggregation.kv_events import EventPublisherFactory
-
-    if name not in EventPublisherFactory._registry:
-        EventPublisherFactory.register_publisher(name, ctor)
-
-
-def event_publisher_base() -> type:
-    from sglang.srt.disaggregation.kv_events import EventPublisher
-
-    return EventPublisher
-
-
-def create_event_publisher(kind: str, attn_dp_rank: int, **config: Any):
-    from sglang.srt.disaggregation.kv_events import EventPublisherFactory
-
-    return EventPublisherFactory._registry[kind](attn_dp_rank=attn_dp_rank, **config)
-
-
-def event_kind(event: Any) -> str:
-    """`stored` | `removed` | `cleared` for SGLang's KV event structs."""
-    from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
-    if isinstance(event, BlockStored):
-        return "stored"
-    if isinstance(event, BlockRemoved):
-        return "removed"
-    if isinstance(event, AllBlocksCleared):
-        return "cleared"
-    return "other"
-
-
-def is_publisher_rank() -> bool:
-    """True on the rank that owns the tree's events and the extension (pp 0, attn-tp 0, attn-cp 0)."""
-    from sglang.srt.runtime_context import get_parallel
-
-    par = get_parallel()
-    return par.pp_rank == 0 and par.attn_tp_rank == 0 and par.attn_cp_rank == 0
-
-
-# ------------------------------------------------------------------------------------------------ scheduler
 class SchedulerView:
     """The handles of one live scheduler the agent needs, with the SGLang names kept in here."""
 
@@ -91,6 +25,14 @@ class SchedulerView:
         self.allocator = scheduler.token_to_kv_pool_allocator
         self.pool = self.allocator.get_kvcache()
         self.page_size = int(self.server_args.page_size or 1)
+
+    def is_of(self, scheduler: Any) -> bool:
+        """Is this the view of `scheduler` (a hook's `self`)?"""
+        return self.scheduler is scheduler
+
+    def owns_cache(self, cache: Any) -> bool:
+        """Is `cache` this scheduler's radix tree (a cache hook's `self`)?"""
+        return self.tree_cache is cache
 
     # -------------------------------------------------------------------------------------------- radix tree
     @staticmethod

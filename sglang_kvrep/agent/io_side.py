@@ -1,18 +1,17 @@
-"""The worker agent's I/O thread: owns the DEALER to the coordinator and the data-plane `Transport` (with ZeroMQ:
-the data ROUTER peers send pages to and a DEALER per target it sends pages to; see `sglang_kvrep.transport`).
-Decides what a transfer may do (the coordinator's grants) and what a finished one means; the transport moves
-the bytes. Talks to the scheduler thread only through the agent's queues and pipes (see `sglang_kvrep.agent`).
-Never touches the radix tree, the allocator or the pool.
+"""The worker agent's I/O side: `IoSide`, the part of the extension on its own thread ("kvrep-io"). It owns every
+socket of the agent: the DEALER to the coordinator and the data-plane `Transport` (with ZeroMQ: the data ROUTER
+peers send pages to and a DEALER per target it sends pages to; see `sglang_kvrep.dataplane`). It decides what a
+transfer may do (the coordinator's grants) and what a finished one means; the transport moves the bytes. It talks
+to the scheduler side only through the typed mailbox (`sglang_kvrep.agent.mailbox`) and never touches the radix
+tree, the allocator or the pool.
 """
 from __future__ import annotations
 
+import ctypes
 import hmac
 import logging
-import os
-import queue
 import time
-from array import array
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import msgspec
 import zmq
@@ -20,22 +19,46 @@ import zmq
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
 from sglang_kvrep import events
-from sglang_kvrep.dataplane import Incoming, check_header
-from sglang_kvrep.transport import (ChunkSent, Refusal, TransferFailed, TransferReceived, TransferSent,
-                                    TransportEvent, make_transport)
-
-if TYPE_CHECKING:
-    from sglang_kvrep.agent import WorkerAgent
+from sglang_kvrep.agent import mailbox as m
+from sglang_kvrep.config import KvrepConfig
+from sglang_kvrep.dataplane.checks import check_grant, check_header
+from sglang_kvrep.dataplane.registry import make_transport
+from sglang_kvrep.dataplane.staging import Incoming
+from sglang_kvrep.dataplane.transport import (ChunkSent, Refusal, TransferFailed, TransferReceived, TransferSent,
+                                              TransportEvent)
 
 log = logging.getLogger("kvrep.agent")
 
 
-class IoLoop:
-    """Owns the coordinator socket and the data-plane transport (every socket of the agent). I/O thread only."""
+def run_io_thread(config: KvrepConfig, info: m.WorkerInfo, mailbox: m.Mailbox) -> None:
+    """The I/O thread's body: build the I/O side and run it until `Stop`. If it dies, the scheduler side is told
+    (`IoDied`) and the worker keeps serving as plain SGLang."""
+    _name_thread("kvrep-io")
+    try:
+        IoSide(config, info, mailbox).run()
+    except Exception:
+        log.exception("kvrep I/O thread died; the worker keeps serving as plain SGLang")
+        mailbox.post_to_scheduler(m.IoDied())
 
-    def __init__(self, agent: "WorkerAgent") -> None:
-        self.a = agent
-        self.cfg = agent.config
+
+def _name_thread(name: str) -> None:
+    """Give the OS thread a name (visible in /proc/<pid>/task/*/comm) so tests can see it exists."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class IoSide:
+    """Owns the coordinator socket and the data-plane transport (every socket of the agent). I/O thread only.
+    Built on the I/O thread; says `IoStarted` once its sockets are up."""
+
+    def __init__(self, config: KvrepConfig, info: m.WorkerInfo, mailbox: m.Mailbox) -> None:
+        self.cfg = config
+        self.info = info
+        self.mailbox = mailbox
+        self.free_replica_tokens = info.free_replica_tokens
+        """As the scheduler side last said (`ReplicaRoom`)."""
         self.ctx = zmq.Context()
         self.coord = self.ctx.socket(zmq.DEALER)
         self.coord.setsockopt(zmq.LINGER, 0)
@@ -43,11 +66,10 @@ class IoLoop:
         self.coord.connect(self.cfg.coordinator)
         self.poller = zmq.Poller()
         self.poller.register(self.coord, zmq.POLLIN)
-        self.poller.register(agent._wake_r, zmq.POLLIN)
+        self.poller.register(mailbox.io_wake_fd, zmq.POLLIN)
         self.expected: dict[str, tuple[p.ExpectReplica, float]] = {}  # replication id -> (grant, deadline)
         self.transport = make_transport(self.cfg.transport, self.cfg, self.admit, self.on_transport_event, self.ctx,
                                         self.poller)
-        agent.data_endpoint = self.transport.endpoint
         self.seq = 0
         self.need_resync = False
         self.mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
@@ -55,7 +77,7 @@ class IoLoop:
         self.replica_facts: dict[str, p.ReplicaStored] = {}
         self.last_load: Optional[p.LoadReported] = None
         self.last_sent_s = 0.0
-        agent._ready.set()
+        mailbox.post_to_scheduler(m.IoStarted(self.transport.endpoint))
 
     # ------------------------------------------------------------------------------------------ coordinator
     def send_coord(self, msg) -> None:
@@ -68,11 +90,13 @@ class IoLoop:
             self.need_resync = True  # the coordinator is unreachable; say everything again once it is back
 
     def hello(self) -> None:
-        a = self.a
+        info = self.info
         self.seq = 0
-        msg = p.Hello(worker_id=self.cfg.worker_id, http_url=self.cfg.http_url, data_endpoint=a.data_endpoint,
-                      fingerprint=a.fingerprint, fingerprint_fields=a.fingerprint_fields, page_size=a.page_size,
-                      pool_capacity_tokens=a.capacity, replica_budget_tokens=a.replicas.budget_tokens, seq=0)
+        msg = p.Hello(worker_id=self.cfg.worker_id, http_url=self.cfg.http_url,
+                      data_endpoint=self.transport.endpoint, fingerprint=info.fingerprint,
+                      fingerprint_fields=info.fingerprint_fields, page_size=info.page_size,
+                      pool_capacity_tokens=info.pool_capacity_tokens,
+                      replica_budget_tokens=info.replica_budget_tokens, seq=0)
         try:
             self.coord.send(p.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
@@ -104,20 +128,17 @@ class IoLoop:
         elif isinstance(msg, p.ExpectReplica):
             self.expected[msg.replication_id] = (msg, time.monotonic() + msg.expires_in_s)
             self.send_coord(p.ReplicaExpected(worker_id=self.cfg.worker_id, seq=0, replication_id=msg.replication_id))
-        elif isinstance(msg, (p.ReplicatePages, p.DropReplica)):
-            kind = "replicate" if isinstance(msg, p.ReplicatePages) else "drop"
-            self.to_sched((kind, msg if kind == "replicate" else msg.replication_id))
+        elif isinstance(msg, p.ReplicatePages):
+            self.to_sched(m.Replicate(msg))
+        elif isinstance(msg, p.DropReplica):
+            self.to_sched(m.Drop(msg.replication_id))
         elif isinstance(msg, p.DemotePrefix):
-            self.to_sched(("demote", msg.namespace, msg.token_ids))
+            self.to_sched(m.Demote(msg.namespace, msg.token_ids))
         elif isinstance(msg, p.Error):
             log.warning("kvrep: coordinator error: %s", msg.error)
 
-    def to_sched(self, item: tuple) -> None:
-        self.a.sched_q.put(item)
-        try:
-            os.write(self.a._bell_w, b"x")
-        except OSError:
-            pass
+    def to_sched(self, msg: m.ToScheduler) -> None:
+        self.mailbox.post_to_scheduler(msg)
 
     # --------------------------------------------------------------------------------------- local events
     def drain_events(self) -> None:
@@ -125,38 +146,39 @@ class IoLoop:
         wid = self.cfg.worker_id
         while sink:
             fact = sink.popleft()
-            if fact[0] == "stored":
-                _, ns, blocks, medium = fact
+            if isinstance(fact, events.KvStored):
+                ns, blocks, medium = fact.namespace, fact.blocks, fact.medium
                 if medium != "GPU":
                     continue
                 for h, parent, tokens in blocks:
                     self.mirror[h] = (parent, tokens, ns)
                 self.send_coord(p.PagesStored(worker_id=wid, seq=0, namespace=ns, medium=medium,
                                               blocks=[p.BlockFact(h, par, t) for h, par, t in blocks]))
-            elif fact[0] == "removed":
-                _, hashes, medium = fact
-                if medium != "GPU":
+            elif isinstance(fact, events.KvRemoved):
+                if fact.medium != "GPU":
                     continue
+                hashes = fact.block_hashes
                 for h in hashes:
                     self.mirror.pop(h, None)
                 self.send_coord(p.PagesRemoved(worker_id=wid, seq=0, block_hashes=hashes))
-            elif fact[0] == "cleared":
+            elif isinstance(fact, events.KvCleared):
                 self.mirror.clear()
                 self.send_coord(p.AllPagesCleared(worker_id=wid, seq=0))
 
-    def on_hit(self, namespace: str, tokens: array, matched: int, key_len: int) -> None:
-        hashes = page_hashes(tokens, self.a.page_size, namespace)
+    def on_hit(self, hit: m.PrefixMatched) -> None:
+        namespace, matched, key_len = hit.namespace, hit.matched_len, hit.key_len
+        hashes = page_hashes(hit.token_ids, self.info.page_size, namespace)
         if not hashes:
             return
         self.send_coord(p.PrefixHit(worker_id=self.cfg.worker_id, seq=0, namespace=namespace,
                                     block_hash=hashes[-1], matched_len=matched, key_len=key_len))
-        hit = set(hashes)
+        hit_hashes = set(hashes)
         for rid, (ns, blocks, promoted) in list(self.replica_blocks.items()):
-            if ns == namespace and not promoted and blocks and blocks[0] in hit:
+            if ns == namespace and not promoted and blocks and blocks[0] in hit_hashes:
                 self.replica_blocks[rid] = (ns, blocks, True)
                 self.replica_facts.pop(rid, None)
-                self.to_sched(("promote", rid))
-                num = sum(1 for b in blocks if b in hit) * self.a.page_size
+                self.to_sched(m.Promote(rid))
+                num = sum(1 for b in blocks if b in hit_hashes) * self.info.page_size
                 self.send_coord(p.ReplicaPromoted(worker_id=self.cfg.worker_id, seq=0, replication_id=rid,
                                                   num_promoted_tokens=num))
 
@@ -168,26 +190,14 @@ class IoLoop:
             # not reported: a stranger must not be able to fail someone else's replication
             return Refusal("transfer not authorized by the coordinator (unknown replication or bad token)",
                            tell_coordinator=False)
-        err = self.check_grant(h, entry[0]) or check_header(h, self.a.geometry, self.a._free_replica_tokens)
+        err = check_grant(h, entry[0]) or check_header(h, self.info.geometry, self.free_replica_tokens)
         return None if err is None else Refusal(err)
 
-    @staticmethod
-    def check_grant(h: p.TransferHeader, grant: p.ExpectReplica) -> Optional[str]:
-        """Does this authenticated transfer stay within what the coordinator authorized?"""
-        if h.source_id != grant.source_id or h.namespace != grant.namespace or h.page_size != grant.page_size:
-            return "transfer does not match its authorization (source, namespace or page size)"
-        if h.num_pages > len(grant.block_hashes):
-            return f"transfer of {h.num_pages} pages exceeds the {len(grant.block_hashes)} authorized"
-        return None
-
     def on_transport_event(self, ev: TransportEvent) -> None:
-        a = self.a
         if isinstance(ev, ChunkSent):
-            a.sent_chunks[ev.transfer_id] = ev.num_sent
-            self.ring_scheduler()  # it may gather the next chunks now
+            self.to_sched(m.ChunksSent(ev.transfer_id, ev.num_sent))  # it may gather the next chunks now
         elif isinstance(ev, TransferSent):
             h = ev.header
-            a.sent_chunks.pop(h.transfer_id, None)
             self.send_coord(p.SourceSent(worker_id=self.cfg.worker_id, seq=0, replication_id=h.replication_id,
                                          num_tokens=len(h.token_ids), num_bytes=h.num_bytes,
                                          gather_s=ev.gather_s, send_s=ev.send_s))
@@ -195,9 +205,7 @@ class IoLoop:
             self.on_received(ev.incoming)
         elif isinstance(ev, TransferFailed):
             if ev.role == "source":  # stop gathering and sending the rest, release the source's lock
-                a.cancelled.add(ev.transfer_id)
-                a.sent_chunks.pop(ev.transfer_id, None)
-                self.ring_scheduler()
+                self.to_sched(m.SendCancelled(ev.transfer_id))
             if ev.tell_coordinator:
                 self.report_failure(ev.replication_id, ev.role, ev.error)
 
@@ -211,7 +219,7 @@ class IoLoop:
             error = "token ids are not the prefix the coordinator authorized"
             self.transport.answer(inc, error=error)
             return self.report_failure(h.replication_id, "target", error)
-        self.to_sched(("install", inc, hashes))
+        self.to_sched(m.Install(inc, hashes))
 
     def report_failure(self, replication_id: str, role: str, error: str) -> None:
         """Tell the coordinator; a target also consumes the transfer's grant."""
@@ -220,27 +228,23 @@ class IoLoop:
         self.send_coord(p.ReplicationFailed(worker_id=self.cfg.worker_id, seq=0, replication_id=replication_id,
                                             role=role, error=error))
 
-    def install_done(self, inc: Incoming, res, error: Optional[str], block_hashes: list[int]) -> None:
+    def install_failed(self, done: m.InstallFailed) -> None:
+        self.transport.answer(done.incoming, error=done.error)
+        self.report_failure(done.incoming.header.replication_id, "target", done.error)
+
+    def installed(self, done: m.Installed) -> None:
+        inc, block_hashes = done.incoming, done.block_hashes
         h = inc.header
-        if error is not None:
-            self.transport.answer(inc, error=error)
-            return self.report_failure(h.replication_id, "target", error)
-        self.transport.answer(inc, inserted_len=res.inserted_len)
+        self.transport.answer(inc, inserted_len=done.inserted_len)
         fact = p.ReplicaStored(worker_id=self.cfg.worker_id, seq=0, replication_id=h.replication_id,
-                               namespace=h.namespace, block_hashes=block_hashes, inserted_len=res.inserted_len,
+                               namespace=h.namespace, block_hashes=block_hashes, inserted_len=done.inserted_len,
                                expires_in_s=h.ttl_s, num_bytes=h.num_bytes,
-                               receive_s=inc.last_progress_s - inc.started_s, scatter_s=res.scatter_s,
-                               insert_s=res.insert_s)
-        if res.inserted_len > 0:
+                               receive_s=inc.last_progress_s - inc.started_s, scatter_s=done.scatter_s,
+                               insert_s=done.insert_s)
+        if done.inserted_len > 0:
             self.replica_blocks[h.replication_id] = (h.namespace, block_hashes, False)
             self.replica_facts[h.replication_id] = fact
         self.send_coord(msgspec.structs.replace(fact))
-
-    def ring_scheduler(self) -> None:
-        try:
-            os.write(self.a._bell_w, b"x")
-        except OSError:
-            pass
 
     def expire_grants(self, now: float) -> None:
         for rid, (_, deadline) in list(self.expected.items()):
@@ -256,37 +260,19 @@ class IoLoop:
 
     def _run(self) -> None:
         self.hello()
-        a = self.a
         next_wait = 0.5
-        while not a._stop.is_set():
+        while True:
             ready = dict(self.poller.poll(max(1, int(min(next_wait, 0.5) * 1000))))
-            if a._wake_r in ready:
-                try:
-                    os.read(a._wake_r, 65536)
-                except BlockingIOError:
-                    pass
+            if self.mailbox.io_wake_fd in ready:
+                self.mailbox.clear_wake()
             self.drain_events()
             while True:
-                try:
-                    item = a.io_q.get_nowait()
-                except queue.Empty:
+                msg = self.mailbox.take_for_io()
+                if msg is None:
                     break
-                kind = item[0]
-                if kind == "coord":
-                    if isinstance(item[1], p.LoadReported):
-                        self.last_load = item[1]
-                    self.send_coord(item[1])
-                elif kind == "hit":
-                    self.on_hit(*item[1:])
-                elif kind == "send_begin":
-                    cmd, header = item[1:]
-                    self.transport.send(header, cmd.target_endpoint)
-                elif kind == "send_chunk":
-                    self.transport.push_chunk(*item[1:])
-                elif kind == "install_done":
-                    self.install_done(*item[1:])
-                elif kind == "stop":
+                if isinstance(msg, m.Stop):
                     return
+                self.on_message(msg)
             if self.coord in ready:
                 while True:
                     try:
@@ -301,3 +287,21 @@ class IoLoop:
                     self.hello()
                 elif self.last_load is not None:
                     self.send_coord(msgspec.structs.replace(self.last_load))
+
+    def on_message(self, msg: m.ToIo) -> None:
+        if isinstance(msg, m.ToCoordinator):
+            if isinstance(msg.message, p.LoadReported):
+                self.last_load = msg.message
+            self.send_coord(msg.message)
+        elif isinstance(msg, m.PrefixMatched):
+            self.on_hit(msg)
+        elif isinstance(msg, m.StartSend):
+            self.transport.send(msg.header, msg.target_endpoint)
+        elif isinstance(msg, m.ChunkGathered):
+            self.transport.push_chunk(msg.transfer_id, msg.index, msg.buffer, msg.gather_s)
+        elif isinstance(msg, m.Installed):
+            self.installed(msg)
+        elif isinstance(msg, m.InstallFailed):
+            self.install_failed(msg)
+        elif isinstance(msg, m.ReplicaRoom):
+            self.free_replica_tokens = msg.free_tokens

@@ -1,27 +1,14 @@
-"""WorkerAgent: the extension inside one SGLang scheduler process.
-
-Two threads, one rule: the scheduler thread alone touches the radix tree, the allocator and the KV pool (in
-`on_iteration`, between SGLang iterations); the I/O thread alone touches sockets (the coordinator DEALER, the data
-ROUTER, DEALERs to peers). They exchange plain tuples through two queues; a pipe rings the other side (the
-scheduler's end is registered with SGLang's idle poller so `--sleep-on-idle` wakes up for a command).
-
-    scheduler thread                          I/O thread
-    ----------------                          ----------
-    on_iteration: run commands  <--- sched_q --- ReplicatePages / install verified transfer / drop / promote
-                  expire replicas                 coordinator: hello, facts (seq numbers), resync
-                  report load     --- io_q --->  data plane: receive + verify transfers, send gathered pages
-    on_request_match: hit --------------------->  hash the matched prefix, PrefixHit, detect promotions
-
-The I/O thread's loop is `sglang_kvrep.io_loop.IoLoop`. Any exception in the agent is logged; after repeated
-failures it disables itself and SGLang serves as usual.
+"""The worker agent's scheduler side: `WorkerAgent`, the part of the extension that runs on SGLang's scheduler
+thread. It alone touches the radix tree, the allocator and the KV pool (in `on_iteration`, between SGLang
+iterations, and in SGLang's allocation path for demoted chains). It talks to the I/O side only through the typed
+mailbox (`sglang_kvrep.agent.mailbox`; the picture is in `sglang_kvrep.agent`). Any exception is logged; after
+repeated failures the agent disables itself and SGLang serves as usual.
 """
 from __future__ import annotations
 
 import collections
-import ctypes
+import hashlib
 import logging
-import os
-import queue
 import threading
 import time
 import uuid
@@ -33,18 +20,24 @@ import torch
 
 from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
-from sglang_kvrep import events
+from sglang_kvrep import compat, events
+from sglang_kvrep.agent import mailbox as m
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.config import KvrepConfig
-from sglang_kvrep.dataplane import Incoming, LocalGeometry
+from sglang_kvrep.dataplane.checks import LocalGeometry
+from sglang_kvrep.dataplane.staging import Incoming
 from sglang_kvrep.replicas import ReplicaTable
 
 log = logging.getLogger("kvrep.agent")
 MAX_ERRORS = 20
+MAX_COMMANDS = 64
+"""Commands run per iteration at most (the rest wait for the next one)."""
 MAX_AHEAD = 4
 """Chunks a source gathers ahead of what the I/O thread has sent (bounds memory under a bandwidth cap)."""
 GATHER_SLICE_S = 0.005
 """Scheduler-thread time a source spends gathering per iteration."""
+START_TIMEOUT_S = 10.0
+"""How long `start` waits for the I/O side to say it is up."""
 
 
 @dataclass
@@ -55,22 +48,15 @@ class _GatherJob:
     next_chunk: int = 0
 
 
-def _name_thread(name: str) -> None:
-    """Give the OS thread a name (visible in /proc/<pid>/task/*/comm) so tests can see it exists."""
-    try:
-        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 class WorkerAgent:
-    def __init__(self, view: SchedulerView, config: KvrepConfig) -> None:
+    """The scheduler side of one worker's agent. Scheduler thread only."""
+
+    def __init__(self, view: SchedulerView, config: KvrepConfig, mailbox: Optional[m.Mailbox] = None) -> None:
         self.view = view
         self.config = config
+        self.mailbox = mailbox if mailbox is not None else m.Mailbox()
         self.page_size = view.page_size
         fields = view.fingerprint_fields()
-        import hashlib
-
         self.fingerprint_fields = fields
         self.fingerprint = hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:24]
         k_bufs, v_bufs, layout = view.kv_buffers()
@@ -81,16 +67,10 @@ class WorkerAgent:
         capacity = view.pool_capacity_tokens()
         self.replicas = ReplicaTable(view, config.replica_budget_tokens or capacity // 4)
         self.capacity = capacity
-        self.sched_q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
-        self.io_q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
-        self._bell_r, self._bell_w = os.pipe()     # I/O -> scheduler doorbell
-        self._wake_r, self._wake_w = os.pipe()     # scheduler -> I/O wake-up
-        for fd in (self._bell_r, self._wake_r, self._bell_w, self._wake_w):
-            os.set_blocking(fd, False)  # a full pipe means a wake-up is pending: never block a thread on it
-        self._free_replica_tokens = self.replicas.free_tokens()  # read by the I/O thread
-        self.gathers: dict[str, _GatherJob] = {}        # scheduler thread only
-        self.sent_chunks: dict[str, int] = {}           # written by the I/O thread, read by the scheduler thread
-        self.cancelled: set[str] = set()                # transfers the target refused (I/O thread adds)
+        self._free_replica_tokens = self.replicas.free_tokens()  # last value told to the I/O side
+        self.gathers: dict[str, _GatherJob] = {}
+        self.sent_chunks: dict[str, int] = {}           # of running gathers, as the I/O side reports them
+        self.cancelled: set[str] = set()                # running gathers the I/O side reported ended
         self._seen_rids: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._next_load_s = 0.0
         self._reported_busy = False
@@ -100,37 +80,52 @@ class WorkerAgent:
         """EWMA of the scheduler's iteration length while it had work (reported with the load)."""
         self._errors = 0
         self.disabled = False
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         self.data_endpoint = ""
-        self._ready = threading.Event()
         self.demoted: "collections.OrderedDict[tuple, tuple[str, array]]" = collections.OrderedDict()
         """Stale copies the coordinator demoted (a session's next turn went elsewhere with all of this prefix),
-        oldest first: evicted before anything else when an allocation needs room (scheduler thread only)."""
+        oldest first: evicted before anything else when an allocation needs room."""
         self.demote_stats = {"evicted_tokens": 0, "taken_back": 0}
         """Reported with the load: tokens freed from demoted chains, chains taken back by a hit."""
         self._demoted_tokens = 0
 
-    # ================================================================================== scheduler thread
-    def start(self) -> None:
-        self.view.add_idle_wakeup(self._bell_r)
-        events.ON_PUBLISH = self._wake_io
-        self._thread = threading.Thread(target=self._io_main, name="kvrep-io", daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
+    @property
+    def info(self) -> m.WorkerInfo:
+        """What the I/O side needs to know of this worker when it starts."""
+        return m.WorkerInfo(fingerprint=self.fingerprint, fingerprint_fields=self.fingerprint_fields,
+                            page_size=self.page_size, pool_capacity_tokens=self.capacity,
+                            replica_budget_tokens=self.replicas.budget_tokens,
+                            free_replica_tokens=self._free_replica_tokens, geometry=self.geometry)
+
+    # ======================================================================================== life cycle
+    def start(self, io_thread: threading.Thread) -> None:
+        """Start the I/O side's thread (built on this agent's mailbox) and wait until it says it is up."""
+        self.view.add_idle_wakeup(self.mailbox.scheduler_bell_fd)
+        events.ON_PUBLISH = self.mailbox.wake_io
+        io_thread.start()
+        first = self.mailbox.take_for_scheduler(timeout_s=START_TIMEOUT_S)
+        if isinstance(first, m.IoStarted):
+            self.data_endpoint = first.data_endpoint
+        elif isinstance(first, m.IoDied):
+            self.disabled = True
         log.info("kvrep agent %s: fingerprint %s, data %s, coordinator %s", self.config.worker_id,
                  self.fingerprint, self.data_endpoint, self.config.coordinator)
 
-    def to_io(self, item: tuple) -> None:
-        self.io_q.put(item)
-        self._wake_io()
+    def stop(self) -> None:
+        self.mailbox.post_to_io(m.Stop())
 
-    def _wake_io(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass  # the pipe is full (the I/O thread has a wake-up pending already) or closed
+    def to_io(self, msg: m.ToIo) -> None:
+        self.mailbox.post_to_io(msg)
 
+    def _report(self, fact) -> None:
+        self.mailbox.post_to_io(m.ToCoordinator(fact))
+
+    def _room_changed(self) -> None:
+        free = self.replicas.free_tokens()
+        if free != self._free_replica_tokens:
+            self._free_replica_tokens = free
+            self.mailbox.post_to_io(m.ReplicaRoom(free))
+
+    # ====================================================================================== per iteration
     def on_iteration_safe(self) -> None:
         if self.disabled:
             return
@@ -144,16 +139,15 @@ class WorkerAgent:
                 self.disabled = True
 
     def on_iteration(self) -> None:
-        try:
-            os.read(self._bell_r, 4096)
-        except BlockingIOError:
-            pass
-        for _ in range(64):
-            try:
-                item = self.sched_q.get_nowait()
-            except queue.Empty:
+        self.mailbox.clear_bell()
+        num_commands = 0
+        while num_commands < MAX_COMMANDS:
+            msg = self.mailbox.take_for_scheduler()
+            if msg is None:
                 break
-            self._run_command(item)
+            if not isinstance(msg, m.PROGRESS):
+                num_commands += 1
+            self._on_message(msg)
         if self.gathers:
             self._pump_gathers()
         # NOTE: the pages the previous iteration cached (a prefill just done) reach the coordinator now, while the
@@ -171,33 +165,43 @@ class WorkerAgent:
         if now >= self._next_load_s or (self._reported_busy and not busy):
             self._next_load_s = now + self.config.load_interval_s
             for rid, evicted in self.replicas.expire_due():
-                self.to_io(("coord", p.ReplicaExpired(worker_id=self.config.worker_id, seq=0, replication_id=rid,
-                                                      num_evicted_tokens=evicted)))
+                self._report(p.ReplicaExpired(worker_id=self.config.worker_id, seq=0, replication_id=rid,
+                                              num_evicted_tokens=evicted))
             load = self.view.load()
-            self._free_replica_tokens = self.replicas.free_tokens()
-            self.to_io(("coord", p.LoadReported(worker_id=self.config.worker_id, seq=0,
-                                                replica_tokens=self.replicas.live_tokens(),
-                                                iteration_s=round(self._iteration_s, 4),
-                                                demoted_chains=len(self.demoted),
-                                                demoted_evicted_tokens=self.demote_stats["evicted_tokens"],
-                                                demotions_taken_back=self.demote_stats["taken_back"], **load)))
+            self._room_changed()
+            self._report(p.LoadReported(worker_id=self.config.worker_id, seq=0,
+                                        replica_tokens=self.replicas.live_tokens(),
+                                        iteration_s=round(self._iteration_s, 4),
+                                        demoted_chains=len(self.demoted),
+                                        demoted_evicted_tokens=self.demote_stats["evicted_tokens"],
+                                        demotions_taken_back=self.demote_stats["taken_back"], **load))
             self._reported_busy = load["num_running_reqs"] + load["num_waiting_reqs"] > 0
 
-    def _run_command(self, item: tuple) -> None:
-        kind = item[0]
-        if kind == "replicate":
-            self._replicate(item[1])
-        elif kind == "install":
-            self._install(item[1], item[2])
-        elif kind == "promote":
-            self.replicas.promote(item[1])
-        elif kind == "demote":
-            self.demote(item[1], item[2])
-        elif kind == "drop":
-            evicted = self.replicas.drop(item[1])
+    def _on_message(self, msg: m.ToScheduler) -> None:
+        if isinstance(msg, m.ChunksSent):
+            if msg.transfer_id in self.gathers:  # a job that ended needs no count (and must not leak one)
+                self.sent_chunks[msg.transfer_id] = msg.num_sent
+        elif isinstance(msg, m.SendCancelled):
+            if msg.transfer_id in self.gathers:
+                self.cancelled.add(msg.transfer_id)
+        elif isinstance(msg, m.Replicate):
+            self._replicate(msg.command)
+        elif isinstance(msg, m.Install):
+            self._install(msg.incoming, msg.block_hashes)
+        elif isinstance(msg, m.Promote):
+            self.replicas.promote(msg.replication_id)
+        elif isinstance(msg, m.Demote):
+            self.demote(msg.namespace, msg.token_ids)
+        elif isinstance(msg, m.Drop):
+            evicted = self.replicas.drop(msg.replication_id)
             if evicted is not None:
-                self.to_io(("coord", p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
-                                                      replication_id=item[1], num_evicted_tokens=evicted)))
+                self._report(p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
+                                              replication_id=msg.replication_id, num_evicted_tokens=evicted))
+        elif isinstance(msg, m.IoDied):
+            log.error("kvrep agent disabled: its I/O thread died; serving as plain SGLang")
+            self.disabled = True
+        elif isinstance(msg, m.IoStarted):
+            self.data_endpoint = msg.data_endpoint  # it was late for `start`
 
     # ------------------------------------------------------------------------------------------ demotion
     MAX_DEMOTED = 4096
@@ -261,8 +265,8 @@ class WorkerAgent:
 
     def _fail(self, replication_id: str, role: str, error: str) -> None:
         log.warning("replication %s failed (%s): %s", replication_id, role, error)
-        self.to_io(("coord", p.ReplicationFailed(worker_id=self.config.worker_id, seq=0,
-                                                 replication_id=replication_id, role=role, error=error)))
+        self._report(p.ReplicationFailed(worker_id=self.config.worker_id, seq=0, replication_id=replication_id,
+                                         role=role, error=error))
 
     def _replicate(self, cmd: p.ReplicatePages) -> None:
         """Source side: lock the cached prefix and start a gather job; chunks are gathered over the next
@@ -296,7 +300,7 @@ class WorkerAgent:
             pages_per_chunk=per_chunk, num_chunks=-(-num_pages // per_chunk),
             checksum_kind=default_kind(k_bufs[0]), ttl_s=cmd.ttl_s)
         self.gathers[header.transfer_id] = _GatherJob(header, page_ids, lock)
-        self.to_io(("send_begin", cmd, header))
+        self.to_io(m.StartSend(header, cmd.target_endpoint))
         self._pump_gathers()
 
     def _pump_gathers(self) -> None:
@@ -317,7 +321,7 @@ class WorkerAgent:
                 k_bufs, v_bufs, layout = self.view.kv_buffers()
                 buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
                                       layout=layout)
-                self.to_io(("send_chunk", tid, job.next_chunk, buffer, time.perf_counter() - t0))
+                self.to_io(m.ChunkGathered(tid, job.next_chunk, buffer, time.perf_counter() - t0))
                 job.next_chunk += 1
             if job.next_chunk == h.num_chunks:
                 self._end_gather(tid, job)
@@ -326,52 +330,37 @@ class WorkerAgent:
         self.view.unlock(job.lock)
         del self.gathers[tid]
         self.cancelled.discard(tid)
+        self.sent_chunks.pop(tid, None)
 
     def _install(self, inc: Incoming, block_hashes: list[int]) -> None:
         try:
             res = self.replicas.install(inc)
         except Exception as exc:  # budget, OOM, bad buffer: nothing was written or kept
-            self.to_io(("install_done", inc, None, f"install failed: {exc}", block_hashes))
+            self.to_io(m.InstallFailed(inc, f"install failed: {exc}"))
             return
-        self._free_replica_tokens = self.replicas.free_tokens()
-        self.to_io(("install_done", inc, res, None, block_hashes))
+        self._room_changed()
+        self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
 
     def on_request_match_safe(self, params: Any, result: Any) -> None:
+        """SGLang matched a request's prompt (`match_prefix`'s arguments and result): report the hit once per
+        request, and take back a demotion the request reuses exactly."""
         if self.disabled:
             return
         try:
-            req = params.req
-            rid = getattr(req, "rid", None)
-            if rid is None or rid in self._seen_rids:
+            hit = compat.matched_request(params, result)
+            if hit is None or hit.rid is None or hit.rid in self._seen_rids:
                 return
-            self._seen_rids[rid] = None
+            self._seen_rids[hit.rid] = None
             if len(self._seen_rids) > 8192:
                 self._seen_rids.popitem(last=False)
-            matched = int(result.device_prefix_len)
+            matched = hit.matched_len
             if matched <= 0:
                 return
-            key = params.key
-            tokens = array("q", key.token_ids[:matched])
-            hit = (key.cache_salt or "", matched, hash(tokens.tobytes())) if self.demoted else None
-            if hit is not None and hit in self.demoted:
-                self._forget(hit)
+            tokens = array("q", hit.token_ids[:matched])
+            key = (hit.namespace, matched, hash(tokens.tobytes())) if self.demoted else None
+            if key is not None and key in self.demoted:
+                self._forget(key)
                 self.demote_stats["taken_back"] += 1  # a request reuses exactly this demoted chain: a hit
-            self.to_io(("hit", key.cache_salt or "", tokens, matched, len(key.token_ids)))
+            self.to_io(m.PrefixMatched(hit.namespace, tokens, matched, hit.key_len))
         except Exception:
             log.exception("kvrep: prefix-hit hook failed")
-
-    # ========================================================================================= I/O thread
-    def _io_main(self) -> None:
-        _name_thread("kvrep-io")
-        try:
-            from sglang_kvrep.io_loop import IoLoop
-
-            IoLoop(self).run()
-        except Exception:
-            log.exception("kvrep I/O thread died; the worker keeps serving as plain SGLang")
-            self.disabled = True
-            self._ready.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.to_io(("stop",))

@@ -1,177 +1,26 @@
-"""The worker-to-worker data plane behind one interface: `Transport` (what the agent's I/O thread needs to move a
-transfer's pages), the facts a transport reports, and the registry that picks an implementation by name
-(`--kvrep-transport`, default "zmq"). `ZmqTransport` is the default and today the only implementation; its wire
-(typed MessagePack control frames, zero-copy payload frames, a checksum per chunk, atomic staging) is described
-in `sglang_kvrep.dataplane`. Called by `sglang_kvrep.io_loop.IoLoop` on the I/O thread only; nothing here
-touches SGLang.
-
-Who decides what: a transport moves and verifies bytes (framing, checksums, staging, the rate cap, stalls); its
-owner decides whether a transfer may land at all (`admit`: the coordinator's grant, the local geometry and
-replica budget) and what a finished one means (page hashes against the grant, install, facts to the
-coordinator).
-
-    owner (IoLoop)                      source transport          target transport        owner (IoLoop)
-    send(header, endpoint)         -->  header ------------------> admit(header) ------->  None | Refusal
-    push_chunk(tid, k, buf) x N    -->  chunk k ----------------->  verify, stage
-    ChunkSent(tid, n)              <--  (per chunk on the wire)
-    TransferSent(header, ...)      <--  end --------------------->  all chunks verified --> TransferReceived(inc)
-                                                                    answer(inc, ...)   <--  install, then answer
-                                        (reply consumed)       <--  Accepted / Refused
-    TransferFailed(role=...)       <--  on either side when a transfer ends without landing: refused, corrupt,
-                                        stalled; the target's staging is already freed when it is reported
-
-To add an implementation: write a class with the `Transport` methods whose constructor takes
-`(config, admit, on_event, ctx, poller)`, and `register_transport("name", TheClass)` before the agent starts
-(`KvrepConfig.transport` is checked against this registry). See docs/transport.md for what a transport that
-writes into registered memory (Mooncake, NIXL) additionally needs on the wire.
-"""
+"""`ZmqTransport`, the default data plane (`--kvrep-transport zmq`): a ROUTER bound on each worker's data endpoint
+receives, one DEALER per target sends; typed MessagePack control frames, zero-copy payload frames, a checksum per
+chunk, atomic staging (the wire is described in `sglang_kvrep.dataplane`). Implements
+`sglang_kvrep.dataplane.transport.Transport`; I/O thread only."""
 from __future__ import annotations
 
 import collections
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Container, Optional, Protocol, Union, runtime_checkable
+from typing import Callable, Container, Optional
 
 import torch
 import zmq
 
 from radix_sync import protocol as p
-from sglang_kvrep.dataplane import Incoming, Outgoing, StagingPool, TokenBucket, chunk_frames
-
-if TYPE_CHECKING:
-    from sglang_kvrep.config import KvrepConfig
+from sglang_kvrep.dataplane.staging import Incoming, Outgoing, StagingPool
+from sglang_kvrep.dataplane.transport import (Admit, ChunkSent, OnEvent, Refusal, TransferFailed, TransferReceived,
+                                              TransferSent, TransportSettings)
+from sglang_kvrep.dataplane.wire import TokenBucket, chunk_frames
 
 log = logging.getLogger("kvrep.agent")
 
 
-# ------------------------------------------------------------------------------------- facts and answers
-@dataclass(frozen=True)
-class ChunkSent:
-    """Source: chunk number `num_sent` of `transfer_id` went to the wire (the gatherer may run further ahead)."""
-
-    transfer_id: str
-    num_sent: int
-
-
-@dataclass(frozen=True)
-class TransferSent:
-    """Source: every chunk and the end marker left; the target's answer is still to come."""
-
-    header: p.TransferHeader
-    gather_s: float
-    """Scheduler-thread time spent gathering this transfer's chunks."""
-    send_s: float
-    """From `send` to the end marker leaving."""
-
-
-@dataclass(frozen=True)
-class TransferReceived:
-    """Target: every chunk arrived and passed its checksum. `incoming` (and its staging buffer) is lent to the
-    owner until it calls `Transport.answer`, which the owner must do exactly once."""
-
-    incoming: Incoming
-
-
-@dataclass(frozen=True)
-class TransferFailed:
-    """Either side: the transfer ended without landing; nothing of it is kept (a target's staging buffer is
-    already back in its pool). A source's owner stops gathering it."""
-
-    transfer_id: str
-    replication_id: str
-    role: str
-    """"source" or "target": which side saw it fail."""
-    error: str
-    tell_coordinator: bool = True
-    """False when someone else reports it, or no one should: a target refusing a transfer it could not
-    authenticate (a stranger must not fail someone else's replication), a source learning of a refusal the
-    target reports itself."""
-
-
-TransportEvent = Union[ChunkSent, TransferSent, TransferReceived, TransferFailed]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """An owner's answer to `admit`: the transfer may not land. The source is told `error`."""
-
-    error: str
-    tell_coordinator: bool = True
-
-
-Admit = Callable[[p.TransferHeader], Optional[Refusal]]
-"""Called once per incoming header before a byte is staged: None admits it."""
-OnEvent = Callable[[TransportEvent], None]
-"""Receives every fact, synchronously, on the I/O thread (so the owner sees them in wire order)."""
-
-
-# ------------------------------------------------------------------------------------------- interface
-@runtime_checkable
-class Transport(Protocol):
-    """Moves transfers' pages between worker agents. I/O thread only.
-
-    A peer's fault (garbage, corruption, a wrong token, silence) never raises out of a method: it is answered on
-    the wire and reported as `TransferFailed`. Every method returns quickly (no blocking I/O).
-    """
-
-    name: str
-    endpoint: str
-    """This worker's data endpoint, advertised in the Hello; sources pass it to `send`."""
-
-    def send(self, header: p.TransferHeader, endpoint: str) -> None:
-        """Start a transfer to the target at `endpoint`. Its chunks follow through `push_chunk`; the transfer
-        fails (`TransferFailed(role="source")`) if it makes no progress for `config.transfer_timeout_s`."""
-
-    def push_chunk(self, transfer_id: str, index: int, buffer: torch.Tensor, gather_s: float) -> None:
-        """Queue gathered chunk `index` of `transfer_id`: a contiguous CPU tensor (layers, pages of the chunk,
-        page bytes) that the transport keeps alive until sent. Chunks leave in the order pushed, under the
-        per-link rate cap (`config.send_rate_mbps`). Ignored for a transfer that already ended."""
-
-    def progress(self, ready: Container) -> float:
-        """Do the I/O that is possible now: receive (`ready` is what the owner's poller returned), send, check
-        stalls; facts go to `on_event` as they happen. Returns seconds until the next call is due at the latest."""
-
-    def answer(self, incoming: Incoming, *, inserted_len: int = 0, error: Optional[str] = None) -> None:
-        """End a `TransferReceived` transfer: tell its source it was accepted (`inserted_len` tokens inserted) or
-        refused (`error`), and take its staging buffer back. The owner reports a refusal itself."""
-
-    def close(self) -> None:
-        """Close every socket; pending transfers are dropped without answers. The transport is unusable after."""
-
-
-TransportFactory = Callable[["KvrepConfig", Admit, OnEvent, zmq.Context, zmq.Poller], Transport]
-_TRANSPORTS: dict[str, TransportFactory] = {}
-
-
-def register_transport(name: str, factory: TransportFactory) -> None:
-    """Make `factory` selectable as `--kvrep-transport name`. Re-registering a name replaces it."""
-    _TRANSPORTS[name] = factory
-
-
-def known_transports() -> tuple[str, ...]:
-    return tuple(sorted(_TRANSPORTS))
-
-
-def check_transport_name(name: str) -> None:
-    """Raises:
-        ValueError: `name` is not a registered transport (the message lists the known ones)."""
-    if name not in _TRANSPORTS:
-        raise ValueError(f"unknown transport {name!r} (known: {', '.join(known_transports())})")
-
-
-def make_transport(name: str, config: "KvrepConfig", admit: Admit, on_event: OnEvent, ctx: zmq.Context,
-                   poller: zmq.Poller) -> Transport:
-    """Build the transport registered as `name`; it registers its sockets with `poller`.
-
-    Raises:
-        ValueError: unknown name.
-    """
-    check_transport_name(name)
-    return _TRANSPORTS[name](config, admit, on_event, ctx, poller)
-
-
-# ---------------------------------------------------------------------------------------------- ZeroMQ
 class ZmqTransport:
     """The ZeroMQ data plane: a ROUTER bound on this worker's data endpoint receives, one DEALER per target
     sends. Payload frames go zero-copy from the gathered tensors; the target checks each chunk's checksum on
@@ -179,7 +28,7 @@ class ZmqTransport:
 
     name = "zmq"
 
-    def __init__(self, config: "KvrepConfig", admit: Admit, on_event: OnEvent, ctx: zmq.Context,
+    def __init__(self, config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
                  poller: zmq.Poller, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = config
         self.admit = admit
@@ -393,6 +242,3 @@ class ZmqTransport:
                 self.on_event(TransferFailed(
                     tid, out.header.replication_id, "source",
                     f"send stalled for {limit:g}s ({out.num_sent}/{out.header.num_chunks} chunks sent)"))
-
-
-register_transport(ZmqTransport.name, ZmqTransport)

@@ -1,0 +1,22 @@
+"""The worker-to-worker data plane: how a replica's pages go from the source worker to the target, on the agent's
+I/O thread. Nothing here touches SGLang.
+
+    transport.py      the `Transport` interface, the facts a transport reports, the settings it reads
+    registry.py       transports by name (`--kvrep-transport`, default "zmq")
+    zmq_transport.py  `ZmqTransport`, the default implementation
+    staging.py        transfer state on each end and the reused receive buffers
+    checks.py         what a target checks before it writes anything (geometry, grant)
+    wire.py           chunk framing, the per-link rate cap, a small blocking client (tests and tools)
+
+Wire: a ZMQ ROUTER on each worker's data endpoint; senders connect a DEALER. A transfer is `TransferHeader`, then
+`num_chunks` x (`TransferChunk`, raw payload frame), then `TransferEnd`; the target answers `TransferAccepted` or
+`TransferRefused`. A chunk is a run of whole pages of every layer, checksummed on its own, so the source sends a
+chunk while it gathers the next and the target verifies each chunk on arrival:
+
+    staging buffer, viewed (layers, pages, page bytes):     chunk k (pages [a, b)), viewed (layers, b - a, page bytes)
+      layer 0: | p0 | p1 | ... | pa ... pb | ... |   <----   | pa ... pb |   (layer 0 rows of the chunk)
+      layer 1: | p0 | p1 | ... | pa ... pb | ... |   <----   | pa ... pb |   (layer 1 rows)
+
+A transfer is atomic for the target: bytes are staged and handed to the scheduler thread only once every chunk
+arrived and verified.
+"""

@@ -1,0 +1,110 @@
+"""Transfer state on both ends of the data plane, any transport's: `Incoming` (a transfer being received and
+verified chunk by chunk into a staging buffer), `Outgoing` (one being sent as the scheduler thread gathers it) and
+`StagingPool` (the receive buffers, reused). I/O thread only; nothing here touches SGLang."""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from kvrep_kernels import payload_checksum
+from radix_sync import protocol as p
+
+
+class StagingPool:
+    """Reused receive buffers. A fresh multi-MB tensor per transfer costs a page fault per 4 KiB on first touch
+    (measured in docs/transport.md: it dominated receive time); buffers returned here are reused, best fit first,
+    up to `max_bytes` cached in total. I/O thread only."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._free: list[torch.Tensor] = []
+
+    def cached_bytes(self) -> int:
+        return sum(b.numel() for b in self._free)
+
+    def acquire(self, num_bytes: int) -> torch.Tensor:
+        fits = [b for b in self._free if b.numel() >= num_bytes]
+        if fits:
+            buf = min(fits, key=lambda b: b.numel())
+            self._free = [b for b in self._free if b is not buf]
+            return buf
+        return torch.empty(num_bytes, dtype=torch.uint8)
+
+    def release(self, buf: torch.Tensor) -> None:
+        if buf.numel() > self.max_bytes:
+            return
+        self._free.append(buf)
+        while self.cached_bytes() > self.max_bytes:
+            smallest = min(self._free, key=lambda b: b.numel())
+            self._free = [b for b in self._free if b is not smallest]
+
+
+@dataclass
+class Incoming:
+    """A transfer being received: staged bytes plus bookkeeping."""
+
+    header: p.TransferHeader
+    peer: bytes
+    storage: torch.Tensor
+    """The staging buffer (may be larger than the payload; see `buffer`)."""
+    started_s: float
+    last_progress_s: float
+    chunks: set[int] = field(default_factory=set)
+    received_bytes: int = 0
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        return self.storage[:self.header.num_bytes]
+
+    def _pages_view(self) -> torch.Tensor:
+        h = self.header
+        layers, num_pages = h.buffer_shape[0], h.num_pages
+        return self.buffer.view(layers, num_pages, h.num_bytes // (layers * num_pages))
+
+    def add_chunk(self, chunk: p.TransferChunk, payload: memoryview, now_s: float) -> Optional[str]:
+        """Verify one chunk and stage it. Returns an error message (the transfer is then refused)."""
+        h = self.header
+        if not 0 <= chunk.index < h.num_chunks or chunk.index in self.chunks:
+            return f"bad or repeated chunk index {chunk.index}"
+        first = chunk.index * h.pages_per_chunk
+        count = min(h.pages_per_chunk, h.num_pages - first)
+        page_bytes = h.num_bytes // h.num_pages
+        if chunk.first_page != first or chunk.num_pages != count or chunk.num_bytes != count * page_bytes \
+                or len(payload) != chunk.num_bytes:
+            return (f"chunk {chunk.index} malformed: pages {chunk.first_page}+{chunk.num_pages}, "
+                    f"{len(payload)} bytes (expected pages {first}+{count}, {count * page_bytes} bytes)")
+        data = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+        got = payload_checksum(data, h.checksum_kind)
+        if got != chunk.checksum:
+            return f"checksum mismatch in chunk {chunk.index}: payload {got:#x} != announced {chunk.checksum:#x}"
+        view = self._pages_view()
+        view[:, first:first + count].copy_(data.view(view.shape[0], count, view.shape[2]))
+        self.chunks.add(chunk.index)
+        self.received_bytes += chunk.num_bytes
+        self.last_progress_s = now_s
+        return None
+
+    def finish(self) -> Optional[str]:
+        h = self.header
+        if len(self.chunks) != h.num_chunks or self.received_bytes != h.num_bytes:
+            return f"incomplete: {len(self.chunks)}/{h.num_chunks} chunks, {self.received_bytes}/{h.num_bytes} bytes"
+        return None
+
+
+@dataclass
+class Outgoing:
+    """A transfer being sent: the header, then chunks as the scheduler thread gathers them."""
+
+    header: p.TransferHeader
+    endpoint: str
+    started_s: float
+    chunks: "collections.deque[tuple[int, torch.Tensor]]" = field(default_factory=collections.deque)
+    """Gathered chunks waiting to be sent (index, buffer)."""
+    header_sent: bool = False
+    num_sent: int = 0
+    last_progress_s: float = 0.0
+    gather_s: float = 0.0
+    end_sent_s: Optional[float] = None
