@@ -5,7 +5,7 @@ order), hints.
 Reachability: every call has a short timeout; a failure marks the coordinator down and the next attempt waits an
 exponentially growing backoff (`backoff_min_s` doubling to `backoff_max_s`). While down, calls return None at once
 (no request waits on a dead coordinator) and the router routes from its own view; the first call after the backoff
-probes, and a success brings everything back. Owned by `radix_sync.router.server`; runs on its event loop.
+probes, and a success brings everything back. Owned by `radix_sync.router.service.Router`; runs on its event loop.
 
 Every body is one of the structs of `radix_sync.api`, the module the coordinator's admin server decodes and encodes
 with: a report or hint that does not fit is refused here (counted or answered 400), an answer that does not fit
