@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
 ARMS = ("shadow", "active", "sgl-rr", "sgl-ca")
-SIM_POLICY = {"shadow": "kvrep_shadow", "active": "kvrep", "sgl-rr": "round_robin", "sgl-ca": "cache_aware"}
+SIM_POLICY = {"shadow": "kvrep_shadow", "active": "kvrep", "sgl-rr": "round_robin", "sgl-ca": "cache_aware_v03"}
 WORKLOADS = ("agent", "fanout", "shared", "unique")
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "claude_code_sample"
 
@@ -398,12 +398,12 @@ def resimulate(path: Path, cores: Optional[int] = None) -> int:
              if data.get("speed") else "not measured, x1)"))
     print(validation_table(rows, profile))
     print()
-    print("the same workloads simulated under the bounds (oracle: every worker holds every prefix, free); ratios "
-          "vs cache_aware")
+    print("the same workloads simulated under references (free_copies: every worker holds every prefix, free; "
+          "not a bound); ratios vs cache_aware_v03")
     print(f"{'workload':<8} {'policy':<12} {'mean':>6} {'P50':>6} {'P99':>6} {'mean x':>7} {'P99 x':>6} {'copies':>6}")
     for w, wl in built.items():
         base = None
-        for name in ("cache_aware", "kvrep", "oracle"):
+        for name in ("cache_aware_v03", "kvrep", "free_copies"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
                            args.max_running, data.get("speed"), cores)
             t = res["ttft_s"]

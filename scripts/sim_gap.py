@@ -1,6 +1,6 @@
 """Where a policy's TTFT goes, and where it loses to another policy, request by request (simulator analysis).
 
-    python scripts/sim_gap.py --generator agent --rate 100 --duration-s 300 --seed 1 --policies kvrep,oracle
+    python scripts/sim_gap.py --generator agent --rate 100 --duration-s 300 --seed 1 --policies kvrep,free_copies
 
 Per policy: requests by how they were routed (as they were: `plain`; waiting for a planned copy in flight:
 `inflight`; pulling the prefix on the request's path: `pull`), with their TTFT and the part of it spent waiting for
@@ -107,7 +107,7 @@ def pair_report(a: str, da: dict[str, Done], b: str, db: dict[str, Done], page_l
 
 def build_parser() -> argparse.ArgumentParser:
     """`kvrep sim`'s workload and engine flags, and this script's."""
-    p = analysis_parser(__doc__.splitlines()[0], "kvrep,oracle")
+    p = analysis_parser(__doc__.splitlines()[0], "kvrep,free_copies")
     p.add_argument("--top", type=int, default=10, help="largest paired losses to list")
     return p
 

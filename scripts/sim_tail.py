@@ -1,6 +1,6 @@
 """What makes a policy's P99 TTFT in the simulator: the requests at or above 0.9x the P99, by kind.
 
-    python scripts/sim_tail.py --generator agent --rate 100 --duration-s 300 --seed 1 --policies e2,kvrep,oracle
+    python scripts/sim_tail.py --generator agent --rate 100 --duration-s 300 --seed 1 --policies e2,kvrep,free_copies
 
 For session workloads each tail request is a session's first turn, a follow-up whose previous prompt was still
 cached where it ran ("history cached"), or a follow-up that found less than its previous prompt cached ("history
@@ -70,7 +70,7 @@ def tail_report(args: argparse.Namespace, name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """`kvrep sim`'s workload and engine flags."""
-    return analysis_parser(__doc__.splitlines()[0], "e2,kvrep,oracle")
+    return analysis_parser(__doc__.splitlines()[0], "e2,kvrep,free_copies")
 
 
 def main() -> int:

@@ -249,6 +249,18 @@ class PageTree:
                     on_evict(page)
         return done
 
+    def lru_leaf_s(self) -> Optional[float]:
+        """Returns: the access time of the leaf `evict(1)` would take next (None when nothing is evictable)."""
+        for heap in (self._heaps[3], self._heaps[1], self._heaps[2], self._heaps[0]):
+            while heap:
+                t, seq, page = heap[0]
+                node = self.nodes.get(page)
+                if node is None or node.stamp != seq or node.num_children or node.lock_count:
+                    heapq.heappop(heap)
+                    continue
+                return t
+        return None
+
     def drop_replica_chain(self, page: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
         """Removes the replica pages ending at `page`, deepest first, while they are unlocked replica leaves.
 

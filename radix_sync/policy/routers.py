@@ -1,21 +1,21 @@
 """Router policies: pick the worker (and possibly a copy on the critical path) for one arriving request.
 
-Each baseline is a model of a published rule, cited on its class. A router sees a `RequestView` and the workers'
-`WorkerView`s plus `now`; it may keep its own state (a round-robin cursor, an approximate tree, a load history)
-fed only by its own decisions. `uses_cached_len` tells the caller whether it must fill `RequestView.cached_len`
+Here: the interface, the registry, `round_robin`, `least_load` and ours (`expected_ttft`). The baselines modelled
+on published systems live in `radix_sync.policy.baselines`, one module per system, each rule cited on its class;
+importing that package registers them. `CacheAwareConfig` stays here: the live router's fallback uses it too.
+
+A router sees a `RequestView` and the workers' `WorkerView`s plus `now`; it may keep its own state (a round-robin
+cursor, an approximate tree, in-flight requests) fed only by its own decisions and the `on_*` hooks. `uses_cached_len` tells the caller whether it must fill `RequestView.cached_len`
 from the exact directory.
 """
 
 from __future__ import annotations
 
-import random
-from collections import deque
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.forecast import queue_wait_s
-from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.registry import Registry
 from radix_sync.policy.snapshot import RequestView, Route, WorkerView
 
@@ -41,8 +41,11 @@ class RouterPolicy:
         """
         raise NotImplementedError
 
+    def on_first_token(self, worker_id: int, request_id: int, now: float) -> None:
+        """Feeds the first output token (the end of prefill) of a request this router placed (default: nothing)."""
+
     def on_finished(self, worker_id: int, request_id: int, now: float) -> None:
-        """Feeds the completion of a request this router placed (default: nothing)."""
+        """Feeds the completion (or rejection) of a request this router placed (default: nothing)."""
 
 
 def _load(w: WorkerView) -> int:
@@ -80,8 +83,11 @@ class LeastLoadRouter(RouterPolicy):
 
 @dataclass(frozen=True)
 class CacheAwareConfig:
-    """sgl-model-gateway `cache_aware` defaults (https://github.com/lightseekorg/smg docs/getting-started/
-    load-balancing.md: --cache-threshold 0.3, --balance-abs-threshold 64, --balance-rel-threshold 1.5)."""
+    """sgl-model-gateway / smg `cache_aware` CLI defaults, the same in sglang-router 0.3.2 and smg 1.13.0 (`main.rs`:
+    --cache-threshold 0.3, --balance-abs-threshold 64, --balance-rel-threshold 1.5, --eviction-interval 120,
+    --max-tree-size 2^26; https://github.com/lightseekorg/smg docs/getting-started/load-balancing.md). 0.3.2 reads
+    the thresholds as an imbalance test and the tree size per worker; smg 1.13 as a per-request spill gate and one
+    budget shared by all workers (`radix_sync.policy.baselines.smg`)."""
 
     cache_threshold: float = 0.3
     """Minimum prefix match ratio (0..1) to route to the best-matching worker."""
@@ -90,7 +96,7 @@ class CacheAwareConfig:
     balance_rel_threshold: float = 1.5
     """Load ratio max/min above which the system counts as imbalanced (with the absolute test)."""
     max_tree_tokens: int = 2 ** 26 // 4
-    """Approximate tree size limit per worker, tokens (the gateway's 2^26 characters at ~4 characters/token)."""
+    """Approximate tree size limit, tokens (the gateway's 2^26 characters at ~4 characters/token)."""
     eviction_interval_s: float = 120.0
     """How often the approximate tree is trimmed to `max_tree_tokens`, s."""
 
@@ -105,181 +111,10 @@ class CacheAwareConfig:
                              f"{self.eviction_interval_s!r} must be > 0")
 
 
-@ROUTERS.register("cache_aware")
-class CacheAwareRouter(RouterPolicy):
-    """sgl-model-gateway `cache_aware` (https://github.com/sgl-project/sglang/tree/main/sgl-model-gateway,
-    README "Cache-Aware Load-Balancing"): if the load is imbalanced (max-min > abs threshold AND
-    max > rel threshold x min), route to the least-loaded worker; otherwise route to the worker whose
-    *approximate* tree (built from the router's own past decisions, not from the workers' caches) matches the
-    longest prefix if the match ratio exceeds `cache_threshold`, else to the worker with the smallest tree.
-    The chosen worker's tree gets the prompt. Trees are trimmed LRU to a size limit periodically."""
-
-    def __init__(self, page_len: int = 1, cfg: CacheAwareConfig = CacheAwareConfig(), **_: object) -> None:
-        self.cfg = cfg
-        self.page_len = page_len
-        self._trees: list[PageTree] = []
-        self._next_trim_s = cfg.eviction_interval_s
-
-    def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
-        while len(self._trees) < len(workers):
-            self._trees.append(PageTree())
-        loads = [_load(w) for w in workers]
-        lo, hi = min(loads), max(loads)
-        pages = req.page_hashes
-        if hi - lo > self.cfg.balance_abs_threshold and hi > self.cfg.balance_rel_threshold * lo:
-            target = loads.index(lo)
-        else:
-            best, best_len = 0, -1
-            for i, tree in enumerate(self._trees[: len(workers)]):
-                m = tree.match_len(pages)
-                if m > best_len:
-                    best, best_len = i, m
-            ratio = best_len * self.page_len / req.prompt_len if req.prompt_len else 0.0
-            if ratio > self.cfg.cache_threshold:
-                target = best
-            else:
-                sizes = [len(t) for t in self._trees[: len(workers)]]
-                target = sizes.index(min(sizes))
-        tree = self._trees[target]
-        tree.insert(pages, len(pages), now)
-        if pages:
-            tree.touch(pages[-1], now)
-        if now >= self._next_trim_s:
-            limit = self.cfg.max_tree_tokens // self.page_len
-            for t in self._trees:
-                if len(t) > limit:
-                    t.evict(len(t) - limit)
-            self._next_trim_s = now + self.cfg.eviction_interval_s
-        return Route(target)
-
-
-@ROUTERS.register("cost")
-class DynamoCostRouter(RouterPolicy):
-    """NVIDIA Dynamo KV router (https://docs.nvidia.com/dynamo/latest/router/README.html, "Cost Function"):
-    cost = overlap_score_weight x potential prefill blocks + potential decode blocks, from an exact index
-    fed by KV events; the lowest cost wins (temperature 0; ties broken at random).
-    Potential prefill blocks = (input tokens - overlap blocks x block size) / block size; potential decode
-    blocks = blocks of the requests already active on the worker plus this request's."""
-
-    uses_cached_len = True
-
-    def __init__(self, page_len: int = 1, overlap_score_weight: float = 1.0, seed: int = 0, **_: object) -> None:
-        if overlap_score_weight < 0:
-            raise ValueError(f"overlap_score_weight={overlap_score_weight!r} must be >= 0")
-        self.page_len = page_len
-        self.weight = overlap_score_weight
-        self._rng = random.Random(seed)
-
-    def cost(self, req: RequestView, w: WorkerView) -> float:
-        """Returns: the Dynamo cost of placing `req` on `w`, in blocks."""
-        prefill_blocks = (req.prompt_len - req.cached_len[w.worker_id]) / self.page_len
-        active = w.running_ctx_tokens + w.waiting_new_tokens + w.waiting_cached_tokens
-        decode_blocks = (active + req.prompt_len) / self.page_len
-        return self.weight * prefill_blocks + decode_blocks
-
-    def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
-        costs = [self.cost(req, w) for w in workers]
-        best = min(costs)
-        ties = [i for i, c in enumerate(costs) if c <= best + 1e-9]
-        return Route(ties[0] if len(ties) == 1 else self._rng.choice(ties))
-
-
 def _pull_eta_s(w_src: WorkerView, w_dst: WorkerView, num_bytes: float, cost: CostModel, now: float) -> float:
     bw = min(w_src.nic_bandwidth_bytes_per_s, w_dst.nic_bandwidth_bytes_per_s)
     start = max(now, w_src.egress_busy_until_s, w_dst.ingress_busy_until_s)
     return start + cost.transfer_s(num_bytes, bw)
-
-
-@ROUTERS.register("pull")
-class MooncakePullRouter(RouterPolicy):
-    """Mooncake conductor, KVCache-centric scheduling (Qin et al., FAST'25, https://arxiv.org/abs/2407.00079,
-    Algorithm 1): for every instance estimate TTFT = queue time + prefill of the uncached part, where an
-    instance whose local prefix is shorter than the best holder's (by more than `balancing_threshold` x) first
-    transfers the missing prefix from that holder; pick the lowest TTFT and, if so chosen, copy on the
-    request's path. NOTE: in our model the copy overlaps the queueing (the request cannot start before both)."""
-
-    uses_cached_len = True
-
-    def __init__(self, cost: CostModel, kv_bytes_per_token: int, balancing_threshold: float = 1.0,
-                 **_: object) -> None:
-        if balancing_threshold < 1.0:
-            raise ValueError(f"balancing_threshold={balancing_threshold!r} must be >= 1")
-        self.cost = cost
-        self.kv_bytes_per_token = kv_bytes_per_token
-        self.threshold = balancing_threshold
-
-    def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
-        best_src = max(range(len(workers)), key=lambda i: (req.cached_len[i], -i))
-        best_len = req.cached_len[best_src]
-        choice, choice_ttft = Route(0), float("inf")
-        for w in workers:
-            i = w.worker_id
-            local = req.cached_len[i]
-            wait = queue_wait_s(self.cost, w, now)
-            ttft = wait + self.cost.prefill_s(req.prompt_len - local, local)
-            route = Route(i, expected_ttft_s=ttft)
-            if best_len > self.threshold * local and i != best_src and w.nic_bandwidth_bytes_per_s > 0:
-                eta = _pull_eta_s(workers[best_src], w, (best_len - local) * self.kv_bytes_per_token, self.cost, now)
-                t2 = max(wait, eta - now) + self.cost.prefill_s(req.prompt_len - best_len, best_len)
-                if t2 < ttft:
-                    ttft, route = t2, Route(i, pull_from=best_src, pull_len=best_len, expected_ttft_s=t2)
-            if ttft < choice_ttft - 1e-12:
-                choice, choice_ttft = route, ttft
-        return choice
-
-
-@ROUTERS.register("e2")
-class PrebleE2Router(RouterPolicy):
-    """Preble E2 scheduling (Srivatsa et al., ICLR'25, https://arxiv.org/abs/2407.00023, Section 4): if the
-    longest cached prefix covers more of the prompt than it misses, *exploit*: go to the holder with the lowest
-    load; else *explore*: go to the worker with the least cost = recent compute load (prefill + decode time of
-    the requests it got within a window) + eviction cost + the prefill of the missed tokens. A hot prefix whose
-    holders are overloaded (load > `imbalance_ratio` x the lightest worker's) is replicated by sending the
-    request to the lightest worker, which recomputes the prefix (no KV copy)."""
-
-    uses_cached_len = True
-
-    def __init__(self, cost: CostModel, window_s: float = 180.0, imbalance_ratio: float = 2.0, **_: object) -> None:
-        if window_s <= 0 or imbalance_ratio < 1.0:
-            raise ValueError(f"window_s={window_s!r} must be > 0 and imbalance_ratio={imbalance_ratio!r} >= 1")
-        self.cost = cost
-        self.window_s = window_s
-        self.ratio = imbalance_ratio
-        self._hist: list[deque] = []
-        self._load: list[float] = []
-
-    def _expire(self, now: float) -> None:
-        for i, h in enumerate(self._hist):
-            while h and h[0][0] < now - self.window_s:
-                self._load[i] -= h.popleft()[1]
-
-    def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
-        while len(self._hist) < len(workers):
-            self._hist.append(deque())
-            self._load.append(0.0)
-        self._expire(now)
-        n = len(workers)
-        best_len = max(req.cached_len) if req.cached_len else 0
-        loads = self._load
-        lightest = min(range(n), key=lambda i: (loads[i], i))
-        if best_len > req.prompt_len - best_len:
-            holders = [i for i in range(n) if req.cached_len[i] == best_len]
-            target = min(holders, key=lambda i: (loads[i], i))
-            if loads[target] > self.ratio * loads[lightest] and loads[target] > 0:
-                target = lightest
-        else:
-            def explore_cost(i: int) -> float:
-                missed = req.prompt_len - req.cached_len[i]
-                evict = max(0, missed + req.output_len - workers[i].free_tokens)
-                return loads[i] + self.cost.prefill_s(evict, 0) * (evict > 0) + self.cost.prefill_s(missed,
-                                                                                                    req.cached_len[i])
-            target = min(range(n), key=lambda i: (explore_cost(i), i))
-        missed = req.prompt_len - req.cached_len[target]
-        work = self.cost.prefill_s(missed, req.cached_len[target]) + self.cost.decode_steps_s(
-            max(0, req.output_len - 1), 1, req.prompt_len)
-        self._hist[target].append((now, work))
-        self._load[target] += work
-        return Route(target)
 
 
 def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[WorkerView]) -> tuple[float, int, int]:
@@ -295,6 +130,8 @@ def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[Work
         outstanding requests, then to the lower id.
     """
     return round(expected_ttft_s, 9), _load(workers[worker_id]), worker_id
+
+
 
 
 @ROUTERS.register("expected_ttft")

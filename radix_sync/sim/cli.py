@@ -20,6 +20,7 @@ from radix_sync.sim.engine import Engine
 from radix_sync.sim.generators import GENERATORS, GeneratorConfig
 from radix_sync.sim.metrics import format_table
 from radix_sync.sim.policies import POLICIES, build_policy
+from radix_sync.sim.seeds import format_seed_table, summarize_seeds
 from radix_sync.sim.workload import Workload, load_trace
 
 DEFAULT_POLICIES = "round_robin,least_load,cache_aware,cost,pull,e2,kvrep,kvrep_shadow,oracle"
@@ -47,6 +48,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated, from: {', '.join(POLICIES.names())}")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default=None, metavar="S1,S2,...",
+                        help="run every policy once per seed and report mean and 95%% CI per figure "
+                             "(overrides --seed)")
     parser.add_argument("--rate", type=float, default=None,
                         help="requests/s (arrival traces, generators) or sessions/s (session traces)")
     parser.add_argument("--duration-s", type=float, default=None, help="stop issuing requests after this time")
@@ -71,6 +75,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="T-LRU: tokens a next prompt may leave uncached (SGLang's threshold)")
     parser.add_argument("--tlru-next-prompt", type=int, default=0,
                         help="T-LRU: tokens a conversation's next prompt adds (SGLang's next_prompt_estimate)")
+    parser.add_argument("--nic-gbytes-s", type=float, default=None, metavar="X",
+                        help="override the profile's per-NIC bandwidth, GB/s (1e9 bytes/s)")
     parser.add_argument("--planner", default="", metavar="KEY=VALUE,...",
                         help="override PlannerConfig fields of the kvrep policies (numbers and booleans), "
                              "e.g. min_gain_s=0.01,horizon_s=60")
@@ -142,10 +148,34 @@ def _progress_bar(name: str, end_s: float):
     return report
 
 
-def run(args: argparse.Namespace) -> int:
-    """Runs every requested policy on the same workload. Returns: the exit status."""
+def parse_seeds(spec: str) -> list[int]:
+    """Returns: the seeds of `--seeds` (ValueError if empty, not integers, or repeated)."""
     try:
-        profile = load_profile(args.profile)
+        seeds = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds: {spec!r} is not a comma-separated list of integers") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds: {spec!r} must name at least one seed, each once")
+    return seeds
+
+
+def cli_profile(args: argparse.Namespace):
+    """Returns: the cost profile the flags name, with `--nic-gbytes-s` applied (ValueError if invalid)."""
+    profile = load_profile(args.profile)
+    nic = getattr(args, "nic_gbytes_s", None)
+    if nic is not None:
+        if not (math.isfinite(nic) and nic > 0):
+            raise ValueError(f"--nic-gbytes-s={nic!r} must be > 0")
+        profile = dataclasses.replace(profile, nic_bandwidth_bytes_per_s=nic * 1e9)
+    return profile
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs every requested policy on the same workload (once per seed with `--seeds`). Returns: the exit status."""
+    if getattr(args, "seeds", None):
+        return _run_seeds(args)
+    try:
+        profile = cli_profile(args)
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         for n in names:
             if n not in POLICIES.names():
@@ -175,11 +205,36 @@ def run(args: argparse.Namespace) -> int:
         samples[name] = stats.ttft_s
         results.append(rec)
     print(format_table(results))
+    args.results = results
     if args.out:
-        meta = {k: v for k, v in vars(args).items() if k != "func"}
+        meta = {k: v for k, v in vars(args).items() if k not in ("func", "results")}
         with open(args.out, "w") as f:
             json.dump({"args": meta, "profile": profile.name, "results": results}, f, indent=2)
     if args.plot:
         from radix_sync.sim.plot import plot_ttft_cdf
         plot_ttft_cdf(results, args.plot, samples)
+    return 0
+
+
+def _run_seeds(args: argparse.Namespace) -> int:
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        print(f"kvrep sim: {e}", file=sys.stderr)
+        return 2
+    runs: dict[int, list[dict]] = {}
+    for seed in seeds:
+        one = argparse.Namespace(**{**vars(args), "seed": seed, "seeds": None, "out": None, "plot": None})
+        print(f"seed {seed}:")
+        status = run(one)
+        if status:
+            return status
+        runs[seed] = one.results
+    summary = summarize_seeds(runs)
+    print(format_seed_table(summary, len(seeds)))
+    if args.out:
+        meta = {k: v for k, v in vars(args).items() if k not in ("func", "results")}
+        with open(args.out, "w") as f:
+            json.dump({"args": meta, "profile": cli_profile(args).name, "seeds": seeds,
+                       "runs": {str(s): r for s, r in runs.items()}, "summary": summary}, f, indent=2)
     return 0

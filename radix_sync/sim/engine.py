@@ -46,7 +46,8 @@ class Engine:
                         for i in range(cfg.num_workers)]
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
         self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)
-        self.tracker = NodeTracker(policy.planner.predictor) if policy.planner else None
+        predictor = policy.planner.predictor if policy.planner else policy.predictor
+        self.tracker = NodeTracker(predictor) if predictor is not None else None
         self.inflight: list[Transfer] = []
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
@@ -59,7 +60,7 @@ class Engine:
         self._seq = 0
         self.now = 0.0
         self._progress = progress
-        self._needs_cached = policy.router.uses_cached_len or policy.planner is not None
+        self._needs_cached = policy.router.uses_cached_len or self.tracker is not None
         self._no_views = (None,) * cfg.num_workers
 
     # ---- events ----
@@ -152,7 +153,7 @@ class Engine:
         views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
         route = self.policy.router.route(view, views, now)
         self._execute_route(req, route, now)
-        if req.hint_fanout and self.tracker is not None:
+        if req.hint_fanout and self.policy.planner is not None:
             self._hint(req, route, now)
 
     def _hint(self, req: SimRequest, route: Route, now: float) -> None:
@@ -242,11 +243,13 @@ class Engine:
             i += 1
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
+        self.policy.router.on_first_token(req.worker, req.rid, now)
         if self.pending:
             self._start_pending(req.worker, now)
 
     def on_reject(self, req: SimRequest, now: float) -> None:
         self.stats.num_rejected += 1
+        self.policy.router.on_finished(req.worker, req.rid, now)
 
     def on_finish(self, req: SimRequest, now: float) -> None:
         self.stats.on_finish(req)
@@ -254,7 +257,7 @@ class Engine:
         if self.tracker is not None:
             self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, req.hint_fanout,
                                    req.hint_delay_s)
-            if req.hint_fanout:
+            if req.hint_fanout and self.policy.planner is not None:
                 self._tick(now)  # an explicit hint triggers a planning pass at once, as the coordinator does
         s = req.session
         if s is None:

@@ -56,6 +56,34 @@ class GeneratorConfig:
     """Shared-prefix: unique tokens after the prefix."""
     shared_output_len: int = 200
     """Shared-prefix: output tokens."""
+    flash_prefix_len: int = 8192
+    """Flash-crowd: the hot prefix of each crowd, tokens."""
+    flash_period_s: float = 60.0
+    """Flash-crowd: a new hot prefix (a launch) every this many seconds."""
+    flash_ramp_s: float = 20.0
+    """Flash-crowd: its request rate ramps linearly from 0 to the peak over this long, then holds."""
+    flash_suffix_len: int = 256
+    """Flash-crowd: unique tokens after the hot prefix (log-normal median)."""
+    flash_output_len: int = 128
+    """Flash-crowd: output tokens."""
+    resume_history_len: int = 8192
+    """Resume-burst: each session's history before its first turn, tokens (uniform up to twice as long)."""
+    resume_period_s: float = 30.0
+    """Resume-burst: a batch of sessions starts every period; each later turn resumes at a period boundary."""
+    resume_window_s: float = 2.0
+    """Resume-burst: the tool calls of a batch end within this window after the boundary, s."""
+    resume_turns: int = 4
+    """Resume-burst: requests per session."""
+    resume_new_len: int = 512
+    """Resume-burst: tokens a turn adds."""
+    resume_output_len: int = 128
+    """Resume-burst: output tokens per request."""
+    multi_prompt_len: int = 16384
+    """Multi-candidate: the long prompt of a job, tokens (uniform up to twice as long)."""
+    multi_k: int = 8
+    """Multi-candidate: requests per job (n > 1 / best-of-K, sent together)."""
+    multi_output_len: int = 256
+    """Multi-candidate: output tokens per candidate."""
 
     def __post_init__(self) -> None:
         for name in ("page_len", "agent_system_len", "agent_num_tenants", "agent_new_len", "agent_output_len",
@@ -66,6 +94,14 @@ class GeneratorConfig:
         if self.agent_mean_turns < 1 or not 0 <= self.agent_p_end_turn <= 1:
             raise ValueError(f"agent_mean_turns={self.agent_mean_turns!r} must be >= 1, agent_p_end_turn="
                              f"{self.agent_p_end_turn!r} in [0, 1]")
+        for name in ("flash_prefix_len", "flash_suffix_len", "flash_output_len", "resume_history_len",
+                     "resume_turns", "resume_new_len", "resume_output_len", "multi_prompt_len", "multi_k",
+                     "multi_output_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        if not (self.flash_period_s > 0 and 0 < self.flash_ramp_s <= self.flash_period_s and self.resume_period_s > 0
+                and 0 <= self.resume_window_s <= self.resume_period_s):
+            raise ValueError("flash-crowd needs 0 < ramp <= period; resume-burst 0 <= window <= period")
         if self.agent_tool_gap_s <= 0 or self.agent_turn_gap_s <= 0 or self.fanout_delay_s < 0:
             raise ValueError("gaps must be > 0 and fanout_delay_s >= 0")
 
@@ -192,4 +228,97 @@ class SharedPrefixWorkload(Workload):
             self.open_requests.append(SimRequest(self.new_rid(), prompt, out, pages, 0, "shared", None, None, t))
 
 
-GENERATORS = {"agent": AgentWorkload, "fanout": FanoutWorkload, "shared-prefix": SharedPrefixWorkload}
+class FlashCrowdWorkload(Workload):
+    """Flash crowds: every `flash_period_s` a new hot prefix (a launch, a livestream) whose request rate ramps
+    linearly from 0 to its peak over `flash_ramp_s`, then holds until the next one; each request is the prefix plus
+    a unique suffix. The peak is set so that the mean rate is `rate` (the arrival process: Poisson, by thinning;
+    `arrival` is ignored). A prediction has the ramp as warning time while the first holder fills up."""
+
+    name = "flash-crowd"
+
+    def __init__(self, cfg: GeneratorConfig, rate: float, duration_s: float, seed: int, max_context_len: int,
+                 arrival: str = "poisson") -> None:
+        super().__init__()
+        self.page_len = page = cfg.page_len
+        rng, ids = random.Random(seed), _Ids()
+        period, ramp = cfg.flash_period_s, cfg.flash_ramp_s
+        peak = rate / (1.0 - ramp / (2.0 * period))
+        prefix_len = cfg.flash_prefix_len - cfg.flash_prefix_len % page
+        prefixes: dict[int, list[int]] = {}
+        for t in arrival_times(rng, peak, duration_s, "poisson"):
+            k = int(t // period)
+            if rng.random() > min(1.0, (t - k * period) / ramp):
+                continue  # thinning: intensity peak x min(1, time into the crowd / ramp)
+            hot = prefixes.setdefault(k, ids.take(prefix_len // page))
+            out = max(1, int(_lognormal(rng, cfg.flash_output_len, 0.6)))
+            prompt = min(prefix_len + max(1, int(_lognormal(rng, cfg.flash_suffix_len))), max_context_len - out)
+            full = prompt // page
+            pages = hot[:full] + ids.take(max(0, full - len(hot)))
+            self.open_requests.append(SimRequest(self.new_rid(), prompt, out, pages, 0, "flash", None, None, t))
+
+
+class ResumeBurstWorkload(Workload):
+    """Resume bursts (a batch job of agent sessions): every `resume_period_s` a batch of sessions starts, each
+    with its own long history (turn 1 spread over the period); every later turn of the batch resumes at a period
+    boundary, within `resume_window_s` of it (the batch's tool calls end together), adding `resume_new_len` tokens
+    and the previous output. The responses before a resume end with `tool_use`. Mean rate `rate` (batch size
+    rate x period / turns; `arrival` is ignored)."""
+
+    name = "resume-burst"
+
+    def __init__(self, cfg: GeneratorConfig, rate: float, duration_s: float, seed: int, max_context_len: int,
+                 arrival: str = "poisson") -> None:
+        super().__init__()
+        self.page_len = page = cfg.page_len
+        rng, ids = random.Random(seed), _Ids()
+        period, turns = cfg.resume_period_s, cfg.resume_turns
+        batch = max(1, round(rate * period / turns))
+        start = 0.0
+        while start < duration_s:
+            for _ in range(batch):
+                t = start + rng.uniform(0.0, period / 2.0)
+                prompt = rng.randrange(cfg.resume_history_len, 2 * cfg.resume_history_len)
+                pages: list[int] = []
+                for k in range(turns):
+                    if t >= duration_s:
+                        break
+                    out = max(1, int(_lognormal(rng, cfg.resume_output_len, 0.6)))
+                    prompt = min(prompt, max_context_len - out)
+                    full = prompt // page
+                    if full > len(pages):
+                        pages = pages + ids.take(full - len(pages))
+                    stop = "tool_use" if k < turns - 1 else "end_turn"
+                    self.open_requests.append(SimRequest(self.new_rid(), prompt, out, pages[:full], 0, "resume",
+                                                         stop, None, t))
+                    prompt += out + cfg.resume_new_len
+                    if prompt + 1 >= max_context_len:
+                        break
+                    t = start + (k + 1) * period + rng.uniform(0.0, cfg.resume_window_s)
+            start += period
+
+
+class MultiCandidateWorkload(Workload):
+    """Multi-candidate jobs (n > 1, best-of-K): `multi_k` requests over the same long unique prompt, sent together;
+    jobs arrive at rate / K (the chosen arrival process)."""
+
+    name = "multi-candidate"
+
+    def __init__(self, cfg: GeneratorConfig, rate: float, duration_s: float, seed: int, max_context_len: int,
+                 arrival: str = "poisson") -> None:
+        super().__init__()
+        self.page_len = page = cfg.page_len
+        rng, ids = random.Random(seed), _Ids()
+        for t in arrival_times(rng, rate / cfg.multi_k, duration_s, arrival):
+            prompt = rng.randrange(cfg.multi_prompt_len, 2 * cfg.multi_prompt_len)
+            prompt = min(prompt, max_context_len - cfg.multi_output_len)
+            pages = ids.take(prompt // page)
+            for _ in range(cfg.multi_k):
+                out = max(1, int(_lognormal(rng, cfg.multi_output_len, 0.6)))
+                p = min(prompt, max_context_len - out)
+                self.open_requests.append(SimRequest(self.new_rid(), p, out, pages[: p // page], 0, "multi", None,
+                                                     None, t))
+
+
+GENERATORS = {"agent": AgentWorkload, "fanout": FanoutWorkload, "shared-prefix": SharedPrefixWorkload,
+              "flash-crowd": FlashCrowdWorkload, "resume-burst": ResumeBurstWorkload,
+              "multi-candidate": MultiCandidateWorkload}

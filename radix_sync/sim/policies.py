@@ -1,4 +1,9 @@
-"""The simulator's named policies: a router, and optionally the planner (active or shadow) or the oracle cache.
+"""The simulator's named policies: a router, and optionally the planner (active or shadow), demotion or free copies.
+
+Ablations of ours, each adding one mechanism: `kvrep_route` (the expected-TTFT router alone: no copies, no
+demotion, no planner), `kvrep_pull` (+ copies on the critical path), `kvrep_pull_demote` (+ demotion of a moved
+session's old copies), `kvrep` (+ the predictive planner). `pull_demote` gives Mooncake's `pull` the same demotion,
+so eviction and prediction are told apart. `free_copies` (formerly `oracle`) is a reference, not a bound.
 
 The simulator's executor defers a copy until its source holds the pages, so its planners run with
 `chain_sources=True` (chained / broadcast-tree replication).
@@ -8,12 +13,14 @@ The simulator's executor defers a copy until its source holds the pages, so its 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from typing import Optional
 
 from radix_sync.policy.cost import CostModel, CostProfile
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.predictor import DemandPredictor
+from radix_sync.policy import baselines  # noqa: F401 (registers the baseline routers)
 from radix_sync.policy.registry import Registry
 from radix_sync.policy.routers import RouterPolicy, make_router
 
@@ -28,11 +35,15 @@ class PolicyBundle:
     shadow: bool = False
     """Planner decisions are accounted, never executed (and the router never copies)."""
     oracle: bool = False
-    """Every worker holds every prefix ever computed, at no cost (the lower bound)."""
+    """`free_copies`: every worker holds every prefix ever computed, at no cost, with unbounded memory. A reference,
+    NOT a lower bound: it still routes by expected TTFT, with no look-ahead, so a policy may beat it."""
     demote_stale: bool = False
-    """When a session's next turn (as the planner's tracker recognises it) is admitted on one worker, the other
+    """When a session's next turn (as the session tracker recognises it) is admitted on one worker, the other
     workers' copies of its history that go no further become evict-first, like replicas: the cluster keeps one
     live copy of each history instead of losing other sessions' only copies to LRU."""
+    predictor: Optional[DemandPredictor] = None
+    """Without a planner: the predictor of the session tracker that `demote_stale` needs (the tracker only
+    recognises next turns; nothing is planned and no idle session is demoted on a prediction)."""
 
 
 POLICIES: Registry[PolicyBundle] = Registry("policy")
@@ -48,8 +59,36 @@ def _simple(name: str) -> None:
         return PolicyBundle(name, make_router(name, **_ctx(profile, page_len, seed)))
 
 
-for _name in ("round_robin", "least_load", "cache_aware", "cost", "pull", "e2"):
+for _name in ("round_robin", "least_load", "cache_aware", "cache_aware_v03", "cost", "pull", "sticky", "precise",
+              "e2"):
     _simple(_name)
+
+
+@POLICIES.register("pull_demote")
+def _pull_demote(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Mooncake's `pull` + demotion of a moved session's old copies (no planner)."""
+    return PolicyBundle("pull_demote", make_router("pull", **_ctx(profile, page_len, seed)), demote_stale=True,
+                        predictor=DemandPredictor())
+
+
+@POLICIES.register("kvrep_route")
+def _kvrep_route(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: our expected-TTFT router alone (no copies, no demotion, no planner)."""
+    return PolicyBundle("kvrep_route", make_router("expected_ttft", allow_pull=False, **_ctx(profile, page_len, seed)))
+
+
+@POLICIES.register("kvrep_pull")
+def _kvrep_pull(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: `kvrep_route` + copies on the critical path (no demotion, no planner)."""
+    return PolicyBundle("kvrep_pull", make_router("expected_ttft", allow_pull=True, **_ctx(profile, page_len, seed)))
+
+
+@POLICIES.register("kvrep_pull_demote")
+def _kvrep_pull_demote(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: `kvrep_pull` + demotion of a moved session's old copies (no planner)."""
+    return PolicyBundle("kvrep_pull_demote",
+                        make_router("expected_ttft", allow_pull=True, **_ctx(profile, page_len, seed)),
+                        demote_stale=True, predictor=DemandPredictor())
 
 
 @POLICIES.register("kvrep")
@@ -84,10 +123,22 @@ def _kvrep_shadow(profile: CostProfile, page_len: int, seed: int, planner_cfg: P
     return PolicyBundle("kvrep_shadow", make_router("expected_ttft", allow_pull=False, **ctx), planner, shadow=True)
 
 
+@POLICIES.register("free_copies")
+def _free_copies(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """A reference, not a bound: every worker holds every prefix ever computed, free and with unbounded memory,
+    routed by expected TTFT (`kvrep_route`'s router). It is no lower bound on TTFT: the router is greedy and blind
+    to what comes next (it can pile a burst onto the workers that look fastest now), so a policy can beat it, and
+    the simulator has shown policies that do (fan-out P99, shared-prefix P50)."""
+    return PolicyBundle("free_copies", make_router("expected_ttft", allow_pull=False,
+                                                   **_ctx(profile, page_len, seed)), oracle=True)
+
+
 @POLICIES.register("oracle")
 def _oracle(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
-    return PolicyBundle("oracle", make_router("expected_ttft", allow_pull=False, **_ctx(profile, page_len, seed)),
-                        oracle=True)
+    """Deprecated alias of `free_copies` (it was never a lower bound)."""
+    print("kvrep sim: policy 'oracle' is deprecated, running 'free_copies' (a reference, not a lower bound)",
+          file=sys.stderr)
+    return _free_copies(profile, page_len, seed, planner_cfg)
 
 
 def build_policy(name: str, profile: CostProfile, page_len: int, seed: int,

@@ -1,8 +1,13 @@
-"""Pins every router's decision on small hand-computed cases."""
+"""Pins every router's decision on small hand-computed cases (the baselines' rules: `radix_sync.policy.baselines`,
+each class citing its source)."""
+
+import hashlib
 
 import pytest
 
+from radix_sync.policy import baselines  # noqa: F401 (registers the baseline routers)
 from radix_sync.policy.cost import CostModel, CostProfile
+from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.routers import make_router
 from radix_sync.policy.snapshot import REPLICA, HolderView, RequestView, Route, WorkerView
 
@@ -39,16 +44,16 @@ def test_least_load_takes_fewest_outstanding_lowest_id_on_ties():
     assert router("least_load").route(req(1), ws, 0.0) == Route(1)
 
 
-def test_cache_aware_match_then_smallest_tree():
-    r, ws = router("cache_aware"), workers(2)
+def test_cache_aware_v03_match_then_smallest_tree():
+    r, ws = router("cache_aware_v03"), workers(2)
     assert r.route(req(4, [1, 2, 3, 4]), ws, 0.0).worker_id == 0  # no match: smallest tree (tie -> 0)
     assert r.route(req(4, [1, 2, 5, 6]), ws, 1.0).worker_id == 0  # match 2/4 = 0.5 > 0.3
     assert r.route(req(4, [7, 8, 9, 10]), ws, 2.0).worker_id == 1  # no match: worker 1's tree is empty
     assert r.route(req(10, [1, 11, 12, 13, 14, 15, 16, 17, 18, 19]), ws, 3.0).worker_id == 1  # 1/10 <= 0.3
 
 
-def test_cache_aware_imbalance_needs_both_thresholds():
-    r = router("cache_aware")
+def test_cache_aware_v03_imbalance_needs_both_thresholds():
+    r = router("cache_aware_v03")
     r.route(req(4, [1, 2, 3, 4]), workers(2), 0.0)  # worker 0 now holds the prefix (approximately)
     imbalanced = workers(2, w0=dict(num_running=100), w1=dict(num_running=10))  # 90 > 64 and 100 > 15
     assert r.route(req(4, [1, 2, 3, 9]), imbalanced, 1.0).worker_id == 1
@@ -56,25 +61,182 @@ def test_cache_aware_imbalance_needs_both_thresholds():
     assert r.route(req(4, [1, 2, 3, 8]), abs_small, 2.0).worker_id == 0
 
 
-def test_dynamo_cost_overlap_plus_decode_blocks():
-    r = router("cost")
-    # cost0 = (10-8) + (20+10) = 32, cost1 = 10 + (5+10) = 25
-    ws = workers(2, w0=dict(running_ctx_tokens=20), w1=dict(running_ctx_tokens=5))
-    assert r.cost(req(10, cached=(8, 0)), ws[0]) == 32.0
-    assert r.route(req(10, cached=(8, 0)), ws, 0.0).worker_id == 1
-    ws = workers(2, w0=dict(running_ctx_tokens=20), w1=dict(running_ctx_tokens=15))  # cost1 = 35
-    assert r.route(req(10, cached=(8, 0)), ws, 0.0).worker_id == 0
+# ---------------------------------------------------------------- smg 1.13 cache_aware
+def test_smg_cache_aware_affinity_then_least_in_flight_on_a_miss():
+    r, ws = router("cache_aware"), workers(2)
+    a = r.route(req(4, [1, 2, 3, 4], rid=1), ws, 0.0).worker_id  # miss, both idle: a random one
+    b = 1 - a
+    assert r.route(req(4, [1, 2, 5, 6], rid=2), ws, 1.0).worker_id == a  # 2/4 > 0.3: the holder, not spilled
+    assert r.route(req(4, [7, 8, 9, 10], rid=3), ws, 2.0).worker_id == b  # miss: fewest in flight (2 vs 0)
+    assert r.route(req(10, [1, *range(11, 20)], rid=4), ws, 3.0).worker_id == b  # 1/10 <= 0.3: miss, 2 vs 1
+    r.on_finished(a, 1, 4.0)
+    r.on_finished(a, 2, 4.0)  # a: 0 in flight, b: 2
+    assert r.route(req(4, [7, 8, 9, 11], rid=5), ws, 5.0).worker_id == b  # 3/4: b holds it and does not spill
 
 
+def test_smg_cache_aware_ties_are_random():
+    picks = {make_router("cache_aware", page_len=1, seed=s).route(req(4, [1, 2, 3, 4]), workers(3), 0.0).worker_id
+             for s in range(30)}
+    assert picks == {0, 1, 2}
+
+
+def test_smg_cache_aware_spill_gate_has_an_adaptive_absolute_margin():
+    r = router("cache_aware")
+    # mean 16: margin min(64, max(ceil(2 x 4), 4)) = 8: spills above max(1.5 x 16, 16 + 8) = 24
+    assert not r._spills(24, 16.0) and r._spills(25, 16.0)
+    # mean 1: margin 4 (the floor): spills above 5; mean 1000: margin 64 (the cap): above 1500 (relative)
+    assert not r._spills(5, 1.0) and r._spills(6, 1.0)
+    assert not r._spills(1500, 1000.0) and r._spills(1501, 1000.0)
+
+
+def test_smg_cache_aware_a_spilled_holder_sends_to_a_worker_that_does_not_spill():
+    r, ws = router("cache_aware"), workers(2)
+    a = r.route(req(4, [1, 2, 3, 4], rid=0), ws, 0.0).worker_id
+    for k in range(1, 11):  # 11 requests on the prefix: a holds it and does not spill (10 > 5 + 5 fails)
+        assert r.route(req(4, [1, 2, 3, 100 + k], rid=k), ws, k).worker_id == a
+    # a: 11 in flight, mean 5.5, margin ceil(2 sqrt 5.5) = 5: 11 > 8.25 and 11 > 10.5: every holder spills
+    assert r.route(req(4, [1, 2, 3, 200], rid=11), ws, 11.0).worker_id == 1 - a
+    # now both hold [1, 2, 3]; mean 6, margin 5: 11 > 11 fails, nobody spills: fewest in flight
+    assert r.route(req(4, [1, 2, 3, 201], rid=12), ws, 12.0).worker_id == 1 - a
+
+
+def test_smg_cache_aware_trims_the_trees_to_one_shared_budget_oldest_first():
+    from radix_sync.policy.routers import CacheAwareConfig
+
+    r = make_router("cache_aware", page_len=1, cfg=CacheAwareConfig(max_tree_tokens=4))
+    r._trees = [PageTree(), PageTree()]
+    r._trees[0].insert([1, 2, 3], 3, 0.0)
+    r._trees[1].insert([4, 5], 2, 1.0)
+    r._trees[0].insert([1, 2, 3, 6], 4, 2.0)  # worker 0: 1-2-3-6, the leaf touched at 2.0; worker 1: 4-5 at 1.0
+    r._trim()  # 6 pages, budget 4: worker 1's chain is the least recently used
+    assert len(r._trees[0]) == 4 and len(r._trees[1]) == 0
+
+
+# ---------------------------------------------------------------- smg prefix_hash (sticky)
+def _h(text):
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def test_sticky_ring_maps_a_key_clockwise_to_the_next_virtual_node():
+    from radix_sync.policy.baselines.smg import PrefixHashConfig
+
+    r = make_router("sticky", page_len=1, cfg=PrefixHashConfig(virtual_nodes=2))
+    r.route(req(1, [1]), workers(3), 0.0)
+    ring = sorted((_h(f"worker-{i}#{v}"), i) for i in range(3) for v in range(2))
+    for key in ("p1", "p2", "w7:100", "r5"):
+        after = [w for pos, w in ring if pos >= _h(key)]
+        assert r.ring_worker(key) == (after[0] if after else ring[0][1])
+
+
+def test_sticky_key_is_the_first_256_tokens():
+    r = make_router("sticky", page_len=64)
+    pages = [11, 12, 13, 14, 15]
+    assert r.key(req(320, pages)) == "p14"  # 256 tokens = 4 pages of 64: the hash of the 4th names them
+    assert r.key(req(320, [11, 12, 13, 14, 99])) == "p14"  # same first 256 tokens, same key
+    assert r.key(req(200, [11, 12, 13])) == "w13:200"  # shorter: the whole prompt
+    assert r.key(req(50, [], rid=7)) == "r7"
+
+
+def test_sticky_bounded_load_falls_back_to_the_least_loaded_worker():
+    r, ws = router("sticky"), workers(3)
+    got = [r.route(req(4, [1, 2, 3, 4], rid=k), ws, 0.0).worker_id for k in range(16)]
+    home = got[0]
+    assert got == [home] * 16  # load 15 <= max(1.25 x 16/3, 16/3 + 10) = 15.33: still the ring's worker
+    other = min(i for i in range(3) if i != home)
+    # load 16 > 17/3 + 10 = 15.67: the least-loaded worker within bounds, lowest id
+    assert r.route(req(4, [1, 2, 3, 4], rid=16), ws, 0.0).worker_id == other
+    assert r.route(req(4, [1, 2, 3, 4], rid=17), ws, 0.0).worker_id == home  # 16 <= 18/3 + 10 = 16
+    r.on_finished(home, 0, 1.0)
+    assert r._loads[home] == 16 and r.ring_worker(r.key(req(4, [1, 2, 3, 4]))) == home
+
+
+# ---------------------------------------------------------------- Dynamo KV router (cost)
+def test_dynamo_cost_counts_pending_prefill_and_shared_blocks_once():
+    r, ws = router("cost"), workers(2)
+    # cost = (active prefill + prompt - cached) / bs + active blocks + new blocks; bs = 1 here
+    assert r.cost(req(8, range(1, 9), cached=(8, 0)), 0) == 0 + 0 + 8
+    assert r.route(req(8, range(1, 9), cached=(8, 0), rid=1), ws, 0.0).worker_id == 0  # 8 vs 16
+    b = req(10, [*range(1, 9), 9, 10], cached=(8, 0), rid=2)
+    assert r.cost(b, 0) == 2 + 8 + 2  # blocks 1-8 are already active on 0: only 9, 10 are new
+    assert r.route(b, ws, 0.0).worker_id == 0  # 12 vs 20
+    c = req(10, range(11, 21), rid=3, cached=(0, 0))
+    assert r.cost(c, 0) == (2 + 10) + 10 + 10  # B's 2 tokens still to prefill; 10 unique active blocks
+    assert r.route(c, ws, 0.0).worker_id == 1  # 32 vs 20
+    r.on_first_token(0, 2, 1.0)  # B's prefill is done
+    d = req(10, [*range(1, 9), 21, 22], cached=(8, 0), rid=4)
+    assert r.cost(d, 0) == 2 + 10 + 2 and r.cost(d, 1) == (10 + 10) + 10 + 10
+    assert r.route(d, ws, 1.0).worker_id == 0
+    r.on_finished(0, 1, 2.0)
+    r.on_finished(0, 2, 2.0)  # D alone on 0: its 10 blocks, its 2 tokens of prefill
+    assert r.cost(req(10, [*range(1, 9), 9, 10], cached=(8, 0)), 0) == (2 + 2) + 10 + 2
+
+
+def test_dynamo_cost_block_size_and_random_ties():
+    r = make_router("cost", page_len=4)
+    assert r.cost(req(10, [1, 2], cached=(8, 0)), 0) == 2 / 4 + 0 + 2
+    picks = {make_router("cost", page_len=1, seed=s).route(req(4, [1, 2, 3, 4], cached=(0, 0, 0)), workers(3),
+                                                           0.0).worker_id for s in range(30)}
+    assert picks == {0, 1, 2}
+
+
+# ---------------------------------------------------------------- Mooncake Algorithm 1 (pull)
 def test_pull_copies_from_the_holder_when_it_beats_waiting_and_recomputing():
-    # holder w0 has 10 s of queued prefill; w1 idle. w0: 10 + 0.1 = 10.1 s; w1 recompute 110 tokens = 1.1 s;
-    # w1 pulling 100 tokens (100 B at 2000 B/s = 0.05 s) then 10 tokens: max(0, 0.05) + 0.1 = 0.15 s.
+    # holder w0 has 10 s of queued prefill; w1 idle. w0 (local): 10 + 0.1 = 10.1 s; w1 (best 100 > local 0):
+    # T_transfer 100 B at 2000 B/s = 0.05 s + T_queue 0 + prefill of 10 tokens 0.1 s = 0.15 s
     ws = workers(2, w0=dict(num_waiting=1, waiting_new_tokens=1000))
     route = router("pull").route(req(110, cached=(100, 0)), ws, 0.0)
     assert (route.worker_id, route.pull_from, route.pull_len) == (1, 0, 100)
     assert route.expected_ttft_s == pytest.approx(0.15)
     # an idle holder wins: 0.1 s
     assert router("pull").route(req(110, cached=(100, 0)), workers(2), 0.0) == Route(0, expected_ttft_s=pytest.approx(0.1))
+
+
+def test_pull_adds_transfer_and_queue_times():
+    # w1 queues 0.04 s: 0.05 + 0.04 + 0.1 = 0.19 s; idle w2: 0.15 s (max(queue, transfer) would tie them at 0.15)
+    ws = workers(3, w0=dict(num_waiting=1, waiting_new_tokens=1000), w1=dict(num_waiting=1, waiting_new_tokens=4))
+    route = router("pull").route(req(110, cached=(100, 0, 0)), ws, 0.0)
+    assert (route.worker_id, route.pull_from) == (2, 0) and route.expected_ttft_s == pytest.approx(0.15)
+
+
+def test_pull_ties_go_to_fewer_outstanding_requests_then_lower_id():
+    ws = workers(3, w0=dict(num_running=2), w1=dict(num_running=1), w2=dict(num_running=1))
+    assert router("pull").route(req(110, cached=(0, 0, 0)), ws, 0.0).worker_id == 1  # all 1.1 s
+    ws = workers(3, w0=dict(num_waiting=1, waiting_new_tokens=1000), w1=dict(num_running=3))
+    assert router("pull").route(req(110, cached=(100, 0, 0)), ws, 0.0).worker_id == 2  # 0.15 s each: 3 vs 0
+
+
+def test_pull_balancing_threshold_decides_the_branch():
+    # w0 holds 100 (10 s queued), w1 60, w2 nothing. Threshold 1: w1 pulls the 40 missing: 0.02 + 0.1 = 0.12 s
+    ws = workers(3, w0=dict(num_waiting=1, waiting_new_tokens=1000))
+    route = router("pull").route(req(110, cached=(100, 60, 0)), ws, 0.0)
+    assert (route.worker_id, route.pull_from, route.pull_len) == (1, 0, 100)
+    assert route.expected_ttft_s == pytest.approx(0.12)
+    # threshold 2: 100 <= 2 x 60, w1 recomputes 50 tokens (0.5 s); w2 (100 > 0) pulls all: 0.05 + 0.1 = 0.15 s
+    route = router("pull", balancing_threshold=2.0).route(req(110, cached=(100, 60, 0)), ws, 0.0)
+    assert (route.worker_id, route.pull_from) == (2, 0) and route.expected_ttft_s == pytest.approx(0.15)
+
+
+# ---------------------------------------------------------------- llm-d precise
+def test_precise_weighted_sum_of_prefix_queue_and_kv_scores():
+    r = router("precise")  # 2 x prefix + 1 x (1 - kv usage) + 1 x queue; KV pool 10,000 tokens
+    ws = workers(3, w0=dict(num_waiting=2, running_ctx_tokens=5000))
+    # prefix (min-max over hits 8, 4): 1, 0, 0; queue (max 2): 0, 1, 1; kv: 0.5, 1, 1 -> 2.5, 2, 2
+    assert r.scores(req(10, range(10), cached=(8, 4, 0)), ws) == pytest.approx([2.5, 2.0, 2.0])
+    assert r.route(req(10, range(10), cached=(8, 4, 0)), ws, 0.0).worker_id == 0
+
+
+def test_precise_min_max_quirk_and_random_ties():
+    # w1's 4-block hit scores 0, like w2's miss; w0: 2 + 0 + 0, w1: 0 + 1 + 2/3, w2: 0 + 1 + 1: w0 and w2 tie
+    ws = workers(3, w0=dict(num_waiting=3, running_ctx_tokens=10_000), w1=dict(num_waiting=1))
+    q = req(10, range(10), cached=(8, 4, 0))
+    assert router("precise").scores(q, ws) == pytest.approx([2.0, 5 / 3, 2.0])
+    picks = {make_router("precise", cost=CostModel(PROFILE), page_len=1, seed=s).route(q, ws, 0.0).worker_id
+             for s in range(30)}
+    assert picks == {0, 2}
+    # one hit: 1.0; HEAD's absolute normalisation: hits / prompt blocks
+    assert router("precise").prefix_scores(req(10, range(10), cached=(0, 4, 0)), 3) == [0.0, 1.0, 0.0]
+    absolute = router("precise", normalisation="absolute")
+    assert absolute.prefix_scores(req(10, range(10), cached=(8, 4, 0)), 3) == pytest.approx([0.8, 0.4, 0.0])
 
 
 def test_e2_exploits_then_replicates_by_recompute_then_explores():

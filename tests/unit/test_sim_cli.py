@@ -70,3 +70,28 @@ def test_planner_overrides(tmp_path, capsys):
                              "--no-progress"])
     assert cli.run(bad) == 2
     assert "--planner: 'x=1'" in capsys.readouterr().err
+
+
+def test_seeds_report_mean_and_t_interval(tmp_path, capsys):
+    from radix_sync.sim.seeds import mean_ci, t_quantile
+
+    r = sim(tmp_path, "--seeds", "1,2,3")
+    out = capsys.readouterr().out
+    assert "3 seeds: mean +- 95% CI" in out and r["seeds"] == [1, 2, 3] and set(r["runs"]) == {"1", "2", "3"}
+    m = r["summary"]["kvrep"]["ttft_p99_s"]
+    vals = [next(x for x in r["runs"][s] if x["policy"] == "kvrep")["ttft_s"]["p99"] for s in ("1", "2", "3")]
+    assert m["values"] == vals and m["mean"] == sum(vals) / 3
+    # hand-computed: values 1, 2, 3: s = 1, half-width t(2) / sqrt(3) = 4.303 / 1.732
+    assert mean_ci([1.0, 2.0, 3.0])["ci95"] == 4.303 / 3 ** 0.5 and t_quantile(2) == 4.303 and t_quantile(99) == 1.96
+    assert mean_ci([5.0])["ci95"] == 0.0
+
+
+def test_nic_bandwidth_override(tmp_path):
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--generator", "agent", "--rate", "5", "--duration-s", "5", "--nic-gbytes-s", "6"])
+    assert cli.cli_profile(args).nic_bandwidth_bytes_per_s == 6e9
+    args.nic_gbytes_s = 0.0
+    assert cli.run(args) == 2
+    args.nic_gbytes_s, args.seeds = None, "1,1"
+    assert cli.run(args) == 2

@@ -20,7 +20,7 @@ def test_routes_and_paired_excess_add_up():
     args = mod.build_parser().parse_args(["--generator", "agent", "--rate", "30", "--duration-s", "60",
                                           "--workers", "4"])
     kv, page_len = mod.run_policy(args, "kvrep")
-    oracle, _ = mod.run_policy(args, "oracle")
+    oracle, _ = mod.run_policy(args, "free_copies")
     assert kv and page_len == 64
     assert all(d.route in ("plain", "inflight", "pull") for d in kv.values())
     assert all(d.copy_wait_s == 0.0 for d in oracle.values() if d.route == "plain")
@@ -29,7 +29,7 @@ def test_routes_and_paired_excess_add_up():
     routed = sum(int(m.group(1)) for m in (re.match(r"\s+routed \w+\s+(\d+)", x) for x in lines) if m)
     turns = sum(int(m.group(1)) for m in (re.match(r"\s+(?:first turns|follow-ups)\s+(\d+)", x) for x in lines) if m)
     assert n == routed == turns == len(kv)
-    pair = mod.pair_report("kvrep", kv, "oracle", oracle, page_len, 3)
+    pair = mod.pair_report("kvrep", kv, "free_copies", oracle, page_len, 3)
     common = [k for k in kv if k in oracle]
     total = sum(kv[k].ttft_s - oracle[k].ttft_s for k in common)
     parts = [float(re.search(r"excess\s+(-?[\d.]+) s", x).group(1)) for x in pair[1:3]]
@@ -42,6 +42,6 @@ def test_engine_flags_reach_the_engine():
     mod = load()
     args = mod.build_parser().parse_args(["--generator", "agent", "--rate", "30", "--duration-s", "20", "--workers",
                                           "4", "--eviction", "tlru", "--tlru-threshold", "4096"])
-    assert args.seed == 1 and args.policies == "kvrep,oracle"
+    assert args.seed == 1 and args.policies == "kvrep,free_copies"
     cfg = mod.engine_config(args, args.duration_s)
     assert cfg.eviction == "tlru" and cfg.tlru_threshold_tokens == 4096 and cfg.num_workers == 4
