@@ -13,23 +13,28 @@ import sys
 
 
 def _add_coordinator(sub) -> None:
+    # every default comes from the config dataclasses (written once, there)
+    from radix_sync.coordinator.server import POLICIES, CoordinatorConfig as C
+    from radix_sync.coordinator.state import StateConfig as S
+    from radix_sync.policy.rules import RuleConfig as R
+
     p = sub.add_parser("coordinator", help="run the coordinator (directory, policy, admin API)")
-    p.add_argument("--bind", default="tcp://127.0.0.1:5600", help="ZMQ endpoint for worker agents")
-    p.add_argument("--admin-host", default="127.0.0.1")
-    p.add_argument("--admin-port", type=int, default=5680, help="JSON admin API port (0: any free port)")
-    p.add_argument("--policy", default="rules", choices=["kvrep", "rules", "none"],
+    p.add_argument("--bind", default=C.bind, help="ZMQ endpoint for worker agents")
+    p.add_argument("--admin-host", default=C.admin_host)
+    p.add_argument("--admin-port", type=int, default=C.admin_port, help="JSON admin API port (0: any free port)")
+    p.add_argument("--policy", default=C.policy, choices=list(POLICIES),
                    help="kvrep: the predictive planner; rules: the rule-based baseline; none: admin calls only")
-    p.add_argument("--profile", default="cpu-local", help="cost profile of the kvrep planner (name or JSON path)")
-    p.add_argument("--mode", default="active", choices=["active", "shadow"])
-    p.add_argument("--tick-s", type=float, default=0.25)
-    p.add_argument("--worker-timeout-s", type=float, default=5.0)
-    p.add_argument("--replication-timeout-s", type=float, default=60.0)
+    p.add_argument("--profile", default=C.profile, help="cost profile of the kvrep planner (name or JSON path)")
+    p.add_argument("--mode", default=C.mode, choices=["active", "shadow"])
+    p.add_argument("--tick-s", type=float, default=C.tick_s)
+    p.add_argument("--worker-timeout-s", type=float, default=S.worker_timeout_s)
+    p.add_argument("--replication-timeout-s", type=float, default=S.replication_timeout_s)
     g = p.add_argument_group("rule-based policy (L, H, W, Q)")
-    g.add_argument("--rule-min-prefix-len", type=int, default=512, help="L: tokens")
-    g.add_argument("--rule-min-hits", type=int, default=3, help="H: hits within the window")
-    g.add_argument("--rule-window-s", type=float, default=30.0, help="W: seconds")
-    g.add_argument("--rule-max-queue", type=int, default=0, help="Q: holder's waiting requests must exceed it")
-    g.add_argument("--rule-ttl-s", type=float, default=60.0, help="TTL of replicas the rule makes")
+    g.add_argument("--rule-min-prefix-len", type=int, default=R.min_prefix_len, help="L: tokens")
+    g.add_argument("--rule-min-hits", type=int, default=R.min_hits, help="H: hits within the window")
+    g.add_argument("--rule-window-s", type=float, default=R.window_s, help="W: seconds")
+    g.add_argument("--rule-max-queue", type=int, default=R.max_queue, help="Q: holder's waiting requests must exceed it")
+    g.add_argument("--rule-ttl-s", type=float, default=R.ttl_s, help="TTL of replicas the rule makes")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run_coordinator)
 
@@ -62,29 +67,33 @@ def _run_coordinator(args) -> int:
 
 
 def _add_router(sub) -> None:
+    # every default comes from the config dataclasses (written once, there)
+    from radix_sync.router.config import RouterConfig as C
+    from radix_sync.router.policy import RouterCosts as K
+
     p = sub.add_parser("router", help="run the cache-aware HTTP router in front of the workers")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
-    p.add_argument("--coordinator", default=None, help="coordinator admin URL, e.g. http://127.0.0.1:5680")
+    p.add_argument("--host", default=C.host)
+    p.add_argument("--port", type=int, default=C.port, help="HTTP port (0: any free port)")
+    p.add_argument("--coordinator", default=C.coordinator_url, help="coordinator admin URL, e.g. http://127.0.0.1:5680")
     p.add_argument("--worker", action="append", default=[], help="worker URL (repeatable; static workers)")
-    p.add_argument("--tenants", default=None, help="JSON or TOML file: api keys -> tenant -> namespace")
+    p.add_argument("--tenants", default=C.tenants_path, help="JSON or TOML file: api keys -> tenant -> namespace")
     p.add_argument("--tokenizer", default="auto",
                    help="the workers' model dir or tokenizer id; 'auto': ask a worker's /model_info; 'none'")
-    p.add_argument("--page-size", type=int, default=16, help="page size when no worker reported one")
-    p.add_argument("--profile", default=None,
+    p.add_argument("--page-size", type=int, default=C.page_size, help="page size when no worker reported one")
+    p.add_argument("--profile", default=C.profile,
                    help="cost profile for the TTFT rule (name or JSON path, e.g. cpu-local, llama3.1-8b-h200); "
                         "overrides the four cost flags below")
-    p.add_argument("--prefill-s-per-token", type=float, default=5e-5)
-    p.add_argument("--queue-s-per-request", type=float, default=0.005)
-    p.add_argument("--kv-bytes-per-token", type=int, default=131072)
-    p.add_argument("--link-gbps", type=float, default=80.0, help="worker-to-worker copy bandwidth, Gbit/s")
-    p.add_argument("--connect-timeout-s", type=float, default=2.0)
-    p.add_argument("--directory-feed", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--prefill-s-per-token", type=float, default=K.prefill_s_per_token)
+    p.add_argument("--queue-s-per-request", type=float, default=K.queue_s_per_request)
+    p.add_argument("--kv-bytes-per-token", type=int, default=K.kv_bytes_per_token)
+    p.add_argument("--link-gbps", type=float, default=K.link_bytes_per_s * 8 / 1e9, help="worker-to-worker copy bandwidth, Gbit/s")
+    p.add_argument("--connect-timeout-s", type=float, default=C.connect_timeout_s)
+    p.add_argument("--directory-feed", action=argparse.BooleanOptionalAction, default=C.directory_feed,
                    help="mirror the coordinator's directory from its change feed and match prompts locally "
                         "(--no-directory-feed: one lookup call to the coordinator per request)")
-    p.add_argument("--read-timeout-s", type=float, default=600.0)
-    p.add_argument("--max-connections-per-worker", type=int, default=256)
-    p.add_argument("--shutdown-timeout-s", type=float, default=30.0)
+    p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
+    p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
+    p.add_argument("--shutdown-timeout-s", type=float, default=C.shutdown_timeout_s)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run_router)
 

@@ -1,0 +1,35 @@
+"""Each default is written once: the `kvrep coordinator` / `kvrep router` flags take theirs from the configs."""
+import argparse
+
+from radix_sync import cli
+from radix_sync.coordinator.server import CoordinatorConfig
+from radix_sync.coordinator.state import StateConfig
+from radix_sync.policy.rules import RuleConfig
+from radix_sync.router.config import RouterConfig
+from radix_sync.router.policy import RouterCosts
+
+
+def _parse(add, *argv):
+    parser = argparse.ArgumentParser()
+    add(parser.add_subparsers(dest="cmd"))
+    return parser.parse_args(list(argv))
+
+
+def test_coordinator_flags_default_to_the_config():
+    a = _parse(cli._add_coordinator, "coordinator")
+    c, s, r = CoordinatorConfig(), StateConfig(), RuleConfig()
+    assert (a.bind, a.admin_host, a.admin_port, a.policy, a.profile, a.mode, a.tick_s) == (
+        c.bind, c.admin_host, c.admin_port, c.policy, c.profile, c.mode, c.tick_s)
+    assert (a.worker_timeout_s, a.replication_timeout_s) == (s.worker_timeout_s, s.replication_timeout_s)
+    assert RuleConfig(a.rule_min_prefix_len, a.rule_min_hits, a.rule_window_s, a.rule_max_queue, a.rule_ttl_s) == r
+
+
+def test_router_flags_default_to_the_config():
+    a = _parse(cli._add_router, "router")
+    c, k = RouterConfig(), RouterCosts()
+    assert (a.host, a.port, a.coordinator, a.tenants, a.page_size, a.profile, a.connect_timeout_s, a.read_timeout_s,
+            a.max_connections_per_worker, a.shutdown_timeout_s, a.directory_feed) == (
+        c.host, c.port, c.coordinator_url, c.tenants_path, c.page_size, c.profile, c.connect_timeout_s,
+        c.read_timeout_s, c.max_connections_per_worker, c.shutdown_timeout_s, c.directory_feed)
+    assert (a.prefill_s_per_token, a.queue_s_per_request, a.kv_bytes_per_token, a.link_gbps * 1e9 / 8) == (
+        k.prefill_s_per_token, k.queue_s_per_request, k.kv_bytes_per_token, k.link_bytes_per_s)
