@@ -26,7 +26,7 @@ def test_coordinator_flags_default_to_the_config():
 
 def test_router_flags_default_to_the_config():
     a = _parse(cli._add_router, "router")
-    c, k = RouterConfig(), RouterCosts()
+    c, k = RouterConfig(worker_urls=("http://w:1",)), RouterCosts()
     assert (a.host, a.port, a.coordinator, a.tenants, a.page_size, a.profile, a.connect_timeout_s, a.read_timeout_s,
             a.max_connections_per_worker, a.shutdown_timeout_s, a.directory_feed) == (
         c.host, c.port, c.coordinator_url, c.tenants_path, c.page_size, c.profile, c.connect_timeout_s,
