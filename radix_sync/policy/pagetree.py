@@ -22,7 +22,7 @@ Users: the simulator's per-worker cache (`radix_sync.sim.cache`) and the `cache_
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Optional, Sequence
+from typing import Callable, Container, Optional, Sequence
 
 
 class _Node:
@@ -41,6 +41,34 @@ class _Node:
         self.replica = replica
         self.stamp = -1
         self.stale = False
+
+
+def chained_prefix_len(pages: Sequence[int], present: Container[int], limit: Optional[int] = None) -> int:
+    """Number of leading pages of `pages` that are in `present`, by binary search.
+
+    NOTE: relies on the prefix property of chained page hashes: whoever holds a page holds every page before it,
+    so the pages present are a prefix of `pages`.
+
+    Args:
+        pages: chained page hashes of a prompt.
+        present: the pages held (a set, or a dict keyed by page hash).
+        limit: look at most at this many pages.
+    Returns:
+        matched page count.
+    """
+    lo, hi = 0, len(pages) if limit is None else min(limit, len(pages))
+    if hi == 0 or pages[0] not in present:
+        return 0
+    if pages[hi - 1] in present:
+        return hi
+    lo = 1  # pages[:lo] present, pages[hi-1] absent
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        if pages[mid - 1] in present:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class PageTree:
@@ -74,20 +102,7 @@ class PageTree:
         Returns:
             matched page count.
         """
-        nodes = self.nodes
-        lo, hi = 0, len(pages) if limit is None else min(limit, len(pages))
-        if hi == 0 or pages[0] not in nodes:
-            return 0
-        if pages[hi - 1] in nodes:
-            return hi
-        lo = 1  # pages[:lo] present, pages[hi-1] absent
-        while lo < hi - 1:
-            mid = (lo + hi) // 2
-            if pages[mid - 1] in nodes:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return chained_prefix_len(pages, self.nodes, limit)
 
     # ---- mutation ----
     def _push(self, page: int, node: _Node) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from radix_sync.policy.pagetree import PageTree
+from radix_sync.policy.pagetree import PageTree, chained_prefix_len
 
 
 class Directory:
@@ -94,20 +94,7 @@ class WorkerCache:
     def match_len(self, pages: Sequence[int]) -> int:
         """Returns: pages of `pages` this worker can reuse now."""
         if self.oracle_pages is not None:
-            lo, hi = 0, len(pages)
-            op = self.oracle_pages
-            if hi == 0 or pages[0] not in op:
-                return 0
-            if pages[hi - 1] in op:
-                return hi
-            lo = 1
-            while lo < hi - 1:
-                mid = (lo + hi) // 2
-                if pages[mid - 1] in op:
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
+            return chained_prefix_len(pages, self.oracle_pages)
         return self.tree.match_len(pages)
 
     def make_room(self, tokens: int) -> bool:

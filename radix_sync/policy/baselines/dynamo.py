@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from radix_sync.policy.pagetree import chained_prefix_len
 from radix_sync.policy.routers import ROUTERS, RouterPolicy
 from radix_sync.policy.snapshot import RequestView, Route, WorkerView
 
@@ -53,31 +54,13 @@ class DynamoCostRouter(RouterPolicy):
             self._blocks.append({})
             self._prefill.append(0)
 
-    @staticmethod
-    def _shared_prefix(blocks: dict[int, int], pages: Sequence[int]) -> int:
-        """How many of `pages` are among `blocks`. NOTE: page hashes are chained and every active request adds all
-        of its blocks, so those present are a prefix of `pages`: found by binary search."""
-        lo, hi = 0, len(pages)
-        if hi == 0 or pages[0] not in blocks:
-            return 0
-        if pages[hi - 1] in blocks:
-            return hi
-        lo = 1
-        while lo < hi - 1:
-            mid = (lo + hi) // 2
-            if pages[mid - 1] in blocks:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
     def cost(self, req: RequestView, worker_id: int) -> float:
         """Returns: the Dynamo cost of placing `req` on `worker_id`, in blocks."""
         self._grow(worker_id + 1)
         blocks = self._blocks[worker_id]
         pages = req.page_hashes
         prefill = (self._prefill[worker_id] + req.prompt_len - req.cached_len[worker_id]) / self.page_len
-        decode = len(blocks) + len(pages) - self._shared_prefix(blocks, pages)
+        decode = len(blocks) + len(pages) - chained_prefix_len(pages, blocks)
         return self.weight * prefill + decode
 
     def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
