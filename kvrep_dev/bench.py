@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from kvrep_dev import testbed
 from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path,
                                            stream_generate)
 
@@ -458,9 +459,10 @@ def run_bench(args) -> int:
         coord.wait_ready()
         workers = []
         for i in range(args.workers):
+            tb = testbed_worker_kwargs(args, i)
             w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
-                       max_total_tokens=args.max_total_tokens,
-                       extra_args=("--max-running-requests", str(args.max_running)))
+                       max_total_tokens=args.max_total_tokens, cpu=tb["cpu"],
+                       extra_args=("--max-running-requests", str(args.max_running), *tb["extra_args"]))
             procs.append(w)
             workers.append(w)
         for w in workers:
@@ -581,9 +583,29 @@ def run_bench(args) -> int:
     return 0 if all(r["live"]["errors"] == 0 for r in rows) else 1
 
 
+def add_testbed_arguments(p) -> None:
+    """The testbed's link cap and pinning (kvrep_dev/testbed.py), shared by `demo`, `bench` and `up`."""
+    p.add_argument("--send-rate-mbps", type=float, default=None,
+                   help="per-link cap on the data plane, MB/s (default: the one that gives --profile's model an "
+                        "H200's copy/prefill time ratio, 0.21; 0: no cap)")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                   help="pin worker i to core i (mod the cores this process may use)")
+
+
+def testbed_worker_kwargs(args, i: int) -> dict:
+    """`Worker(...)` keyword arguments for worker `i` under the testbed's flags: its core and its link cap."""
+    rate = testbed.send_rate_mbps(args.profile) if args.send_rate_mbps is None else args.send_rate_mbps
+    extra = ("--kvrep-send-rate-mbps", f"{rate:g}") if rate > 0 else ()
+    return {"cpu": testbed.core_for(i) if args.pin else None, "extra_args": extra}
+
+
 def add_arguments(p, *, demo: bool = False) -> None:
-    p.add_argument("--workers", type=int, default=3)
-    p.add_argument("--model", default="small", help="local model name (tiny|small) or a model directory")
+    p.add_argument("--workers", type=int, default=testbed.default_workers(),
+                   help="CPU SGLang workers (default: one per core, each pinned to its core)")
+    p.add_argument("--model", default=testbed.MODEL,
+                   help="local model name (tiny|small|wide) or a model directory (default: the testbed's 'wide', "
+                        "where a cache hit saves ~90%% of a cold prefill, as on a GPU: docs/testbed.md)")
+    add_testbed_arguments(p)
     p.add_argument("--workloads", default="agent,fanout" if demo else ",".join(WORKLOADS),
                    help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--arms", default="shadow,active" if demo else ",".join(ARMS),
@@ -605,8 +627,9 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--max-running", type=int, default=8, help="--max-running-requests per worker")
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=not demo,
                    help="also run the simulator on the same workloads (cpu-local profile)")
-    p.add_argument("--profile", default="cpu-local",
-                   help="cost profile of the coordinator's planner and the router's TTFT rule")
+    p.add_argument("--profile", default=testbed.PROFILE,
+                   help="cost profile of the coordinator's planner and the router's TTFT rule (default: cpu-wide, "
+                        "measured on the testbed)")
     p.add_argument("--out-dir", default="logs/demo" if demo else "logs/bench")
     if not demo:
         p.add_argument("--resimulate", metavar="RESULTS_JSON",

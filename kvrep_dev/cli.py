@@ -7,7 +7,7 @@ from __future__ import annotations
 def _add_demo_and_bench(sub) -> None:
     from kvrep_dev import bench
 
-    p = sub.add_parser("demo", help="3 CPU workers behind the router: agent sessions and a tree-search fan-out, "
+    p = sub.add_parser("demo", help="CPU workers (one per core) behind the router: agent sessions and a tree-search fan-out, "
                                     "shadow (today's routing) vs active replication; table + TTFT CDF PNG")
     bench.add_arguments(p, demo=True)
     p.set_defaults(func=_run_bench)
@@ -25,22 +25,39 @@ def _add_demo_and_bench(sub) -> None:
     p.set_defaults(func=_run_copy_demo)
 
 
+def _stoppable(run, args, *, on_signal: int | None = None) -> int:
+    """Runs a command so that Ctrl-C or SIGTERM stops it at once at any point (start-up included): the signal
+    unwinds the command, whose `finally` stops every process it started. Exit status 128 + signal number, or
+    `on_signal` where a signal is the normal way to end the command (`kvrep up`)."""
+    from kvrep_dev.cluster import Stopped, stop_on_signals
+
+    try:
+        with stop_on_signals():
+            return run(args)
+    except Stopped as stopped:
+        print(f"[kvrep] {stopped}: stopped", flush=True)
+        return 128 + stopped.signum if on_signal is None else on_signal
+
+
 def _run_bench(args) -> int:
     from kvrep_dev.bench import run_bench
 
-    return run_bench(args)
+    return _stoppable(run_bench, args)
 
 
 def _run_copy_demo(args) -> int:
     from kvrep_dev.demo import run_demo
 
-    return run_demo(args)
+    return _stoppable(run_demo, args)
 
 
 def _add_up(sub) -> None:
     p = sub.add_parser("up", help="start a local cluster: coordinator, N SGLang workers, the router")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--model", default="tiny", help="tiny | small | a model directory")
+    from kvrep_dev import testbed
+    from kvrep_dev.bench import add_testbed_arguments
+
+    p.add_argument("--workers", type=int, default=testbed.default_workers(), help="default: one per core, pinned")
+    p.add_argument("--model", default=testbed.MODEL, help="tiny | small | wide (the testbed's) | a model directory")
     p.add_argument("--router-port", type=int, default=0, help="0: any free port")
     p.add_argument("--admin-port", type=int, default=0, help="coordinator admin port (0: any free port)")
     p.add_argument("--policy", default="kvrep", choices=["kvrep", "rules", "none"])
@@ -48,8 +65,9 @@ def _add_up(sub) -> None:
     p.add_argument("--tenants", default=None, help="JSON or TOML file: api keys -> tenant -> namespace")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--max-total-tokens", type=int, default=32768)
-    p.add_argument("--profile", default="cpu-local",
-                   help="cost profile of the planner and the router (cpu-local: measured on the CPU workers here)")
+    p.add_argument("--profile", default=testbed.PROFILE,
+                   help="cost profile of the planner and the router (cpu-wide: measured on the testbed here)")
+    add_testbed_arguments(p)
     p.add_argument("--logs", default="logs/up", help="folder for per-process logs")
     p.set_defaults(func=_run_up)
 
@@ -57,7 +75,7 @@ def _add_up(sub) -> None:
 def _run_up(args) -> int:
     from kvrep_dev.up import run_up
 
-    return run_up(args)
+    return _stoppable(run_up, args, on_signal=0)
 
 
 def add_commands(sub) -> None:

@@ -5,6 +5,7 @@ session and stopped by its PID's process group, so nothing is left behind.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -133,15 +134,45 @@ def stream_generate(url: str, text: str, max_new_tokens: int = 8, timeout: float
     return first, time.perf_counter() - t0, int(meta["prompt_tokens"]), int(meta["cached_tokens"])
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM arrived: unwinds whatever is running (a start-up wait, a benchmark round) at once, so the
+    `finally` blocks that stop every process run. A BaseException, so no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """Within the block, the first SIGINT/SIGTERM raises `Stopped` in the main thread; later ones are ignored, so
+    the clean-up that follows (stopping process groups) is not itself interrupted. Handlers restored after."""
+    def handler(signum, _frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
 class Proc:
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: Optional[dict] = None) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: Optional[dict] = None,
+                 cpu: Optional[int] = None) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
+        self.cpu = cpu
+        """The core this process (and every process it starts) is pinned to; None: not pinned."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
+        pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                                      start_new_session=True, cwd=str(ROOT))
+                                      start_new_session=True, cwd=str(ROOT), preexec_fn=pin)
 
     @property
     def pid(self) -> int:
@@ -196,7 +227,8 @@ class Proc:
 class Worker(Proc):
     def __init__(self, name: str, model: str, log_dir: Path, *, port: Optional[int] = None,
                  coordinator: Optional[str] = None, page_size: int = 16, max_total_tokens: int = 16384,
-                 extra_args: tuple[str, ...] = (), kvrep: bool = True, env: Optional[dict] = None) -> None:
+                 extra_args: tuple[str, ...] = (), kvrep: bool = True, env: Optional[dict] = None,
+                 cpu: Optional[int] = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.worker_id = f"127.0.0.1:{self.port}"
@@ -207,7 +239,7 @@ class Worker(Proc):
                 *worker_dtype_args(tuple(extra_args)), *extra_args]
         if kvrep:
             argv += ["--enable-kv-replication", "--kvrep-coordinator", coordinator or "tcp://127.0.0.1:5600"]
-        super().__init__(name, argv, log_dir / f"{name}.log", server_env(env))
+        super().__init__(name, argv, log_dir / f"{name}.log", server_env(env), cpu=cpu)
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s

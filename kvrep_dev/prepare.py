@@ -1,7 +1,12 @@
 """Builds what a GPU-less host needs to run real SGLang servers, without any download.
 
-- `models/tiny` and `models/small`: Llama-architecture models with seeded random weights and a byte-level BPE
-  tokenizer trained on the Python standard library's sources (see ../shared/docs/sglang-on-cpu.md).
+- `models/tiny`, `models/small` and `models/wide`: Llama-architecture models with seeded random weights and a
+  byte-level BPE tokenizer trained on the Python standard library's sources (see ../shared/docs/sglang-on-cpu.md).
+  `wide` is the CPU testbed's model with a GPU's economics: a narrow attention (2 query heads, 1 KV head) and a
+  wide MLP, so that a prefill's cost is mostly in the linear layers, which a cache hit skips. On the CPU,
+  SGLang's `torch_native` attention recomputes attention over a cached prefix (each extend's query is padded to
+  the whole sequence), so with `small` a hit on a 2,000-token prefix saves only ~63% of the cold prefill; on a GPU
+  it saves nearly all of it. `scripts/hit_savings.py` measures it (docs/testbed.md).
 - `libcuda/libcuda.so.1`: a stand-in that lets the CUDA-only `sgl_kernel` wheel import on a host without an
   NVIDIA driver (only built there). Every function returns CUDA_ERROR_NO_DEVICE.
 
@@ -20,9 +25,10 @@ import tempfile
 from pathlib import Path
 
 MODELS = {
-    # name: (hidden, layers, heads, kv_heads, intermediate)
-    "tiny": (128, 2, 4, 2, 352),
-    "small": (512, 8, 8, 4, 1408),
+    # name: (hidden, layers, heads, kv_heads, intermediate, head_dim)
+    "tiny": (128, 2, 4, 2, 352, 32),
+    "small": (512, 8, 8, 4, 1408, 64),
+    "wide": (1024, 4, 2, 1, 4096, 64),
 }
 VOCAB_SIZE = 4096
 MAX_POSITIONS = 32768
@@ -90,10 +96,10 @@ def build_model(name: str, out_dir: Path, tokenizer_dir: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, layers, heads, kv_heads, inter = MODELS[name]
+    hidden, layers, heads, kv_heads, inter, head_dim = MODELS[name]
     torch.manual_seed(1234)
     config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=inter,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                          max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, bos_token_id=0, eos_token_id=1,
                          pad_token_id=2, tie_word_embeddings=False, torch_dtype="bfloat16")
     model = LlamaForCausalLM(config).to(torch.bfloat16)

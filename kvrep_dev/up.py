@@ -5,10 +5,10 @@ everything it started, by process group, leaving nothing behind. One log file pe
 """
 from __future__ import annotations
 
-import signal
 import sys
-import threading
+import time
 
+from kvrep_dev.bench import testbed_worker_kwargs
 from kvrep_dev.cluster import ROOT, Coordinator, Proc, Worker, free_port, model_path
 
 
@@ -18,9 +18,8 @@ def _say(msg: str) -> None:
 
 def run_up(args) -> int:
     logs = ROOT / args.logs  # an absolute --logs replaces ROOT
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    # Ctrl-C and SIGTERM unwind this function at any point (kvrep_dev.cli runs it under stop_on_signals), and the
+    # finally below stops everything started so far.
     procs: list[Proc] = []
     try:
         coord = Coordinator(logs, extra_args=("--policy", args.policy, "--mode", args.mode, "--profile", args.profile),
@@ -30,8 +29,9 @@ def run_up(args) -> int:
         _say(f"coordinator: admin {coord.admin}  workers connect to {coord.endpoint}")
         workers = []
         for i in range(args.workers):
+            tb = testbed_worker_kwargs(args, i)
             w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
-                       max_total_tokens=args.max_total_tokens, page_size=args.page_size)
+                       max_total_tokens=args.max_total_tokens, page_size=args.page_size, **tb)
             procs.append(w)
             workers.append(w)
         for i, w in enumerate(workers):
@@ -55,12 +55,12 @@ def run_up(args) -> int:
             print(f"  worker       {w.url}")
         print(f"  logs         {logs}")
         print("  Ctrl-C stops everything.", flush=True)
-        while not stop.wait(1.0):
+        while True:
+            time.sleep(1.0)
             dead = [p.name for p in procs if not p.alive()]
             if dead:
                 _say(f"process(es) exited: {', '.join(dead)}; shutting down")
                 return 1
-        return 0
     finally:
         _say("stopping")
         for proc in reversed(procs):

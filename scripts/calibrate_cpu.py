@@ -188,7 +188,7 @@ def main() -> int:
         }
         values = {k: values[k] for k in VALUE_ORDER}
         profile = {
-            "name": "cpu-local",
+            "name": Path(args.out).stem,
             "provenance": (f"Measured by `.venv/bin/python scripts/calibrate_cpu.py --model {args.model} --repeats "
                            f"{args.repeats}` on {datetime.date.today().isoformat()}: two CPU SGLang 0.5.23 workers "
                            f"(local '{args.model}' model, OMP_NUM_THREADS=1 each, --max-total-tokens "

@@ -60,7 +60,7 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
 
     from kvrep_dev.bench import resimulate
 
-    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 3}
+    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 3, "profile": "cpu-local"}
     wl = build_workload("shared", bench_args("--duration-s", "10"))
     own = simulate(copy.deepcopy(wl), "sgl-rr", 3, 0, "cpu-local", 32768, 8)
     live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}

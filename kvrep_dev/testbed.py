@@ -1,0 +1,60 @@
+"""The CPU testbed with a GPU's economics: what `kvrep up`, `kvrep demo` and `kvrep bench` run by default.
+
+Two ways a CPU cluster is unlike a GPU one, and what this module sets against each (docs/testbed.md has the
+numbers and the commands that measured them):
+- **What a cache hit saves.** SGLang's `torch_native` CPU attention pads each extend's query to the whole sequence,
+  so attention over a cached prefix is recomputed and only the linear layers shrink to the new tokens. The local
+  `wide` model (hidden 1024, 4 layers, 2 query heads x 64, 1 KV head, MLP 4096: `kvrep_dev/prepare.py`) puts most
+  of a prefill's cost in the linear layers: a hit on a 2,000-token prefix saves ~90% of the cold prefill here
+  (`small`: ~40-63%), as on a GPU, where extending a cached prefix is nearly free.
+- **What a copy costs relative to a prefill.** Loopback ZeroMQ moves KV far faster, relative to the CPU's prefill,
+  than a 24 GB/s NIC does relative to an H200's. The data plane's per-link cap (`--kvrep-send-rate-mbps`) is set
+  so that a copy's time per token over the testbed's prefill time per token equals the same ratio for
+  Llama-3.1-8B on an H200 over 24 GB/s: 131,072 B/token / 23.75 GB/s = 5.5 us vs a 26.3 us prefill per token
+  (`radix_sync/profiles/llama3.1-8b-h200.json`), ratio 0.21.
+- **Spare compute.** One worker per core, each pinned to its core (two on a 2-core machine), `OMP_NUM_THREADS=1`;
+  the router, coordinator and client are light and float.
+"""
+from __future__ import annotations
+
+import os
+
+from radix_sync.policy.cost import load_profile
+
+MODEL = "wide"
+PROFILE = "cpu-wide"
+"""Measured on the testbed by `scripts/calibrate_cpu.py --model wide --out radix_sync/profiles/cpu-wide.json`; its
+link bandwidth is the cap below (the data plane enforces it with a token bucket)."""
+GPU_PROFILE = "llama3.1-8b-h200"
+
+
+def copy_to_prefill_ratio(profile_name: str = GPU_PROFILE) -> float:
+    """Seconds to copy one token's KV over one link / seconds to prefill one token, for a profile."""
+    v = load_profile(profile_name)
+    return (v.kv_bytes_per_token / v.nic_bandwidth_bytes_per_s) / v.prefill_s_per_token
+
+
+def send_rate_mbps(cpu_profile: str = PROFILE, gpu_profile: str = GPU_PROFILE) -> float:
+    """The per-link cap (MB/s) that gives the CPU profile's model the GPU profile's copy/prefill ratio."""
+    cpu = load_profile(cpu_profile)
+    copy_s_per_token = copy_to_prefill_ratio(gpu_profile) * cpu.prefill_s_per_token
+    return round(cpu.kv_bytes_per_token / copy_s_per_token / 1e6, 2)
+
+
+def cores() -> list[int]:
+    """The cores this process may run on, in order."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def default_workers() -> int:
+    """One worker per core (at least two, so there is somewhere to copy to)."""
+    return max(2, len(cores()))
+
+
+def core_for(i: int) -> int:
+    """The core worker `i` is pinned to."""
+    cs = cores()
+    return cs[i % len(cs)]
