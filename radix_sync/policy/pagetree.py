@@ -81,6 +81,8 @@ class PageTree:
         """
         self.nodes: dict[int, _Node] = {}
         self.num_replica_pages = 0
+        self.num_stale_pages = 0
+        """Pages of demoted chains (evicted first)."""
         self._heaps: tuple[list, list, list, list] = ([], [], [], [])  # ordinary, replica, TEL-safe, demoted leaves
         self._seq = 0
         self._tlru = tlru_slack_pages is not None
@@ -169,6 +171,7 @@ class PageTree:
         cur = node
         while cur is not None and cur.stale:
             cur.stale = False
+            self.num_stale_pages -= 1
             cur = self.nodes[cur.parent] if cur.parent is not None else None
         self._push(page, node)
 
@@ -226,6 +229,7 @@ class PageTree:
                 break
             cur = parent
         if n:
+            self.num_stale_pages += n
             self._push(page, node)
         return n
 
@@ -233,6 +237,8 @@ class PageTree:
         del self.nodes[page]
         if node.replica:
             self.num_replica_pages -= 1
+        if node.stale:
+            self.num_stale_pages -= 1
         if node.parent is not None:
             parent = self.nodes[node.parent]
             parent.num_children -= 1
@@ -297,15 +303,17 @@ class PageTree:
         return n
 
     def check_integrity(self) -> None:
-        """Asserts child counts, parent links and the replica count."""
+        """Asserts child counts, parent links and the replica and demoted counts."""
         children: dict[int, int] = {}
-        num_replica = 0
+        num_replica = num_stale = 0
         for page, node in self.nodes.items():
             if node.parent is not None:
                 assert node.parent in self.nodes, f"page {page}: parent {node.parent} missing"
                 children[node.parent] = children.get(node.parent, 0) + 1
             assert node.lock_count >= 0, f"page {page}: negative lock count"
             num_replica += node.replica
+            num_stale += node.stale
         for page, node in self.nodes.items():
             assert node.num_children == children.get(page, 0), f"page {page}: child count {node.num_children}"
         assert num_replica == self.num_replica_pages, f"replica count {self.num_replica_pages} != {num_replica}"
+        assert num_stale == self.num_stale_pages, f"demoted count {self.num_stale_pages} != {num_stale}"

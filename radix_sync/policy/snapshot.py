@@ -53,6 +53,11 @@ class WorkerView(NamedTuple):
     waiting_cached_pairs: float = 0.0
     """Sum of cached*(cached+1)/2 over the queued requests: the work a backend that recomputes attention over the
     cached prefix (`CostProfile.prefill_s_per_cached_pair`) still has to do (0 where the caller does not track it)."""
+    replica_tokens: int = -1
+    """KV tokens the worker holds as replicas (copied in, not yet hit), which its eviction takes before any ordinary
+    page; -1: not reported (then the planner does not check what a copy would displace)."""
+    demoted_tokens: int = 0
+    """KV tokens of demoted chains (evicted before the replicas); 0 where not reported."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="T-LRU: tokens a conversation's next prompt adds (SGLang's next_prompt_estimate)")
     parser.add_argument("--nic-gbytes-s", type=float, default=None, metavar="X",
                         help="override the profile's per-NIC bandwidth, GB/s (1e9 bytes/s)")
+    parser.add_argument("--view-staleness-s", type=float, default=EngineConfig.view_staleness_s, metavar="S",
+                        help="load reports this far apart, as live (default %(default)s s; 0: exact views)")
+    parser.add_argument("--hint-jitter", type=float, default=EngineConfig.hint_jitter, metavar="SIGMA",
+                        help="log-normal error of fan-out hints' lead time and branch count (default %(default)s; 0: "
+                             "exact)")
     parser.add_argument("--planner", default="", metavar="KEY=VALUE,...",
                         help="override PlannerConfig fields of the kvrep policies (numbers and booleans), "
                              "e.g. min_gain_s=0.01,horizon_s=60")
@@ -123,7 +128,8 @@ def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
     """Returns: the engine configuration the flags of `add_engine_arguments` describe (ValueError if invalid)."""
     return EngineConfig(num_workers=args.workers, duration_s=duration_s, tick_s=args.tick_s,
                         shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
-                        tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt)
+                        tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt,
+                        view_staleness_s=args.view_staleness_s, hint_jitter=args.hint_jitter)
 
 
 def build_workload(args: argparse.Namespace, max_context_len: int) -> Workload:

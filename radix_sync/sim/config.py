@@ -37,6 +37,14 @@ class EngineConfig:
     """T-LRU: tokens a next prompt may leave uncached (the TTFT budget expressed in tokens)."""
     tlru_next_prompt_tokens: int = 0
     """T-LRU: tokens a conversation's next prompt is expected to add."""
+    view_staleness_s: float = 0.2
+    """Load reports are this far apart (each worker on its own phase), as live (the agent's 200 ms report
+    interval); the router and the planner see the last report merged with the router's own sends since
+    (`radix_sync.sim.views`). 0: exact views at every decision (the model before issue 16)."""
+    hint_jitter: float = 0.25
+    """A fan-out hint's error: its lead time and its number of branches are each off by a factor exp(jitter x N(0,1))
+    (log-normal, drawn per request): an application announcing branches knows neither the trunk's decode time nor
+    how many branches survive exactly. 0: exact hints."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
@@ -47,6 +55,8 @@ class EngineConfig:
             raise ValueError(f"num_workers={self.num_workers!r} must be >= 1")
         if self.duration_s <= 0 or self.tick_s <= 0:
             raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
+        if not (self.view_staleness_s >= 0 and self.hint_jitter >= 0):
+            raise ValueError(f"view_staleness_s={self.view_staleness_s!r}, hint_jitter={self.hint_jitter!r} must be >= 0")
         if self.shared_cores < 0:
             raise ValueError(f"shared_cores={self.shared_cores!r} must be >= 0")
         if self.eviction not in ("lru", "tlru"):

@@ -10,9 +10,8 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Optional
 
-from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostProfile
-from radix_sync.policy.snapshot import (OWNER, REPLICA, ClusterSnapshot, HolderView, PrefixView, RequestView,
+from radix_sync.policy.snapshot import (REPLICA, ClusterSnapshot, HolderView, RequestView,
                                         Route, WorkerView)
 from radix_sync.policy.tracker import NodeTracker
 from radix_sync.sim.cache import Directory, WorkerCache
@@ -20,10 +19,12 @@ from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.worker import DECODE, IDLE, PREFILL, SimWorker
-from radix_sync.sim.workload import SimRequest, Workload
+from radix_sync.sim.views import LoadViews, hint_error, prefix_views
+from radix_sync.sim.worker import IDLE, SimWorker
+from radix_sync.sim.workload import SimRequest, Workload, request_key
 
-ARRIVE, ITER, XFER, EXPIRE, TICK, START = range(6)
+ARRIVE, ITER, XFER, EXPIRE, TICK, START, REPORT = range(7)
+PERIODIC = (TICK, REPORT)
 PENDING_TIMEOUT_S = 30.0
 """A planned copy whose source has not got the pages this long after the expected time is dropped, s."""
 
@@ -62,9 +63,14 @@ class Engine:
         self._progress = progress
         self._needs_cached = policy.router.uses_cached_len or self.tracker is not None
         self._no_views = (None,) * cfg.num_workers
+        self.loads = LoadViews(self)
+        self._num_events = 0
+        """Events in the heap other than the periodic ones (ticks, load reports): the run ends when none is left."""
 
     # ---- events ----
     def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
+        if kind not in PERIODIC:
+            self._num_events += 1
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, obj, version))
 
@@ -93,11 +99,16 @@ class Engine:
             self._push(t, START, s)
         if self.policy.planner is not None:
             self._push(self.cfg.tick_s, TICK, None)
+        if self.loads.stale:
+            for w in self.workers:
+                self._push(self.loads.first_report_s(w.wid), REPORT, w.wid)
         heap = self._heap
         next_report = 0.0
         while heap:
             t, _, kind, obj, version = heapq.heappop(heap)
             self.now = t
+            if kind not in PERIODIC:
+                self._num_events -= 1
             if kind == ITER:
                 if version == obj.version:
                     obj.on_iter_end(t)
@@ -113,8 +124,12 @@ class Engine:
                 self._expire(obj, t)
             elif kind == TICK:
                 self._tick(t)
-                if len(heap) > 0:
+                if self._num_events:
                     self._push(t + self.cfg.tick_s, TICK, None)
+            elif kind == REPORT:
+                self.loads.report(obj, t)
+                if self._num_events:
+                    self._push(t + self.loads.period_s, REPORT, obj)
             if self._progress is not None and t >= next_report:
                 self._progress(t)
                 next_report = t + 1.0
@@ -164,9 +179,16 @@ class Engine:
         w = self.workers[route.worker_id]
         prefilled = now + route.expected_ttft_s
         decode = cost.decode_steps_s(max(0, req.output_len - 1), w.num_running + 1, w.sum_ctx + req.prompt_len)
-        self.tracker.on_hint(req.pages, req.class_key, req.namespace, req.hint_fanout,
-                             prefilled + decode + req.hint_delay_s, route.worker_id, prefilled, now)
+        fanout, lead = self._hinted(req, prefilled + decode + req.hint_delay_s - now)
+        self.tracker.on_hint(req.pages, req.class_key, req.namespace, fanout, now + lead, route.worker_id, prefilled,
+                             now)
         self._tick(now)
+
+    def _hinted(self, req: SimRequest, lead_s: float) -> tuple[int, float]:
+        """Returns: (branches, lead time) of `req`'s fan-out hint as the coordinator gets them: with the hint's
+        error (`EngineConfig.hint_jitter`, the same draw for the request under every policy)."""
+        f_time, f_count = hint_error(request_key(req), self.cfg.hint_jitter)
+        return max(1, round(req.hint_fanout * f_count)), lead_s * f_time
 
     def _execute_route(self, req: SimRequest, route: Route, now: float) -> None:
         w = self.workers[route.worker_id]
@@ -193,6 +215,7 @@ class Engine:
                     req.ready_s = float("inf")  # until the copy is booked and lands
                     best.waiters.append(req)
         w.enqueue(req, now)
+        self.loads.on_routed(req)
 
     def on_admit(self, worker: SimWorker, req: SimRequest, matched_pages: int, now: float) -> None:
         """A request was admitted with `matched_pages` cached: account copies it uses."""
@@ -243,20 +266,23 @@ class Engine:
             i += 1
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
+        self.loads.on_started(req)
         self.policy.router.on_first_token(req.worker, req.rid, now)
         if self.pending:
             self._start_pending(req.worker, now)
 
     def on_reject(self, req: SimRequest, now: float) -> None:
         self.stats.num_rejected += 1
+        self.loads.on_done(req)
         self.policy.router.on_finished(req.worker, req.rid, now)
 
     def on_finish(self, req: SimRequest, now: float) -> None:
         self.stats.on_finish(req)
+        self.loads.on_done(req)
         self.policy.router.on_finished(req.worker, req.rid, now)
         if self.tracker is not None:
-            self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, req.hint_fanout,
-                                   req.hint_delay_s)
+            fanout, delay = self._hinted(req, req.hint_delay_s) if req.hint_fanout else (0, 0.0)
+            self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, fanout, delay)
             if req.hint_fanout and self.policy.planner is not None:
                 self._tick(now)  # an explicit hint triggers a planning pass at once, as the coordinator does
         s = req.session
@@ -386,66 +412,9 @@ class Engine:
 
     # ---- planner ----
     def worker_views(self, now: float) -> tuple[WorkerView, ...]:
-        """Returns: every worker's load report."""
-        budget_cap = int(self.cfg.replica_budget_frac * self.p.kv_capacity_tokens)
-        page, bw = self.page_len, self.p.nic_bandwidth_bytes_per_s
-        egress, ingress = self.net.egress_free_s, self.net.ingress_free_s
-        new_view = tuple.__new__
-        out = []
-        for w in self.workers:  # NOTE: the hottest loop of a kvrep run (once per arrival): attributes inlined
-            c, tree, i, na = w.cache, w.cache.tree, w.wid, w.num_admitted
-            state = w.state
-            busy = w.iter_end_s if state == PREFILL else (w.busy_until_s(now) if state == DECODE else now)
-            budget = budget_cap - tree.num_replica_pages * page
-            # every field in order, through tuple.__new__: the NamedTuple's own __new__ is a Python-level call
-            out.append(new_view(WorkerView, (
-                i, "", len(w.running) + na, len(w.waiting) - na, w.waiting_new_tokens, w.waiting_cached_tokens,
-                w.waiting_attn_pairs, w.sum_ctx, busy,
-                c.capacity_tokens - len(tree.nodes) * page - c.reserved_tokens,
-                budget if budget > 0 else 0, egress[i], ingress[i], bw, 0.0)))
-        return tuple(out)
-
-    def _prefix_views(self, views: tuple[WorkerView, ...], now: float) -> tuple[PrefixView, ...]:
-        """The candidate nodes (`radix_sync.policy.candidates`, the live coordinator's rule): those with a fan-out
-        hint, a recent popularity signal, or whose every full holder is busy."""
-        page = self.page_len
-        planner = self.policy.planner
-        busy = busy_mask(planner.cost, views, now, planner.cfg.min_gain_s)
-        holders_of = self.directory.holders
-        ewma = self.tracker.new_len_ewma
-        flying: dict[int, list[HolderView]] = {}
-        for x in self.inflight:
-            if x.kind == "replica":
-                flying.setdefault(x.node_id, []).append(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s))
-        out = []
-        for n in self.tracker.nodes.values():
-            last = n.pages[n.num_pages - 1]
-            bits = holders_of.get(last, 0)
-            if not is_candidate(len(n.hit_times_s), bool(n.fanout_hint), all_busy(bits, busy)):
-                continue
-            hs = []
-            i = 0
-            while bits:
-                if bits & 1:
-                    node = self.workers[i].cache.tree.nodes.get(last)
-                    hs.append(HolderView(i, REPLICA if node is not None and node.replica else OWNER,
-                                         n.num_pages * page))
-                bits >>= 1
-                i += 1
-            if n.owner >= 0 and not (holders_of.get(last, 0) >> n.owner) & 1:
-                hs.append(HolderView(n.owner, OWNER, n.num_pages * page, None, max(now, n.owner_eta_s)))
-            if n.node_id in flying:
-                hs.extend(flying[n.node_id])
-            for sc in self.shadow:
-                if sc["node"] == n.node_id and sc["land_s"] + sc["ttl_s"] >= now:
-                    hs.append(HolderView(sc["target"], REPLICA, sc["depth"] * page, None,
-                                         sc["land_s"] if sc["land_s"] > now else None))
-            if not hs:
-                continue
-            out.append(PrefixView(n.node_id, n.num_pages * page, n.namespace, n.class_key, tuple(hs),
-                                  tuple(n.hit_times_s), n.last_finish_s, n.last_stop, int(ewma.get(n.class_key, 0)),
-                                  n.fanout_hint, n.hint_at_s))
-        return tuple(out)
+        """Returns: every worker's load as the router and the coordinator see it (`LoadViews`: exact, or the last
+        report merged with the router's own sends)."""
+        return self.loads.views(now)
 
     def _tick(self, now: float) -> None:
         for x in [x for x in self.pending if now - x.start_s > PENDING_TIMEOUT_S]:
@@ -458,7 +427,7 @@ class Engine:
         if not self.tracker.nodes:
             return
         views = self.worker_views(now)
-        snap = ClusterSnapshot(views, self._prefix_views(views, now), (), self.page_len,
+        snap = ClusterSnapshot(views, prefix_views(self, views, now), (), self.page_len,
                                self.p.kv_bytes_per_token)
         for d in self.policy.planner.plan(snap, now):
             n = self.tracker.nodes.get(d.node_id)

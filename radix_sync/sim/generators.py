@@ -1,4 +1,5 @@
-"""Synthetic workloads: agent sessions, tree-search fan-out, shared-prefix bursts with Zipf popularity.
+"""Synthetic workloads: agent sessions, tree-search fan-out, shared-prefix bursts with Zipf popularity, flash crowds,
+resume bursts, multi-candidate jobs, and a no-sharing control.
 
 Every generator is seeded and produces chained page ids (a page id appears under one parent only). `rate` is
 requests/s on average (for agents: the session start rate is derived from the mean session length).
@@ -84,6 +85,10 @@ class GeneratorConfig:
     """Multi-candidate: requests per job (n > 1 / best-of-K, sent together)."""
     multi_output_len: int = 256
     """Multi-candidate: output tokens per candidate."""
+    nosharing_prompt_len: int = 2048
+    """No-sharing control: prompt tokens (log-normal median), every prompt unique."""
+    nosharing_output_len: int = 256
+    """No-sharing control: output tokens (log-normal median)."""
 
     def __post_init__(self) -> None:
         for name in ("page_len", "agent_system_len", "agent_num_tenants", "agent_new_len", "agent_output_len",
@@ -96,7 +101,7 @@ class GeneratorConfig:
                              f"{self.agent_p_end_turn!r} in [0, 1]")
         for name in ("flash_prefix_len", "flash_suffix_len", "flash_output_len", "resume_history_len",
                      "resume_turns", "resume_new_len", "resume_output_len", "multi_prompt_len", "multi_k",
-                     "multi_output_len"):
+                     "multi_output_len", "nosharing_prompt_len", "nosharing_output_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
         if not (self.flash_period_s > 0 and 0 < self.flash_ramp_s <= self.flash_period_s and self.resume_period_s > 0
@@ -319,6 +324,24 @@ class MultiCandidateWorkload(Workload):
                                                      None, t))
 
 
+class NoSharingWorkload(Workload):
+    """The control: independent requests (the chosen arrival process), every prompt unique (no page appears in two
+    requests), so no cache hit, copy or demotion can help; a policy that copies must stay inert here."""
+
+    name = "no-sharing"
+
+    def __init__(self, cfg: GeneratorConfig, rate: float, duration_s: float, seed: int, max_context_len: int,
+                 arrival: str = "poisson") -> None:
+        super().__init__()
+        self.page_len = page = cfg.page_len
+        rng, ids = random.Random(seed), _Ids()
+        for t in arrival_times(rng, rate, duration_s, arrival):
+            out = max(1, int(_lognormal(rng, cfg.nosharing_output_len, 0.6)))
+            prompt = min(max(1, int(_lognormal(rng, cfg.nosharing_prompt_len))), max_context_len - out)
+            self.open_requests.append(SimRequest(self.new_rid(), prompt, out, ids.take(prompt // page), 0, "none",
+                                                 None, None, t))
+
+
 GENERATORS = {"agent": AgentWorkload, "fanout": FanoutWorkload, "shared-prefix": SharedPrefixWorkload,
               "flash-crowd": FlashCrowdWorkload, "resume-burst": ResumeBurstWorkload,
-              "multi-candidate": MultiCandidateWorkload}
+              "multi-candidate": MultiCandidateWorkload, "no-sharing": NoSharingWorkload}

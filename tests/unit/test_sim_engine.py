@@ -100,10 +100,11 @@ def test_worker_views_fill_every_field_by_name():
     # the engine builds views positionally (tuple.__new__, the hot loop): every field of WorkerView, in order
     from radix_sync.policy.snapshot import WorkerView
     _, eng = run("kvrep")
-    views = eng.worker_views(eng.now)
+    views = tuple(eng.loads.exact(w, eng.now, *eng.loads._consts()) for w in eng.workers)
     assert [len(v) for v in views] == [len(WorkerView._fields)] * 4
     for v, w in zip(views, eng.workers):
         assert v.worker_id == w.wid and v.fingerprint == "" and v.waiting_cached_pairs == 0.0
         assert v.free_tokens == w.cache.free_tokens and v.nic_bandwidth_bytes_per_s == PROFILE.nic_bandwidth_bytes_per_s
         assert v.replica_budget_tokens == int(0.25 * PROFILE.kv_capacity_tokens) - w.cache.tree.num_replica_pages * 64
         assert v.num_running == w.num_running and v.num_waiting == w.num_waiting
+        assert v.replica_tokens == w.cache.tree.num_replica_pages * 64 and v.demoted_tokens == w.cache.tree.num_stale_pages * 64

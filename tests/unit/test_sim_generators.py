@@ -1,4 +1,5 @@
-"""The bursty generators of issue 16: flash-crowd, resume-burst, multi-candidate (shape, rate, determinism)."""
+"""The generators of issue 16: flash-crowd, resume-burst, multi-candidate, the no-sharing control (shape, rate,
+determinism)."""
 
 import pytest
 
@@ -61,7 +62,27 @@ def test_multi_candidate_sends_k_copies_of_one_long_prompt_together():
     assert len(wl.open_requests) == pytest.approx(16.0 * 60, rel=0.3)
 
 
-@pytest.mark.parametrize("name", ["flash-crowd", "resume-burst", "multi-candidate"])
+def test_no_sharing_never_repeats_a_page_and_nothing_copies_or_hits():
+    wl = make("no-sharing", rate=20.0, duration_s=60.0)
+    seen = set()
+    for r in wl.open_requests:
+        pages_ok(r)
+        assert not seen & set(r.pages)
+        seen |= set(r.pages)
+    assert len(wl.open_requests) == pytest.approx(20.0 * 60, rel=0.2)
+    from radix_sync.policy.cost import load_profile
+    from radix_sync.sim.engine import Engine, EngineConfig
+    from radix_sync.sim.policies import build_policy
+
+    prof = load_profile("llama3.1-8b-h200")
+    wl = make("no-sharing", rate=20.0, duration_s=30.0)
+    r = Engine(prof, wl, build_policy("kvrep", prof, wl.page_len, 1), EngineConfig(num_workers=4,
+                                                                                   duration_s=30.0)).run().to_dict()
+    assert r["num_requests"] == r["num_arrived"] > 0
+    assert r["prefix_hit_rate"] == 0.0 and r["replication"]["count"] == 0
+
+
+@pytest.mark.parametrize("name", ["flash-crowd", "resume-burst", "multi-candidate", "no-sharing"])
 def test_generators_are_deterministic_and_run_in_the_engine(name):
     a = [(r.arrival_s, r.prompt_len, r.pages) for r in make(name, duration_s=30.0).open_requests]
     assert a == [(r.arrival_s, r.prompt_len, r.pages) for r in make(name, duration_s=30.0).open_requests]

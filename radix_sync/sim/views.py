@@ -1,0 +1,190 @@
+"""The load views the simulated router and coordinator decide on: exact, or as stale as the live load reports.
+
+Live, each worker reports its load every 200 ms (its own timer), and the router merges the last report with what it
+has itself sent there since (`radix_sync.router.policy.with_local_load`: requests sent and not finished raise the
+queue, the prefill work of those not started raises the queued tokens). `LoadViews` does the same here:
+
+    worker i reports at (k + i / N) x period          (phases spread, as independent timers are)
+    view(i, now) = report(i) merged with the router's own counts for i, links as booked now
+
+With `EngineConfig.view_staleness_s = 0` every view is the worker's exact state at `now` (the old model). Link
+fields (`egress_busy_until_s`, `ingress_busy_until_s`) are always exact: the control plane books the copies itself.
+
+Owned by the engine (`radix_sync.sim.engine.Engine`); it calls `report` on each report event and the `on_*` hooks
+as requests are routed, start and finish.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from typing import TYPE_CHECKING
+
+from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
+from radix_sync.policy.snapshot import OWNER, REPLICA, HolderView, PrefixView, WorkerView
+from radix_sync.sim.worker import DECODE, PREFILL
+
+if TYPE_CHECKING:
+    from radix_sync.sim.workload import SimRequest
+
+_new = tuple.__new__
+
+
+class LoadViews:
+    """Per-worker views (exact, or last report + the router's own sends)."""
+
+    def __init__(self, engine) -> None:
+        """Args:
+            engine: the `radix_sync.sim.engine.Engine` (its config, workers, network and profile are read)."""
+        self.eng = engine
+        self.period_s = engine.cfg.view_staleness_s
+        n = engine.cfg.num_workers
+        self.reports: list = [None] * n
+        """The last report of each worker (None: none yet: the worker as it was at the start, idle and empty)."""
+        # the router's own counts per worker: requests sent and not finished; the prefill work of those not started
+        self.outstanding = [0] * n
+        self.queued_tokens = [0] * n
+        self.queued_cached = [0] * n
+        self.queued_pairs = [0.0] * n
+        self._queued: dict[int, tuple[int, int, int, float]] = {}  # rid -> (worker, new, cached, pairs)
+
+    @property
+    def stale(self) -> bool:
+        return self.period_s > 0
+
+    def first_report_s(self, wid: int) -> float:
+        """Returns: the time of worker `wid`'s first report (its phase)."""
+        return self.period_s * wid / self.eng.cfg.num_workers
+
+    def exact(self, w, now: float, budget_cap: int, page: int, bw: float) -> WorkerView:
+        """Returns: the exact view of worker `w` at `now`."""
+        c, tree, i, na = w.cache, w.cache.tree, w.wid, w.num_admitted
+        state = w.state
+        busy = w.iter_end_s if state == PREFILL else (w.busy_until_s(now) if state == DECODE else now)
+        budget = budget_cap - tree.num_replica_pages * page
+        net = self.eng.net
+        # every field in order, through tuple.__new__: the NamedTuple's own __new__ is a Python-level call
+        return _new(WorkerView, (
+            i, "", len(w.running) + na, len(w.waiting) - na, w.waiting_new_tokens, w.waiting_cached_tokens,
+            w.waiting_attn_pairs, w.sum_ctx, busy,
+            c.capacity_tokens - len(tree.nodes) * page - c.reserved_tokens,
+            budget if budget > 0 else 0, net.egress_free_s[i], net.ingress_free_s[i], bw, 0.0,
+            tree.num_replica_pages * page, tree.num_stale_pages * page))
+
+    def _consts(self) -> tuple[int, int, float]:
+        eng = self.eng
+        return int(eng.cfg.replica_budget_frac * eng.p.kv_capacity_tokens), eng.page_len, eng.p.nic_bandwidth_bytes_per_s
+
+    def report(self, wid: int, now: float) -> None:
+        """Worker `wid` sends its load report at `now`."""
+        self.reports[wid] = self.exact(self.eng.workers[wid], now, *self._consts())
+
+    def views(self, now: float) -> tuple[WorkerView, ...]:
+        """Returns: every worker's view at `now`, as the router and the coordinator see it."""
+        cap, page, bw = self._consts()
+        workers = self.eng.workers
+        if not self.stale:
+            return tuple([self.exact(w, now, cap, page, bw) for w in workers])
+        net = self.eng.net
+        out = []
+        for w in workers:
+            i = w.wid
+            r = self.reports[i]
+            if r is None:
+                r = self.reports[i] = _new(WorkerView, (i, "", 0, 0, 0, 0, 0.0, 0, 0.0, w.cache.capacity_tokens,
+                                                        cap, 0.0, 0.0, bw, 0.0, 0, 0))
+            # NOTE: as `with_local_load`: what this router sent and has not seen finish bounds the queue from below
+            waiting = max(r[3], self.outstanding[i] - r[2])
+            out.append(_new(WorkerView, (
+                i, r[1], r[2], waiting, max(r[4], self.queued_tokens[i]), max(r[5], self.queued_cached[i]),
+                max(r[6], self.queued_pairs[i]), r[7], r[8], r[9], r[10], net.egress_free_s[i],
+                net.ingress_free_s[i], r[13], r[14], r[15], r[16])))
+        return tuple(out)
+
+    # ---- the router's own counts ----
+    def on_routed(self, req: "SimRequest") -> None:
+        """`req` was sent to `req.worker` (after `SimWorker.enqueue` set its estimates)."""
+        if not self.stale:
+            return
+        i = req.worker
+        self.outstanding[i] += 1
+        q = (i, req.est_new, req.est_cached, req.est_pairs)
+        self._queued[req.rid] = q
+        self.queued_tokens[i] += q[1]
+        self.queued_cached[i] += q[2]
+        self.queued_pairs[i] += q[3]
+
+    def on_started(self, req: "SimRequest") -> None:
+        """`req` streamed its first token: its prefill is no longer queued work."""
+        q = self._queued.pop(req.rid, None)
+        if q is not None:
+            i = q[0]
+            self.queued_tokens[i] -= q[1]
+            self.queued_cached[i] -= q[2]
+            self.queued_pairs[i] -= q[3]
+
+    def on_done(self, req: "SimRequest") -> None:
+        """`req` finished or was rejected."""
+        if not self.stale:
+            return
+        self.on_started(req)
+        self.outstanding[req.worker] -= 1
+
+
+def prefix_views(eng, views: tuple[WorkerView, ...], now: float) -> tuple[PrefixView, ...]:
+    """The candidate nodes (`radix_sync.policy.candidates`, the live coordinator's rule): those with a fan-out
+    hint, a recent popularity signal, or whose every full holder is busy."""
+    page = eng.page_len
+    planner = eng.policy.planner
+    busy = busy_mask(planner.cost, views, now, planner.cfg.min_gain_s)
+    holders_of = eng.directory.holders
+    ewma = eng.tracker.new_len_ewma
+    flying: dict[int, list[HolderView]] = {}
+    for x in eng.inflight:
+        if x.kind == "replica":
+            flying.setdefault(x.node_id, []).append(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s))
+    out = []
+    for n in eng.tracker.nodes.values():
+        last = n.pages[n.num_pages - 1]
+        bits = holders_of.get(last, 0)
+        if not is_candidate(len(n.hit_times_s), bool(n.fanout_hint), all_busy(bits, busy)):
+            continue
+        hs = []
+        i = 0
+        while bits:
+            if bits & 1:
+                node = eng.workers[i].cache.tree.nodes.get(last)
+                hs.append(HolderView(i, REPLICA if node is not None and node.replica else OWNER,
+                                     n.num_pages * page))
+            bits >>= 1
+            i += 1
+        if n.owner >= 0 and not (holders_of.get(last, 0) >> n.owner) & 1:
+            hs.append(HolderView(n.owner, OWNER, n.num_pages * page, None, max(now, n.owner_eta_s)))
+        if n.node_id in flying:
+            hs.extend(flying[n.node_id])
+        for sc in eng.shadow:
+            if sc["node"] == n.node_id and sc["land_s"] + sc["ttl_s"] >= now:
+                hs.append(HolderView(sc["target"], REPLICA, sc["depth"] * page, None,
+                                     sc["land_s"] if sc["land_s"] > now else None))
+        if not hs:
+            continue
+        out.append(PrefixView(n.node_id, n.num_pages * page, n.namespace, n.class_key, tuple(hs),
+                              tuple(n.hit_times_s), n.last_finish_s, n.last_stop, int(ewma.get(n.class_key, 0)),
+                              n.fanout_hint, n.hint_at_s))
+    return tuple(out)
+
+
+def hint_error(key: str, jitter: float) -> tuple[float, float]:
+    """A hint's error, the same for a request under every policy (drawn from its content, not from run order).
+
+    Args:
+        key: the request's `request_key`.
+        jitter: sigma of the log-normal errors (`EngineConfig.hint_jitter`; 0: exact hints).
+    Returns:
+        (factor on the hinted lead time, factor on the hinted number of branches), each exp(jitter x N(0, 1)).
+    """
+    if jitter <= 0:
+        return 1.0, 1.0
+    rng = random.Random(zlib.crc32(f"hint:{key}".encode()))
+    return math.exp(jitter * rng.gauss(0.0, 1.0)), math.exp(jitter * rng.gauss(0.0, 1.0))
