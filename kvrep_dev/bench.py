@@ -470,7 +470,7 @@ def run_bench(args) -> int:
         coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
         rport = free_port()
         router = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(rport),
-                                 "--coordinator", coord.admin, "--tokenizer", model_path(args.model),
+                                 *coord.router_args(), "--tokenizer", model_path(args.model),
                                  "--profile", args.profile],
                       logs / "router.log")
         procs.append(router)

@@ -98,10 +98,15 @@ def model_path(name: str) -> str:
     return prepared()["models"][name]
 
 
-def http_json(url: str, body: Optional[dict] = None, timeout: float = 60.0, method: Optional[str] = None):
+def http_json(url: str, body: Optional[dict] = None, timeout: float = 60.0, method: Optional[str] = None,
+              token: str = ""):
+    """(status, decoded JSON answer) of one call; `token`: sent as `Authorization: Bearer <token>`."""
     data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers={"Content-Type": "application/json"})
+                                 headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -268,15 +273,27 @@ class Worker(Proc):
 
 
 class Coordinator(Proc):
+    """A `kvrep coordinator` process. Its admin tokens are `log_dir/admin-tokens.json` (created 0600 when absent,
+    before the process starts, so the caller knows them at once); `get`/`post` send the write token."""
+
     def __init__(self, log_dir: Path, *, extra_args: tuple[str, ...] = (), name: str = "coordinator",
                  port: Optional[int] = None, admin_port: Optional[int] = None) -> None:
+        from radix_sync.admin_auth import ensure_tokens
+
         self.zmq_port = port or free_port()
         self.admin_port = admin_port or free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.zmq_port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
+        self.tokens_path = Path(log_dir) / "admin-tokens.json"
+        self.tokens, _ = ensure_tokens(self.tokens_path)
         argv = [sys.executable, "-m", "radix_sync.cli", "coordinator", "--bind", self.endpoint,
-                "--admin-port", str(self.admin_port), *extra_args]
+                "--admin-port", str(self.admin_port), "--admin-tokens", str(self.tokens_path),
+                "--state-dir", str(log_dir), *extra_args]
         super().__init__(name, argv, log_dir / f"{name}.log")
+
+    def router_args(self) -> list[str]:
+        """The `kvrep router` flags that point it at this coordinator, with its tokens."""
+        return ["--coordinator", self.admin, "--coordinator-tokens", str(self.tokens_path)]
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -291,11 +308,13 @@ class Coordinator(Proc):
             time.sleep(0.2)
         raise TimeoutError(f"coordinator not ready:\n{self.tail()}")
 
-    def get(self, path: str):
-        return http_json(self.admin + path)
+    def get(self, path: str, token: Optional[str] = None):
+        """GET on the admin API with the write token (or `token`; "" sends none)."""
+        return http_json(self.admin + path, token=self.tokens.write if token is None else token)
 
-    def post(self, path: str, body: dict):
-        return http_json(self.admin + path, body)
+    def post(self, path: str, body: dict, token: Optional[str] = None):
+        """POST on the admin API with the write token (or `token`; "" sends none)."""
+        return http_json(self.admin + path, body, token=self.tokens.write if token is None else token)
 
     def workers(self) -> dict[str, dict]:
         return {w["id"]: w for w in self.get("/workers")[1]}

@@ -39,8 +39,8 @@ def run_up(args) -> int:
             w.wait_ready()
         coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
         router_port = args.router_port or free_port()
-        argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(router_port), "--coordinator",
-                coord.admin, "--tokenizer", model_path(args.model), "--page-size", str(args.page_size),
+        argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(router_port),
+                *coord.router_args(), "--tokenizer", model_path(args.model), "--page-size", str(args.page_size),
                 "--profile", args.profile]
         if args.tenants:
             argv += ["--tenants", args.tenants]

@@ -34,18 +34,30 @@ from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 T = TypeVar("T")
 
-# NOTE: token ids travel on to the workers as MessagePack int64, and SGLang's block hashes are signed 64-bit: both
-# are bounded here so that nothing out of range gets into the state.
-TokenId = Annotated[int, Meta(ge=0, le=2 ** 63 - 1)]
+# NOTE: token ids are hashed as uint32 and travel on to the workers; SGLang's block hashes are signed 64-bit: both
+# are bounded here so that nothing out of range gets into the state (the coordinator also checks ids against the
+# fleet's vocabulary and lengths against its `max_prompt_tokens`).
+MAX_TOKEN_ID = 2 ** 31 - 1
+MAX_LIST = 2 ** 21
+"""Longest token or page-hash list any body may carry (the coordinator's own `max_prompt_tokens` is lower)."""
+MAX_BATCH = 100_000
+"""Most reports in one `POST /arrivals`."""
+MAX_TTL_S = 7 * 86400.0
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_LIST)]
 PageHash = Annotated[int, Meta(ge=-2 ** 63, le=2 ** 63 - 1)]
+PageHashes = Annotated[list[PageHash], Meta(max_length=MAX_LIST)]
+CacheSalt = Annotated[str, Meta(max_length=1024)]
+WorkerName = Annotated[str, Meta(max_length=256)]
 SessionId = Annotated[str, Meta(max_length=256)]
 ClassKey = Annotated[str, Meta(max_length=128)]
 StopReason = Annotated[str, Meta(max_length=64)]
+ReportSeq = Union[Annotated[int, Meta(ge=-2 ** 62, le=2 ** 62)], Annotated[float, Meta(ge=-1e18, le=1e18)]]
 
 
 class AdminError(ValueError):
-    """A request the coordinator refuses; the message says why. `status`: the HTTP status (400, or 404 for an
-    unknown worker or endpoint)."""
+    """A request the coordinator refuses; the message says why. `status`: the HTTP status (400, 404 for an
+    unknown worker or endpoint, 429 over a rate limit or cap)."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
@@ -61,39 +73,39 @@ class LookupRequest(_Body):
     """`POST /directory/lookup`: how much of a prompt each worker holds. Either the router's own page hashes of
     it (namespace already in them; `page_size` required) or its token ids (`cache_salt`: the namespace)."""
 
-    page_hashes: Union[list[PageHash], UnsetType] = UNSET
+    page_hashes: Union[PageHashes, UnsetType] = UNSET
     page_size: Union[int, UnsetType] = UNSET
-    input_ids: Union[list[int], UnsetType] = UNSET
-    cache_salt: Optional[str] = None
+    input_ids: Union[TokenIds, UnsetType] = UNSET
+    cache_salt: Optional[CacheSalt] = None
 
 
 class ArrivalReport(_Body):
     """A request the router sent to `worker`: its prompt as page hashes (+ `page_size`, `prompt_len`) or as
     token ids. `seq` orders it among the router's reports."""
 
-    input_ids: Union[list[TokenId], UnsetType] = UNSET
-    page_hashes: Union[list[PageHash], UnsetType] = UNSET
+    input_ids: Union[TokenIds, UnsetType] = UNSET
+    page_hashes: Union[PageHashes, UnsetType] = UNSET
     page_size: Union[int, UnsetType] = UNSET
-    prompt_len: Union[Annotated[int, Meta(ge=0)], UnsetType] = UNSET
-    cache_salt: Optional[str] = None
-    worker: str = ""
+    prompt_len: Union[Annotated[int, Meta(ge=0, le=MAX_LIST)], UnsetType] = UNSET
+    cache_salt: Optional[CacheSalt] = None
+    worker: WorkerName = ""
     session_id: Optional[SessionId] = None
     class_key: Optional[ClassKey] = field(default=None, name="class")
-    seq: Union[int, float] = 0
+    seq: ReportSeq = 0
 
 
 class FinishReport(_Body):
     """A response that ended: its prompt (as page hashes + `page_size`, or token ids) and how it ended (`stop`:
     `tool_use`, `stop`, `length`, ...; None: unknown)."""
 
-    input_ids: Union[list[TokenId], UnsetType] = UNSET
-    page_hashes: Union[list[PageHash], UnsetType] = UNSET
+    input_ids: Union[TokenIds, UnsetType] = UNSET
+    page_hashes: Union[PageHashes, UnsetType] = UNSET
     page_size: Union[int, UnsetType] = UNSET
-    cache_salt: Optional[str] = None
-    worker: str = ""
+    cache_salt: Optional[CacheSalt] = None
+    worker: WorkerName = ""
     stop: Optional[StopReason] = None
     class_key: Optional[ClassKey] = field(default=None, name="class")
-    seq: Union[int, float] = 0
+    seq: ReportSeq = 0
 
 
 class DemandBatch(_Body):
@@ -103,15 +115,24 @@ class DemandBatch(_Body):
     finishes: Union[list[FinishReport], UnsetType] = UNSET
 
 
+class DemandItems(_Body):
+    """`POST /arrivals` as the coordinator decodes it: each report is decoded on its own (`item_of`), so one bad
+    report is dropped and named, not the batch."""
+
+    arrivals: Union[Annotated[list[msgspec.Raw], Meta(max_length=MAX_BATCH)], UnsetType] = UNSET
+    finishes: Union[Annotated[list[msgspec.Raw], Meta(max_length=MAX_BATCH)], UnsetType] = UNSET
+
+
 class HintRequest(_Body):
     """`POST /hints`: `fanout` (k branches will extend this prefix after about `delay_s`) or `keepalive` (a
     session's next turn is expected within `ttl_s`)."""
 
     kind: Literal["fanout", "keepalive"]
-    input_ids: list[TokenId]
-    cache_salt: Optional[str] = None
-    k: Annotated[int, Meta(ge=1)] = 1
-    ttl_s: Annotated[float, Meta(gt=0)] = 60.0
+    input_ids: TokenIds
+    cache_salt: Optional[CacheSalt] = None
+    k: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
+    ttl_s: Annotated[float, Meta(gt=0, le=MAX_TTL_S)] = 60.0
+    """Capped to the coordinator's `max_hint_ttl_s`."""
     delay_s: Annotated[float, Meta(ge=0, le=60)] = 0.5
 
 
@@ -119,32 +140,32 @@ class ReplicateRequest(_Body):
     """`POST /replicate`: copy the pages of this prefix from `source` to `target` (`ttl_s` absent: the rule
     policy's TTL)."""
 
-    source: str
-    target: str
-    input_ids: list[TokenId]
-    cache_salt: Optional[str] = None
-    ttl_s: Union[float, UnsetType] = UNSET
+    source: WorkerName
+    target: WorkerName
+    input_ids: TokenIds
+    cache_salt: Optional[CacheSalt] = None
+    ttl_s: Union[Annotated[float, Meta(gt=0, le=MAX_TTL_S)], UnsetType] = UNSET
 
 
 class DropReplicasRequest(_Body):
     """`POST /replicas/drop`: evict the live replicas of `worker` (None: of every worker) now."""
 
-    worker: Optional[str] = None
+    worker: Optional[WorkerName] = None
 
 
 class DemoteRequest(_Body):
     """`POST /demote`: the worker's cached chain ending at exactly these tokens becomes evict-first."""
 
-    worker: str
-    input_ids: Annotated[list[TokenId], Meta(min_length=1)]
-    cache_salt: Optional[str] = None
+    worker: WorkerName
+    input_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_LIST)]
+    cache_salt: Optional[CacheSalt] = None
 
 
 class PolicyRequest(_Body):
     """`POST /policy`: switch policy (and mode; absent: keep it); `reset_demand` forgets the demand seen."""
 
-    policy: str = ""
-    mode: Union[str, UnsetType] = UNSET
+    policy: Annotated[str, Meta(max_length=64)] = ""
+    mode: Union[Annotated[str, Meta(max_length=64)], UnsetType] = UNSET
     reset_demand: bool = False
 
 
@@ -232,12 +253,19 @@ class DemandRecorded(_Answer):
     recorded: int
     finishes_recorded: int = 0
     """(Absent from the answers of a coordinator that did not record finishes yet.)"""
+    dropped: int = 0
+    """Reports dropped as malformed or refused (the others were recorded)."""
+    errors: list[str] = []
+    """Why, for the first few dropped, each naming its item (`arrivals[3]: ...`)."""
 
 
 class HintRecorded(_Answer):
     recorded: int
     kind: str
     prefix_len: int
+    ttl_s: Union[float, UnsetType] = UNSET
+    """The TTL recorded (the one asked, capped to the coordinator's `max_hint_ttl_s`; absent from older
+    coordinators' answers)."""
 
 
 class ReplicasDropped(_Answer):
@@ -287,6 +315,16 @@ def convert(obj: Any, type_: type[T]) -> T:
         return msgspec.convert(obj, type_)
     except msgspec.ValidationError as exc:
         raise AdminError(str(exc)) from None
+
+
+def item_of(item: Any, type_: type[T]) -> T:
+    """One report of a batch as `type_`: from its raw JSON (`msgspec.Raw`), its decoded JSON (a dict) or the
+    struct itself. Raises AdminError (400) naming the bad field."""
+    if isinstance(item, type_):
+        return item
+    if isinstance(item, msgspec.Raw):
+        return decode(bytes(item), type_)
+    return convert(item, type_)
 
 
 def to_builtins(obj: Any) -> Any:

@@ -29,6 +29,16 @@ def _add_coordinator(sub) -> None:
     p.add_argument("--tick-s", type=float, default=C.tick_s)
     p.add_argument("--worker-timeout-s", type=float, default=S.worker_timeout_s)
     p.add_argument("--replication-timeout-s", type=float, default=S.replication_timeout_s)
+    p.add_argument("--admin-tokens", default=C.admin_tokens, metavar="PATH",
+                   help='JSON {"read": ..., "write": ...} of the admin API\'s bearer tokens (default: '
+                        '<state dir>/admin-tokens.json, created 0600 when absent)')
+    p.add_argument("--state-dir", default=C.state_dir,
+                   help="where the coordinator creates its files (default: $XDG_STATE_HOME/kvrep or ~/.local/state/kvrep)")
+    p.add_argument("--max-prompt-tokens", type=int, default=S.max_prompt_tokens,
+                   help="longest prompt an admin input may carry (longer: 400)")
+    p.add_argument("--max-pages-per-worker", type=int, default=S.max_pages_per_worker)
+    p.add_argument("--max-hint-ttl-s", type=float, default=S.max_hint_ttl_s, help="hints' TTLs are capped to it")
+    p.add_argument("--hint-rate-per-s", type=float, default=S.hint_rate_per_s, help="hints per second per tenant")
     g = p.add_argument_group("rule-based policy (L, H, W, Q)")
     g.add_argument("--rule-min-prefix-len", type=int, default=R.min_prefix_len, help="L: tokens")
     g.add_argument("--rule-min-hits", type=int, default=R.min_hits, help="H: hits within the window")
@@ -53,11 +63,15 @@ def _run_coordinator(args) -> int:
             rules=RuleConfig(args.rule_min_prefix_len, args.rule_min_hits, args.rule_window_s, args.rule_max_queue,
                              args.rule_ttl_s),
             state=StateConfig(worker_timeout_s=args.worker_timeout_s,
-                              replication_timeout_s=args.replication_timeout_s))
+                              replication_timeout_s=args.replication_timeout_s,
+                              max_prompt_tokens=args.max_prompt_tokens,
+                              max_pages_per_worker=args.max_pages_per_worker, max_hint_ttl_s=args.max_hint_ttl_s,
+                              hint_rate_per_s=args.hint_rate_per_s),
+            admin_tokens=args.admin_tokens, state_dir=args.state_dir)
+        coord = Coordinator(config)
     except ValueError as exc:
         print(f"kvrep coordinator: {exc}", file=sys.stderr)
         return 2
-    coord = Coordinator(config)
     signal.signal(signal.SIGTERM, lambda *_: coord.stop())
     signal.signal(signal.SIGINT, lambda *_: coord.stop())
     print(f"kvrep coordinator: workers -> {coord.endpoint}  admin -> http://{args.admin_host}:{coord.admin_port}",
@@ -75,6 +89,8 @@ def _add_router(sub) -> None:
     p.add_argument("--host", default=C.host)
     p.add_argument("--port", type=int, default=C.port, help="HTTP port (0: any free port)")
     p.add_argument("--coordinator", default=C.coordinator_url, help="coordinator admin URL, e.g. http://127.0.0.1:5680")
+    p.add_argument("--coordinator-tokens", default=C.coordinator_tokens_path, metavar="PATH",
+                   help="the coordinator's admin token file (its write token is sent)")
     p.add_argument("--worker", action="append", default=[], help="worker URL (repeatable; static workers)")
     p.add_argument("--tenants", default=C.tenants_path, help="JSON or TOML file: api keys -> tenant -> namespace")
     p.add_argument("--tokenizer", default="auto",
@@ -118,7 +134,11 @@ def _run_router(args) -> int:
                               connect_timeout_s=args.connect_timeout_s,
                               read_timeout_s=args.read_timeout_s,
                               max_connections_per_worker=args.max_connections_per_worker,
-                              shutdown_timeout_s=args.shutdown_timeout_s, directory_feed=args.directory_feed)
+                              shutdown_timeout_s=args.shutdown_timeout_s, directory_feed=args.directory_feed,
+                              coordinator_tokens_path=args.coordinator_tokens)
+        if config.coordinator_tokens_path:
+            from radix_sync.admin_auth import load_tokens
+            load_tokens(config.coordinator_tokens_path)  # fail fast on a bad file
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Optional
 
+from radix_sync.hashing import chain_digest, digest_to_int64, namespace_seed
 from radix_sync.integrity import IntegrityError
 
 OWNER = "owner"
@@ -43,6 +44,12 @@ class PageNode:
     depth: int
     """Number of pages from the root to this page, this one included."""
     holders: dict[str, Holding] = field(default_factory=dict)
+    digest: bytes = b""
+    """The page's full SHA-256 chain digest (its int64 prefix is `block_hash`), kept so that a child page reported
+    later is checked against its tokens in O(page); empty for pages recorded unchecked (tests, tools)."""
+
+
+Block = tuple  # (block hash, parent hash or None, token ids[, digest])
 
 
 def match_runs(block_hashes: list[int], holders_of: Callable[[int], Optional[Collection[str]]]) -> dict[str, int]:
@@ -108,9 +115,60 @@ class PrefixDirectory:
         self.feed = ChangeFeed(max_changes)
 
     # ------------------------------------------------------------------------------------------ mutation (facts)
-    def add_pages(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
+    def verify_blocks(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
+                      page_size: int, vocab_size: int = 0, max_new: Optional[int] = None
+                      ) -> tuple[list[Block], list[str]]:
+        """The blocks a worker reports, each checked against its tokens before anything is recorded.
+
+        A page is accepted only when it has exactly `page_size` token ids, each < `vocab_size` (when > 0), and its
+        hash is SHA-256 of its parent's digest (or the namespace's seed at the root) and its tokens: the parent must
+        be a page this worker holds (or one accepted earlier in `blocks`), in the same namespace. A refused page
+        refuses its descendants in `blocks`. At most `max_new` pages the worker does not hold yet are accepted.
+
+        Returns:
+            (the accepted blocks with their digests, for `add_pages`; one reason per refused page).
+        """
+        held = self._by_worker.get(worker_id, ())
+        accepted: list[Block] = []
+        errors: list[str] = []
+        digests: dict[int, bytes] = {}
+        seed = namespace_seed(namespace)
+        num_new = 0
+        for block_hash, parent_hash, token_ids in blocks:
+            if len(token_ids) != page_size:
+                errors.append(f"page {block_hash}: {len(token_ids)} token ids, page size {page_size}")
+                continue
+            if vocab_size and max(token_ids) >= vocab_size:
+                errors.append(f"page {block_hash}: token id {max(token_ids)} >= vocab_size {vocab_size}")
+                continue
+            if parent_hash is None:
+                prior = seed
+            elif parent_hash in digests:
+                prior = digests[parent_hash]
+            else:
+                parent = self._nodes.get(parent_hash)
+                if parent is None or parent_hash not in held or not parent.digest or parent.namespace != namespace:
+                    errors.append(f"page {block_hash}: parent {parent_hash} is not a verified page of {worker_id} "
+                                  f"in this namespace")
+                    continue
+                prior = parent.digest
+            digest = chain_digest(prior, token_ids)
+            if digest_to_int64(digest) != block_hash:
+                errors.append(f"page {block_hash}: hash does not match its token ids and parent")
+                continue
+            if block_hash not in held:
+                if max_new is not None and num_new >= max_new:
+                    errors.append(f"page {block_hash}: {worker_id} holds its cap of pages")
+                    continue
+                num_new += 1
+            digests[block_hash] = digest
+            accepted.append((block_hash, parent_hash, token_ids, digest))
+        return accepted, errors
+
+    def add_pages(self, worker_id: str, namespace: str, blocks: Iterable[Block],
                   *, role: str = OWNER, expires_at_s: Optional[float] = None, replication_id: str = "") -> int:
-        """Record that `worker_id` holds the given pages (root-to-leaf order within a chain).
+        """Record that `worker_id` holds the given pages (root-to-leaf order within a chain), as given: workers'
+        facts go through `verify_blocks` first.
 
         A page whose parent is unknown is still recorded (depth counted from it); an existing replica holding is
         never downgraded by an owner fact (the insert of a replica also emits ordinary store events).
@@ -120,17 +178,17 @@ class PrefixDirectory:
         """
         held = self._by_worker.setdefault(worker_id, set())
         num_new = 0
-        for block_hash, parent_hash, token_ids in blocks:
+        for block in blocks:
+            block_hash, parent_hash, token_ids = block[0], block[1], block[2]
             node = self._nodes.get(block_hash)
             if node is None:
                 parent = self._nodes.get(parent_hash) if parent_hash is not None else None
                 node = PageNode(block_hash, parent_hash, namespace, tuple(token_ids),
-                                depth=(parent.depth + 1) if parent is not None else 1)
+                                depth=(parent.depth + 1) if parent is not None else 1,
+                                digest=block[3] if len(block) > 3 else b"")
                 self._nodes[block_hash] = node
-            elif not node.token_ids:  # first seen in a replica fact, now its tokens are known
-                node.token_ids = tuple(token_ids)
-                if node.parent_hash is None:
-                    node.parent_hash = parent_hash
+            elif not node.digest and len(block) > 3:
+                node.digest = block[3]
             holding = node.holders.get(worker_id)
             if holding is None:
                 node.holders[worker_id] = Holding(role, expires_at_s, replication_id)
@@ -141,29 +199,23 @@ class PrefixDirectory:
                 holding.role, holding.expires_at_s, holding.replication_id = REPLICA, expires_at_s, replication_id
         return num_new
 
-    def mark_replica(self, worker_id: str, namespace: str, block_hashes: list[int], num_written: int,
-                     expires_at_s: float, replication_id: str) -> None:
+    def mark_replica(self, worker_id: str, block_hashes: list[int], num_written: int, expires_at_s: float,
+                     replication_id: str) -> int:
         """A replica landed: `block_hashes` is its whole prefix root-to-leaf, of which the last `num_written`
-        pages were written by the replica (the rest was already cached there and stays as it is). Pages not yet
-        known from store facts are recorded without tokens until those facts arrive."""
-        held = self._by_worker.setdefault(worker_id, set())
-        first_written = len(block_hashes) - num_written
-        parent: Optional[int] = None
-        for i, block_hash in enumerate(block_hashes):
-            node = self._nodes.get(block_hash)
-            if node is None:
-                parent_node = self._nodes.get(parent) if parent is not None else None
-                node = PageNode(block_hash, parent, namespace, (),
-                                depth=(parent_node.depth + 1) if parent_node else 1)
-                self._nodes[block_hash] = node
-            if worker_id not in node.holders:
-                self.feed.add(1, worker_id, block_hash)
-            if i >= first_written:
-                node.holders[worker_id] = Holding(REPLICA, expires_at_s, replication_id)
-            elif worker_id not in node.holders:
-                node.holders[worker_id] = Holding()
-            held.add(block_hash)
-            parent = block_hash
+        pages were written by the replica (the rest was already cached there and stays as it is). Only pages the
+        worker holds (from verified store facts, or `add_pages` of the tokens the coordinator granted) are marked:
+        a replica fact alone never makes a worker a holder.
+
+        Returns:
+            the number of pages marked.
+        """
+        held = self._by_worker.get(worker_id, ())
+        num = 0
+        for block_hash in block_hashes[max(0, len(block_hashes) - num_written):]:
+            if block_hash in held:
+                self._nodes[block_hash].holders[worker_id] = Holding(REPLICA, expires_at_s, replication_id)
+                num += 1
+        return num
 
     def promote(self, worker_id: str, replication_id: str) -> int:
         """A real request hit the replica: its pages become ordinary cache. Returns pages promoted."""

@@ -55,6 +55,21 @@ def page_digests(token_ids: Sequence[int], page_size: int, namespace: str = "",
     return out
 
 
+def chain_digest(prior: Optional[bytes], page: Sequence[int]) -> bytes:
+    """The digest of one page chained from `prior` (its parent's digest, or the namespace seed; None: the default
+    namespace's root). The coordinator checks a reported page with it, from its parent's digest (`PrefixDirectory`
+    keeps one per page), in O(page) and not O(prefix).
+
+    Raises:
+        ValueError: a token id outside uint32.
+    """
+    try:
+        packed = struct.pack(f"<{len(page)}I", *page)
+    except struct.error:
+        raise ValueError(f"token ids must be uint32, got one in {list(page)[:4]}...") from None
+    return hashlib.sha256(prior + packed).digest() if prior is not None else hashlib.sha256(packed).digest()
+
+
 def page_hashes(token_ids: Sequence[int], page_size: int, namespace: str = "") -> list[int]:
     """The int64 block hashes SGLang publishes for the full pages of `token_ids` in `namespace`."""
     return [digest_to_int64(d) for d in page_digests(token_ids, page_size, namespace)]

@@ -9,11 +9,43 @@ Who uses it: `sglang_kvrep.agent` (worker side), `radix_sync.coordinator`, `sgla
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 import msgspec
+from msgspec import Meta
 
 PROTOCOL_VERSION = 1
+
+# ----------------------------------------------------------------------------------------------------------------
+# bounds: every field a peer sends is range-checked by the decoder, so nothing out of range reaches the state
+# ----------------------------------------------------------------------------------------------------------------
+MAX_TOKEN_ID = 2 ** 31 - 1
+"""Token ids are < 2**31 on every input (SGLang packs them as uint32 into page hashes; no vocabulary is larger).
+The coordinator further refuses ids >= the fleet's `vocab_size` when the workers report it."""
+MAX_PAGE_SIZE = 4096
+MAX_PAGES_PER_MESSAGE = 16_384
+"""Pages in one `PagesStored` / `PagesRemoved` (the agent sends at most 4,096 per message)."""
+MAX_PREFIX_TOKENS = 2 ** 21
+"""Tokens of one prefix on the wire (a command's or a transfer's token ids), and pages of one replica."""
+MAX_TIMING_S = 3600.0
+"""A reported duration (gather, send, receive, scatter, insert, iteration) outside [0, this] is refused: one
+inf/NaN sample would poison the transfer cost model for good."""
+MAX_TTL_S = 7 * 86400.0
+
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_PREFIX_TOKENS)]
+PageHash = Annotated[int, Meta(ge=-2 ** 63, le=2 ** 63 - 1)]
+PrefixHashes = Annotated[list[PageHash], Meta(max_length=MAX_PREFIX_TOKENS)]
+Count = Annotated[int, Meta(ge=0, le=2 ** 62)]
+Seq = Annotated[int, Meta(ge=0, le=2 ** 62)]
+Seconds = Annotated[float, Meta(ge=0.0, le=MAX_TIMING_S)]
+Ttl = Annotated[float, Meta(ge=-MAX_TTL_S, le=MAX_TTL_S)]
+"""A time to live; <= 0 (expired) decodes so that the coordinator can refuse it by name."""
+WorkerId = Annotated[str, Meta(max_length=256)]
+Namespace = Annotated[str, Meta(max_length=1024)]
+ReplicationId = Annotated[str, Meta(max_length=128)]
+Text = Annotated[str, Meta(max_length=4096)]
+Url = Annotated[str, Meta(max_length=1024)]
 
 
 class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=False, omit_defaults=False):
@@ -32,144 +64,150 @@ class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=False, omit_d
 # worker -> coordinator: hello and facts
 # ----------------------------------------------------------------------------------------------------------------
 class Hello(_Msg, tag="Hello"):
-    worker_id: str
-    http_url: str
-    data_endpoint: str
-    fingerprint: str
-    fingerprint_fields: dict[str, str]
-    page_size: int
-    pool_capacity_tokens: int
-    replica_budget_tokens: int
+    worker_id: WorkerId
+    http_url: Url
+    data_endpoint: Url
+    fingerprint: Annotated[str, Meta(max_length=256)]
+    fingerprint_fields: Annotated[dict[Annotated[str, Meta(max_length=128)], Text], Meta(max_length=128)]
+    page_size: Annotated[int, Meta(ge=1, le=MAX_PAGE_SIZE)]
+    pool_capacity_tokens: Count
+    replica_budget_tokens: Count
     protocol_version: int = PROTOCOL_VERSION
-    seq: int = 0
+    seq: Seq = 0
+    vocab_size: Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID + 1)] = 0
+    """The model's vocabulary size (0: not known): the coordinator refuses token ids >= it."""
 
 
 class BlockFact(msgspec.Struct, array_like=True):
     """One stored page: its chained hash, its parent's hash (None at the root) and its token ids."""
 
-    block_hash: int
-    parent_hash: Optional[int]
-    token_ids: list[int]
+    block_hash: PageHash
+    parent_hash: Optional[PageHash]
+    token_ids: Annotated[list[TokenId], Meta(max_length=MAX_PAGE_SIZE)]
 
 
 class PagesStored(_Msg, tag="PagesStored"):
-    worker_id: str
-    seq: int
-    namespace: str
-    blocks: list[BlockFact]
-    medium: str = "GPU"
+    """Pages a worker stored, each with its token ids: the coordinator recomputes every page hash from them (and
+    its parent's) and records no page it cannot verify."""
+
+    worker_id: WorkerId
+    seq: Seq
+    namespace: Namespace
+    blocks: Annotated[list[BlockFact], Meta(max_length=MAX_PAGES_PER_MESSAGE)]
+    medium: Annotated[str, Meta(max_length=32)] = "GPU"
 
 
 class PagesRemoved(_Msg, tag="PagesRemoved"):
-    worker_id: str
-    seq: int
-    block_hashes: list[int]
+    worker_id: WorkerId
+    seq: Seq
+    block_hashes: Annotated[list[PageHash], Meta(max_length=MAX_PAGES_PER_MESSAGE)]
 
 
 class AllPagesCleared(_Msg, tag="AllPagesCleared"):
-    worker_id: str
-    seq: int
+    worker_id: WorkerId
+    seq: Seq
 
 
 class PrefixHit(_Msg, tag="PrefixHit"):
     """A request matched `matched_len` tokens of its `key_len`-token prompt; `block_hash` names the prefix."""
 
-    worker_id: str
-    seq: int
-    namespace: str
-    block_hash: Optional[int]
-    matched_len: int
-    key_len: int
+    worker_id: WorkerId
+    seq: Seq
+    namespace: Namespace
+    block_hash: Optional[PageHash]
+    matched_len: Count
+    key_len: Count
 
 
 class LoadReported(_Msg, tag="LoadReported"):
-    worker_id: str
-    seq: int
-    num_running_reqs: int
-    num_waiting_reqs: int
-    num_waiting_tokens: int
-    available_tokens: int
-    evictable_tokens: int
-    replica_tokens: int
-    iteration_s: float = 0.0
+    worker_id: WorkerId
+    seq: Seq
+    num_running_reqs: Count
+    num_waiting_reqs: Count
+    num_waiting_tokens: Count
+    available_tokens: Count
+    evictable_tokens: Count
+    replica_tokens: Count
+    iteration_s: Seconds = 0.0
     """Recent length of one scheduler iteration while busy (EWMA), s: a command (a gather, a replica's install)
     runs between iterations, so on a busy worker it waits up to this long."""
-    demoted_chains: int = 0
+    demoted_chains: Count = 0
     """Chains demoted and still waiting to be evicted first."""
-    demoted_evicted_tokens: int = 0
+    demoted_evicted_tokens: Count = 0
     """Tokens freed from demoted chains so far (cumulative)."""
-    demotions_taken_back: int = 0
+    demotions_taken_back: Count = 0
     """Demoted chains a request used before they were evicted (cumulative)."""
 
 
 class ReplicaStored(_Msg, tag="ReplicaStored"):
     """Target side: a replica landed. `block_hashes` are root-to-leaf; only `new_block_hashes` were written."""
 
-    worker_id: str
-    seq: int
-    replication_id: str
-    namespace: str
-    block_hashes: list[int]
-    inserted_len: int
-    expires_in_s: float
-    num_bytes: int
-    receive_s: float
-    scatter_s: float
-    insert_s: float
+    worker_id: WorkerId
+    seq: Seq
+    replication_id: ReplicationId
+    namespace: Namespace
+    block_hashes: PrefixHashes
+    inserted_len: Count
+    expires_in_s: Ttl
+    """Time the replica has left when this is sent (a resync re-reports it with what is left, <= 0: expired)."""
+    num_bytes: Count
+    receive_s: Seconds
+    scatter_s: Seconds
+    insert_s: Seconds
 
 
 class ReplicaPromoted(_Msg, tag="ReplicaPromoted"):
-    worker_id: str
-    seq: int
-    replication_id: str
-    num_promoted_tokens: int
+    worker_id: WorkerId
+    seq: Seq
+    replication_id: ReplicationId
+    num_promoted_tokens: Count
 
 
 class ReplicaExpired(_Msg, tag="ReplicaExpired"):
-    worker_id: str
-    seq: int
-    replication_id: str
-    num_evicted_tokens: int
+    worker_id: WorkerId
+    seq: Seq
+    replication_id: ReplicationId
+    num_evicted_tokens: Count
 
 
 class ReplicaExpected(_Msg, tag="ReplicaExpected"):
     """Target side: ready to accept the transfer the coordinator announced with `ExpectReplica`."""
 
-    worker_id: str
-    seq: int
-    replication_id: str
+    worker_id: WorkerId
+    seq: Seq
+    replication_id: ReplicationId
 
 
 class ReplicationFailed(_Msg, tag="ReplicationFailed"):
     """Either side: a replication could not complete. Nothing was written on the target."""
 
-    worker_id: str
-    seq: int
-    replication_id: str
-    role: str  # "source" | "target"
-    error: str
+    worker_id: WorkerId
+    seq: Seq
+    replication_id: ReplicationId
+    role: Literal["source", "target"]
+    error: Text
 
 
 class SourceSent(_Msg, tag="SourceSent"):
-    worker_id: str
-    seq: int
-    replication_id: str
-    num_tokens: int
-    num_bytes: int
-    gather_s: float
-    send_s: float
+    worker_id: WorkerId
+    seq: Seq
+    replication_id: ReplicationId
+    num_tokens: Count
+    num_bytes: Count
+    gather_s: Seconds
+    send_s: Seconds
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # coordinator -> worker: replies and commands
 # ----------------------------------------------------------------------------------------------------------------
 class HelloAck(_Msg, tag="HelloAck"):
-    coordinator_id: str
+    coordinator_id: Annotated[str, Meta(max_length=128)]
     protocol_version: int = PROTOCOL_VERSION
 
 
 class ResyncRequested(_Msg, tag="ResyncRequested"):
-    reason: str
+    reason: Text
 
 
 class ExpectReplica(_Msg, tag="ExpectReplica"):
@@ -179,43 +217,43 @@ class ExpectReplica(_Msg, tag="ExpectReplica"):
     namespace, or token ids whose page hashes are not a prefix of `block_hashes`.
     """
 
-    replication_id: str
-    source_id: str
-    namespace: str
-    page_size: int
-    block_hashes: list[int]
-    auth_token: str
-    expires_in_s: float
+    replication_id: ReplicationId
+    source_id: WorkerId
+    namespace: Namespace
+    page_size: Annotated[int, Meta(ge=1, le=MAX_PAGE_SIZE)]
+    block_hashes: PrefixHashes
+    auth_token: Annotated[str, Meta(max_length=128)]
+    expires_in_s: Ttl
 
 
 class ReplicatePages(_Msg, tag="ReplicatePages"):
     """To the source: send the cached part of `token_ids` (in `namespace`) to the target's data endpoint."""
 
-    replication_id: str
-    auth_token: str
-    token_ids: list[int]
-    namespace: str
-    target_id: str
-    target_endpoint: str
-    target_fingerprint: str
-    ttl_s: float
+    replication_id: ReplicationId
+    auth_token: Annotated[str, Meta(max_length=128)]
+    token_ids: TokenIds
+    namespace: Namespace
+    target_id: WorkerId
+    target_endpoint: Url
+    target_fingerprint: Annotated[str, Meta(max_length=256)]
+    ttl_s: Ttl
 
 
 class DropReplica(_Msg, tag="DropReplica"):
-    replication_id: str
+    replication_id: ReplicationId
 
 
 class DemotePrefix(_Msg, tag="DemotePrefix"):
     """To a worker: its cached copy of `token_ids` (in `namespace`) is stale (a session's next turn went to another
     worker holding all of it); evict that chain before anything else when memory is short."""
 
-    namespace: str
-    token_ids: list[int]
+    namespace: Namespace
+    token_ids: TokenIds
 
 
 class Error(_Msg, tag="Error"):
-    error: str
-    in_reply_to: str = ""
+    error: Text
+    in_reply_to: Annotated[str, Meta(max_length=64)] = ""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -229,48 +267,48 @@ class TransferHeader(_Msg, tag="TransferHeader"):
     out (layers, pages in the chunk, *page shape), so the source can send a chunk while it gathers the next.
     """
 
-    transfer_id: str
-    replication_id: str
-    auth_token: str
-    source_id: str
-    fingerprint: str
-    namespace: str
-    token_ids: list[int]
-    page_size: int
-    num_pages: int
-    dtype: str
-    layout: str
-    buffer_shape: list[int]
-    num_bytes: int
-    pages_per_chunk: int
-    num_chunks: int
-    checksum_kind: str
-    ttl_s: float
+    transfer_id: Annotated[str, Meta(max_length=128)]
+    replication_id: ReplicationId
+    auth_token: Annotated[str, Meta(max_length=128)]
+    source_id: WorkerId
+    fingerprint: Annotated[str, Meta(max_length=256)]
+    namespace: Namespace
+    token_ids: TokenIds
+    page_size: Annotated[int, Meta(ge=1, le=MAX_PAGE_SIZE)]
+    num_pages: Count
+    dtype: Annotated[str, Meta(max_length=64)]
+    layout: Annotated[str, Meta(max_length=64)]
+    buffer_shape: Annotated[list[Count], Meta(max_length=16)]
+    num_bytes: Count
+    pages_per_chunk: Count
+    num_chunks: Count
+    checksum_kind: Annotated[str, Meta(max_length=64)]
+    ttl_s: Ttl
 
 
 class TransferChunk(_Msg, tag="TransferChunk"):
     """Followed by one raw payload frame: pages [first_page, first_page + num_pages) of every layer."""
 
-    transfer_id: str
-    index: int
-    first_page: int
-    num_pages: int
-    num_bytes: int
+    transfer_id: Annotated[str, Meta(max_length=128)]
+    index: Count
+    first_page: Count
+    num_pages: Count
+    num_bytes: Count
     checksum: int
 
 
 class TransferEnd(_Msg, tag="TransferEnd"):
-    transfer_id: str
+    transfer_id: Annotated[str, Meta(max_length=128)]
 
 
 class TransferAccepted(_Msg, tag="TransferAccepted"):
-    transfer_id: str
-    inserted_len: int
+    transfer_id: Annotated[str, Meta(max_length=128)]
+    inserted_len: Count
 
 
 class TransferRefused(_Msg, tag="TransferRefused"):
-    transfer_id: str
-    error: str
+    transfer_id: Annotated[str, Meta(max_length=128)]
+    error: Text
 
 
 WorkerToCoordinator = Union[

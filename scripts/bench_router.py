@@ -152,7 +152,7 @@ def main() -> int:
         common = ["-m", "radix_sync.cli", "router", "--tokenizer", "none", "--log-level", "WARNING"]
         procs.append(start("router-own", [*common, "--port", str(r_own), *sum((["--worker", u] for u in urls), [])],
                            logs))
-        procs.append(start("router-dir", [*common, "--port", str(r_dir), "--coordinator", coord.admin], logs))
+        procs.append(start("router-dir", [*common, "--port", str(r_dir), *coord.router_args()], logs))
         for url in [*urls, f"http://127.0.0.1:{r_own}", f"http://127.0.0.1:{r_dir}"]:
             wait_http(url + "/health")
         phases = [("direct", urls[0]), ("own-view", f"http://127.0.0.1:{r_own}"),

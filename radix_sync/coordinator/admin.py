@@ -3,23 +3,33 @@
 Bodies are decoded into and answers encoded from the structs of `radix_sync.api` (the router's client uses the
 same). A refused request is answered `{"error": ...}` with its status (400 for a malformed body, with msgspec's
 message naming the field; 404 for an unknown worker or endpoint); a bug is a 500, logged, and the server keeps
-serving. State is read and changed under `coord.lock` (the ZMQ loop thread holds it while it applies facts).
+serving. State is read and changed under `coord.lock` (the ZMQ loop thread holds it while it applies facts);
+prompts are checked and hashed before the lock is taken, so a long one never holds it.
+
+Credentials (`radix_sync.admin_auth`): every route but `/health` needs `Authorization: Bearer <token>`: the read
+token for GET, the write token for POST (the write token also reads). The tokens come from `--admin-tokens PATH`;
+without it from `<state dir>/admin-tokens.json`, created (0600) when absent and its path logged.
 Started and stopped by `server.Coordinator`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from radix_sync import api
+from radix_sync.admin_auth import AdminTokens, bearer_middleware, ensure_tokens, load_tokens
 from radix_sync.api import AdminError
+from radix_sync.coordinator.replications import check_token_ids
+from radix_sync.coordinator.state import hash_prompt
 from radix_sync.integrity import IntegrityError
 
 log = logging.getLogger("kvrep.coordinator")
@@ -48,6 +58,28 @@ async def _body(request: web.Request, type_):
     return api.decode(await request.read() or b"{}", type_)
 
 
+TOKENS_FILE = "admin-tokens.json"
+
+
+def default_state_dir() -> Path:
+    """Where a coordinator keeps the files it creates when not told (`$XDG_STATE_HOME/kvrep`, else
+    `~/.local/state/kvrep`)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "kvrep"
+
+
+def admin_tokens(tokens_path: str, state_dir: str) -> tuple[AdminTokens, Path]:
+    """The admin tokens: of `tokens_path` when given (it must exist), else of `<state_dir>/admin-tokens.json`,
+    created when absent (its path logged). Raises ValueError for a missing or malformed file."""
+    if tokens_path:
+        return load_tokens(tokens_path), Path(tokens_path)
+    path = (Path(state_dir) if state_dir else default_state_dir()) / TOKENS_FILE
+    tokens, created = ensure_tokens(path)
+    log.warning("admin API tokens %s %s (read: GET routes; write: everything)",
+                "created in" if created else "read from", path)
+    return tokens, path
+
+
 class AdminServer:
     """The admin API over HTTP/1.1 keep-alive: one aiohttp event loop on its own thread.
 
@@ -61,6 +93,7 @@ class AdminServer:
     def __init__(self, coord, host: str, port: int) -> None:
         self.coord = coord
         """The `server.Coordinator` (not imported: it imports this module)."""
+        self.tokens, self.tokens_path = admin_tokens(coord.config.admin_tokens, coord.config.state_dir)
         self.sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
@@ -88,7 +121,8 @@ class AdminServer:
         ]
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors])
+        app = web.Application(client_max_size=64 * 1024 * 1024,
+                              middlewares=[bearer_middleware(self.tokens, open_paths=("/health",)), _errors])
         for method, path, handler in self.routes():
             app.router.add_route(method, path, handler)  # NOTE: no implicit HEAD (add_get would add one)
         return app
@@ -122,7 +156,8 @@ class AdminServer:
                 "policy": coord.policy.name, "mode": coord.mode,
                 "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
                 "feed": {"epoch": st.directory.feed.epoch, "seq": st.directory.feed.seq},
-                "num_protocol_errors": st.num_protocol_errors,
+                "num_protocol_errors": st.num_protocol_errors, "num_refused_facts": dict(st.num_refused_facts),
+                "num_tick_errors": coord.num_tick_errors,
                 "num_recent_arrivals": len(st.arrivals),
                 "num_recent_finishes": len(st.finishes), "num_live_hints": len(st.hints),
                 "replicas": [{"worker": w, "replication_id": r, **v}
@@ -144,12 +179,24 @@ class AdminServer:
         if req.page_hashes is not api.UNSET:  # the router's own hashes: nothing to parse or rehash
             page_size = api.page_size_of(req.page_size)
             with coord.lock:
+                max_len = coord.state.config.max_prompt_tokens
+            if len(req.page_hashes) * page_size > max_len:
+                raise AdminError(f"page_hashes cover more than max_prompt_tokens={max_len}")
+            with coord.lock:
                 return _json(api.LookupAnswer(matched=coord.state.lookup_hashes(req.page_hashes, page_size)))
         if req.input_ids is api.UNSET:
             raise AdminError("input_ids must be a list of integers")
+        return _json(api.LookupAnswer(matched=self._lookup(req.input_ids, api.namespace_of(req.cache_salt))))
+
+    def _lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
+        """Checks and hashes the prompt without the lock, then matches it under the lock."""
+        coord = self.coord
         with coord.lock:
-            return _json(api.LookupAnswer(matched=coord.state.lookup(req.input_ids,
-                                                                     api.namespace_of(req.cache_salt))))
+            page_sizes, vocab_size, max_len = coord.state.lookup_params()
+        check_token_ids(token_ids, vocab_size, max_len)
+        hashed = hash_prompt(token_ids, namespace, page_sizes)
+        with coord.lock:
+            return coord.state.lookup_hashed(hashed)
 
     async def lookup_query(self, request: web.Request) -> web.Response:
         """`GET /directory/lookup?input_ids=1,2,3&cache_salt=s`."""
@@ -158,9 +205,7 @@ class AdminServer:
             token_ids = [int(t) for t in text.split(",") if t.strip()]
         except ValueError:
             raise AdminError("input_ids must be comma-separated integers") from None
-        with self.coord.lock:
-            return _json(api.LookupAnswer(matched=self.coord.state.lookup(token_ids,
-                                                                          request.query.get("cache_salt", ""))))
+        return _json(api.LookupAnswer(matched=self._lookup(token_ids, request.query.get("cache_salt", ""))))
 
     async def feed(self, request: web.Request) -> web.Response:
         """`GET /directory/feed?epoch=E&since=S&wait_s=W` (`api.DirectoryFeed`): the directory's holding changes
@@ -196,8 +241,9 @@ class AdminServer:
 
     # ------------------------------------------------------------------------------------------------ demand
     async def arrivals(self, request: web.Request) -> web.Response:
-        """`POST /arrivals` (`api.DemandBatch`): recorded whole, or refused whole naming the bad item."""
-        batch = await _body(request, api.DemandBatch)
+        """`POST /arrivals` (`api.DemandBatch`): each report recorded, or dropped and named (`dropped`, `errors`)
+        when it is malformed; only a body that is not a batch at all is a 400."""
+        batch = await _body(request, api.DemandItems)
         if batch.arrivals is api.UNSET and batch.finishes is api.UNSET:
             raise AdminError('body must be {"arrivals": [{"input_ids", "cache_salt"?, "worker"?, "class"?, '
                              '...}], "finishes": [{"page_hashes", "page_size" | "input_ids", '
@@ -206,15 +252,18 @@ class AdminServer:
         finishes = [] if batch.finishes is api.UNSET else batch.finishes
         now = time.monotonic()
         with self.coord.lock:
-            num_a, num_f = self.coord.state.record_demand(arrivals, finishes, now)
-        return _json(api.DemandRecorded(recorded=num_a, finishes_recorded=num_f))
+            num_a, num_f, errors = self.coord.state.record_demand(arrivals, finishes, now)
+        if errors:
+            log.warning("dropped %d malformed reports of a batch, the first: %s", len(errors), errors[0])
+        return _json(api.DemandRecorded(recorded=num_a, finishes_recorded=num_f, dropped=len(errors),
+                                        errors=[e[:500] for e in errors[:10]]))
 
     async def hints(self, request: web.Request) -> web.Response:
         req = await _body(request, api.HintRequest)
         now = time.monotonic()
         with self.coord.lock:
             rec = self.coord.state.record_hint(req, now)
-        return _json(api.HintRecorded(recorded=1, kind=rec.kind, prefix_len=rec.prefix_len))
+        return _json(api.HintRecorded(recorded=1, kind=rec.kind, prefix_len=rec.prefix_len, ttl_s=rec.ttl_s))
 
     # ------------------------------------------------------------------------------------------------ acting
     async def replicate(self, request: web.Request) -> web.Response:

@@ -79,6 +79,10 @@ class DemandLog:
         """(kind, record, the prompt's page hashes, pages held somewhere at arrival, (pages the worker it was
         routed to held, the other workers holding exactly as much)) of each arrival (`arrival`) and finish
         (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
+        self.hint_counts: dict[str, int] = {}
+        """Live hints per namespace (tenant): capped by `ClusterState`'s `max_hints_per_namespace`."""
+        self._hint_buckets: dict[str, tuple[float, float]] = {}
+        """Namespace -> (hint tokens left, when last refilled): the per-tenant rate limit (`take_hint_token`)."""
         self.hint_times: dict[int, dict[str, float]] = {}
         """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
         trunk's prefill is done) and `copy_s` (the first copy of it was issued): when a fan-out's branches are
@@ -100,10 +104,28 @@ class DemandLog:
     def add_hint(self, rec: HintRecord, already_stored: bool) -> None:
         """`already_stored`: the hinted prefix is in the directory already (computed before the hint came)."""
         self.hints.append(rec)
+        self.hint_counts[rec.namespace] = self.hint_counts.get(rec.namespace, 0) + 1
         if rec.block_hash is not None:
             times = self.hint_times.setdefault(rec.block_hash, {"hint_s": rec.time_s})
             if already_stored:
                 times.setdefault("stored_s", rec.time_s)
+
+    def take_hint_token(self, namespace: str, now_s: float, rate_per_s: float, burst: float) -> bool:
+        """The per-namespace token bucket of hints: True (and one token taken) when `namespace` may hint now."""
+        left, last_s = self._hint_buckets.get(namespace, (burst, now_s))
+        left = min(burst, left + max(0.0, now_s - last_s) * rate_per_s)
+        if left < 1.0:
+            self._hint_buckets[namespace] = (left, now_s)
+            return False
+        self._hint_buckets[namespace] = (left - 1.0, now_s)
+        return True
+
+    def clear(self) -> None:
+        """Forgets every demand signal (a policy switch with `reset_demand`)."""
+        for log in (self.hits, self.arrivals, self.finishes, self.hints, self.events):
+            log.clear()
+        self.hint_times.clear()
+        self.hint_counts.clear()
 
     def pages_stored(self, block_hashes, now_s: float) -> None:
         """Pages reached the directory: the hinted prefixes among them are computed now."""
@@ -120,12 +142,19 @@ class DemandLog:
     # ------------------------------------------------------------------------------------------------ timers
     def trim(self, now_s: float, window_s: float) -> None:
         """Forgets hits, arrivals and finishes older than `window_s`, and hints older than both their TTL and
-        `window_s`."""
+        `window_s` (TTLs are capped when a hint is recorded, so no hint outlives the cap)."""
         for log in (self.hits, self.arrivals, self.finishes):
             while log and now_s - log[0].time_s > window_s:
                 log.popleft()
-        while self.hints and now_s - self.hints[0].time_s > max(self.hints[0].ttl_s, window_s):
-            self.hints.popleft()
+        if any(now_s - h.time_s > max(h.ttl_s, window_s) for h in self.hints):
+            kept = deque(h for h in self.hints if now_s - h.time_s <= max(h.ttl_s, window_s))
+            self.hints = kept
+            counts: dict[str, int] = {}
+            for h in kept:
+                counts[h.namespace] = counts.get(h.namespace, 0) + 1
+            self.hint_counts = counts
+        if len(self._hint_buckets) > 4 * len(self.hint_counts) + 64:  # forget the buckets of quiet tenants
+            self._hint_buckets = {ns: b for ns, b in self._hint_buckets.items() if ns in self.hint_counts}
         if len(self.hint_times) > len(self.hints):
             live = {h.block_hash for h in self.hints}
             self.hint_times = {b: t for b, t in self.hint_times.items() if b in live}
@@ -134,9 +163,13 @@ class DemandLog:
         """Raises IntegrityError unless every hint is of a known kind and bounds, every event is an arrival or
         a finish whose held pages are pages of its prompt, and every hinted prefix's timeline starts with its
         hint."""
+        counts: dict[str, int] = {}
         for hint in self.hints:
             if hint.kind not in HINT_KINDS or hint.k < 1 or not hint.ttl_s > 0:
                 raise IntegrityError(f"bad hint {hint}")
+            counts[hint.namespace] = counts.get(hint.namespace, 0) + 1
+        if counts != {ns: n for ns, n in self.hint_counts.items() if n}:
+            raise IntegrityError(f"live hints per namespace {counts} but counted {self.hint_counts}")
         for kind, rec, hashes, held, (num_at_worker, _) in self.events:
             if kind not in ("arrival", "finish"):
                 raise IntegrityError(f"demand event of unknown kind {kind!r}")

@@ -16,6 +16,7 @@ Who builds it: `radix_sync.coordinator.policies` registers it as the live policy
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -167,7 +168,10 @@ class LivePlanner:
                 if rep.num_bytes > 0 and "receive_s" in t:
                     work = (t.get("gather_s", 0.0) + max(t.get("send_s", 0.0), t["receive_s"])
                             + t.get("scatter_s", 0.0) + t.get("insert_s", 0.0))
-                    self.cost.observe_transfer(rep.num_bytes, work)
+                    # NOTE: the decoder bounds every timing; this guards the cost model itself (one inf or NaN
+                    # sample would stay in its estimate for good)
+                    if math.isfinite(work) and 0 < work <= 3600.0:
+                        self.cost.observe_transfer(rep.num_bytes, work)
 
     def consume(self, state: ClusterState, now_s: float) -> None:
         """Feeds the finishes and arrivals recorded since the last call to the session tracker, in order."""

@@ -78,6 +78,7 @@ class _StateCollector:
             for rep in st.replications.values():
                 by_state[rep.state] = by_state.get(rep.state, 0) + 1
             num_errors, demotions = st.num_protocol_errors, dict(coord.num_demotions)
+            refused, tick_errors = dict(st.num_refused_facts), coord.num_tick_errors
             num_arrivals, num_finishes, num_hints = len(st.arrivals), len(st.finishes), len(st.hints)
             policy, mode = coord.policy.name, coord.mode
         facts = dict(coord.loop_stats.num_facts)  # a C-level copy: safe against the loop thread's inserts
@@ -93,6 +94,14 @@ class _StateCollector:
         yield reps
         yield CounterMetricFamily("kvrep_coordinator_protocol_errors",
                                   "Worker messages refused as malformed", value=num_errors)
+        ref = CounterMetricFamily("kvrep_coordinator_refused_facts",
+                                  "Worker facts refused after decoding (unverifiable pages, not a party, expired), "
+                                  "by type", labels=["type"])
+        for kind, n in sorted(refused.items()):
+            ref.add_metric([kind], n)
+        yield ref
+        yield CounterMetricFamily("kvrep_coordinator_tick_errors",
+                                  "Policy ticks that raised (logged; the coordinator kept serving)", value=tick_errors)
         fam = CounterMetricFamily("kvrep_coordinator_facts", "Worker messages decoded, by type", labels=["type"])
         for kind, n in sorted(facts.items()):
             fam.add_metric([kind], n)

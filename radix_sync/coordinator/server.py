@@ -47,6 +47,11 @@ class CoordinatorConfig:
     """Seconds between policy and timer ticks."""
     rules: RuleConfig = RuleConfig()
     state: StateConfig = StateConfig()
+    admin_tokens: str = ""
+    """JSON file of the admin API's bearer tokens (`{"read": ..., "write": ...}`); "": `<state_dir>/admin-tokens.json`,
+    created (0600) when absent."""
+    state_dir: str = ""
+    """Where the coordinator creates its files ("": `$XDG_STATE_HOME/kvrep`, else `~/.local/state/kvrep`)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -69,6 +74,8 @@ class Coordinator:
         self.recent_demotions: list[dict] = []
         """The last demotions decided or asked for: {time_s, worker, tokens, sent} (for `/status`)."""
         self._plan_now = False  # set by the ZMQ loop thread only
+        self.num_tick_errors = 0
+        """Policy ticks that raised (logged; the coordinator keeps serving)."""
         self.metrics = CoordinatorMetrics(self)
         self.loop_stats = self.metrics.loop
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
@@ -100,12 +107,7 @@ class Coordinator:
         if self.policy.name != name or reset_demand:
             self.policy = self._make_policy(name)
         if reset_demand:
-            self.state.hits.clear()
-            self.state.arrivals.clear()
-            self.state.hints.clear()
-            self.state.hint_times.clear()
-            self.state.finishes.clear()
-            self.state.demand_events.clear()
+            self.state.reset_demand()
             self.shadow_decisions.clear()
         self.mode = mode
 
@@ -184,7 +186,11 @@ class Coordinator:
                 # prefill (the agent flushes SGLang's KV events every scheduler iteration).
                 self._plan_now = False
                 t0 = time.monotonic()
-                self._tick()
+                try:
+                    self._tick()
+                except Exception:  # NOTE: a policy bug or a state it did not expect must not stop the coordinator
+                    self.num_tick_errors += 1
+                    log.exception("policy tick failed (%d so far); serving goes on", self.num_tick_errors)
                 self.loop_stats.tick(time.monotonic() - t0)
                 next_tick = time.monotonic() + self.config.tick_s
             seq = self.state.directory.feed.seq  # (an int read: no lock needed)
@@ -266,6 +272,7 @@ class Coordinator:
         """`POST /demote`: the worker's cached chain ending at exactly these tokens becomes evict-first (what the
         kvrep policy does when a session's next turn moves away)."""
         with self.lock:
+            self.state.check_prompt(req.input_ids)
             if not self._demote(req.worker, api.namespace_of(req.cache_salt), req.input_ids, send=True):
                 raise AdminError(f"unknown worker {req.worker!r}", 404)
         return api.Demoted(worker=req.worker, tokens=len(req.input_ids))

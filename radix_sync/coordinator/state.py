@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 from radix_sync import api
 from radix_sync import protocol as p
 from radix_sync.api import AdminError
+from radix_sync.coordinator.config import StateConfig
 from radix_sync.coordinator.demand import ArrivalRecord, DemandLog, FinishRecord, HintRecord
-from radix_sync.coordinator.replications import FAILED, DONE, PENDING, RUNNING, Replication, ReplicationBook
+from radix_sync.coordinator.replications import (FAILED, DONE, PENDING, RUNNING, Replication, ReplicationBook,
+                                                 check_token_ids)
 from radix_sync.coordinator.workers import WorkerRecord, WorkerRegistry
 from radix_sync.directory import PrefixDirectory
 from radix_sync.hashing import page_hashes
@@ -36,27 +37,6 @@ __all__ = ["AdminError", "ArrivalRecord", "ClusterState", "DONE", "FAILED", "Fin
 log = logging.getLogger("kvrep.coordinator")
 
 
-@dataclass(frozen=True)
-class StateConfig:
-    worker_timeout_s: float = 5.0
-    """A worker silent for this long is dropped with all it holds."""
-    replication_timeout_s: float = 60.0
-    """A replication not finished after this long is marked failed."""
-    hit_window_s: float = 120.0
-    """How much prefix-hit history is kept for policies."""
-    max_replications_kept: int = 10_000
-    max_demand_events: int = 100_000
-    """Arrivals and finishes (with their page hashes) kept for the policy to consume; the oldest go first when a
-    policy that does not consume them runs."""
-
-    def __post_init__(self) -> None:
-        for name in ("worker_timeout_s", "replication_timeout_s", "hit_window_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.max_demand_events < 1:
-            raise ValueError(f"max_demand_events must be >= 1, got {self.max_demand_events}")
-
-
 class ClusterState:
     def __init__(self, config: StateConfig = StateConfig(), coordinator_id: str = "") -> None:
         self.config = config
@@ -66,6 +46,9 @@ class ClusterState:
         self._replications = ReplicationBook(config.replication_timeout_s)
         self._demand = DemandLog(config.max_demand_events)
         self.num_protocol_errors = 0
+        self.num_refused_facts: dict[str, int] = {}
+        """Facts refused after decoding, by type (unverifiable pages, a replication's fact from a non-party,
+        an expired replica, ...)."""
 
     # NOTE: the owners' collections, as the policies and the admin API read them (read-only views by contract:
     # every change goes through the methods below).
@@ -119,7 +102,13 @@ class ClusterState:
             self._forget_pages(record.worker_id, reason)
             return [(routing_id, p.ResyncRequested(reason=reason))]
         record.last_seq = msg.seq
-        return self._apply_fact(record, msg, now_s)
+        try:
+            return self._apply_fact(record, msg, now_s)
+        except AdminError as exc:
+            kind = type(msg).__name__
+            self.num_refused_facts[kind] = self.num_refused_facts.get(kind, 0) + 1
+            log.warning("refused %s from %s: %s", kind, record.worker_id, exc)
+            return [(routing_id, p.Error(error=str(exc)[:4000], in_reply_to=kind))]
 
     def _on_hello(self, routing_id: bytes, hello: p.Hello, now_s: float) -> list[tuple[bytes, p._Msg]]:
         if hello.protocol_version != p.PROTOCOL_VERSION:
@@ -134,6 +123,7 @@ class ClusterState:
         return [(routing_id, p.HelloAck(coordinator_id=self.coordinator_id))]
 
     def _apply_fact(self, record: WorkerRecord, msg, now_s: float) -> list[tuple[bytes, p._Msg]]:
+        """Raises AdminError for a fact refused (whole or in part; what was valid of it is applied)."""
         wid = record.worker_id
         d = self.directory
         if isinstance(msg, p.ReplicaExpected):
@@ -142,8 +132,7 @@ class ClusterState:
                 return [pending]
         elif isinstance(msg, p.PagesStored):
             if msg.medium == "GPU":
-                d.add_pages(wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks))
-                self._demand.pages_stored((b.block_hash for b in msg.blocks), now_s)
+                self._pages_stored(record, msg, now_s)
         elif isinstance(msg, p.PagesRemoved):
             d.remove_pages(wid, msg.block_hashes)
         elif isinstance(msg, p.AllPagesCleared):
@@ -154,20 +143,67 @@ class ClusterState:
             if msg.block_hash is not None and msg.matched_len > 0:
                 self._demand.add_hit(HitRecord(now_s, wid, msg.namespace, msg.block_hash, msg.matched_len))
         elif isinstance(msg, p.ReplicaStored):
-            num_written = msg.inserted_len // record.hello.page_size
-            d.mark_replica(wid, msg.namespace, msg.block_hashes, num_written, now_s + msg.expires_in_s,
-                           msg.replication_id)
-            self._replications.stored(msg, now_s)
+            self._replica_stored(record, msg, now_s)
         elif isinstance(msg, p.SourceSent):
+            if self._replications.party(msg.replication_id, wid, ("source",)) is None:
+                raise AdminError(f"{wid} is not the source of replication {msg.replication_id!r}")
             self._replications.sent(msg)
         elif isinstance(msg, p.ReplicaPromoted):
-            d.promote(wid, msg.replication_id)
-            self._replications.promoted(msg)
+            d.promote(wid, msg.replication_id)  # (its own holdings only)
+            if self._replications.party(msg.replication_id, wid, ("target",)) is not None:
+                self._replications.promoted(msg)
         elif isinstance(msg, p.ReplicaExpired):
-            d.remove_replica(wid, msg.replication_id)
+            d.remove_replica(wid, msg.replication_id)  # (its own holdings only)
         elif isinstance(msg, p.ReplicationFailed):
+            if self._replications.party(msg.replication_id, wid, (msg.role,)) is None:
+                raise AdminError(f"{wid} is not the {msg.role} of replication {msg.replication_id!r}")
             self._replications.fail(msg.replication_id, f"{msg.role} {wid}: {msg.error}", now_s)
         return []
+
+    def _pages_stored(self, record: WorkerRecord, msg: p.PagesStored, now_s: float) -> None:
+        """Records the pages whose hashes check out against their tokens (`PrefixDirectory.verify_blocks`), up to
+        the worker's cap; raises AdminError naming the first refused page (the rest is recorded)."""
+        wid, hello = record.worker_id, record.hello
+        cap = min(self.config.max_pages_per_worker,
+                  2 * (hello.pool_capacity_tokens // hello.page_size) + 64)
+        room = max(0, cap - self.directory.num_pages(wid))
+        accepted, errors = self.directory.verify_blocks(
+            wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks), hello.page_size,
+            hello.vocab_size or self._workers.vocab_size(), max_new=room)
+        self.directory.add_pages(wid, msg.namespace, accepted)
+        self._demand.pages_stored((b[0] for b in accepted), now_s)
+        if errors:
+            raise AdminError(f"refused {len(errors)} of {len(msg.blocks)} pages: {errors[0]}")
+
+    def _replica_stored(self, record: WorkerRecord, msg: p.ReplicaStored, now_s: float) -> None:
+        """A replica landed (or is re-reported after a resync). Its pages are recorded from the tokens the
+        coordinator granted, never from the fact alone; expiry is absolute: a re-report never extends it, and a
+        replica past it is refused.
+
+        Raises:
+            AdminError: from a worker that is not the replication's target, for pages not granted, or expired.
+        """
+        wid = record.worker_id
+        if not msg.expires_in_s > 0:
+            raise AdminError(f"replica {msg.replication_id!r} has expired ({msg.expires_in_s:g}s left)")
+        expires_at = now_s + min(msg.expires_in_s, self.config.max_replica_ttl_s)
+        num_written = msg.inserted_len // record.hello.page_size
+        rep = self._replications.records.get(msg.replication_id)
+        if rep is not None:
+            if rep.target != wid:
+                raise AdminError(f"{wid} is not the target of replication {rep.id!r}")
+            if rep.in_flight:
+                self.directory.add_pages(wid, rep.namespace,
+                                         self._replications.granted_blocks(msg, record.hello.page_size))
+                self._replications.stored(msg, now_s)
+            elif rep.state == FAILED:
+                raise AdminError(f"replication {rep.id!r} failed: {rep.error}")
+            if rep.expires_at_s is not None:
+                expires_at = min(expires_at, rep.expires_at_s)
+            if expires_at <= now_s:
+                raise AdminError(f"replica {rep.id!r} expired {now_s - expires_at:.1f}s ago")
+        # else: a replication of before a coordinator restart: only pages the worker re-reported with their tokens
+        self.directory.mark_replica(wid, msg.block_hashes, num_written, expires_at, msg.replication_id)
 
     def _forget_pages(self, worker_id: str, reason: str) -> None:
         num = self.directory.drop_worker(worker_id)
@@ -207,8 +243,17 @@ class ClusterState:
             if wid not in self._workers:
                 raise AdminError(f"unknown worker {wid!r} (known: {sorted(self._workers)})", 404)
         src, dst = self.workers[source], self.workers[target]
+        check_token_ids(token_ids, self._workers.vocab_size(), self.config.max_prompt_tokens)
+        self._replications.check(src.hello, dst.hello, token_ids, ttl_s)
+        # NOTE: only what the source holds is copied: a source that never held the prefix is refused (it would be
+        # handed the one-time token and its bytes installed as the tenant's KV).
+        held = self.directory.match(page_hashes(token_ids, src.hello.page_size, namespace)).get(source, 0)
+        if held == 0:
+            raise AdminError(f"source {source!r} holds no page of this prefix")
+        token_ids = token_ids[:held * src.hello.page_size]
         rep, expect = self._replications.create(src.hello, dst.hello, src.routing_id, token_ids, namespace, ttl_s,
                                                 now_s, origin, block_hash)
+        self._replications.trim(self.config.max_replications_kept)
         self._demand.copy_issued(block_hash, now_s)
         return rep, dst.routing_id, expect
 
@@ -225,45 +270,53 @@ class ClusterState:
             report = api.convert(report, api.ArrivalReport)
         return self._record_arrival(self._parse_arrival(report), now_s)
 
-    def record_demand(self, arrivals: list[Union[api.ArrivalReport, dict]],
-                      finishes: list[Union[api.FinishReport, dict]], now_s: float) -> tuple[int, int]:
-        """Records a router's batch: all of it, or (AdminError naming the bad item) none of it.
+    def record_demand(self, arrivals: list, finishes: list, now_s: float) -> tuple[int, int, list[str]]:
+        """Records a router's batch, item by item: a bad item (not of its struct, or refused here) is dropped and
+        named, the rest recorded (one tenant's bad report must not lose every tenant's demand signals).
 
+        Args:
+            arrivals, finishes: `api.ArrivalReport` / `api.FinishReport` structs, their decoded JSON (dicts), or
+                their raw JSON (`msgspec.Raw`, as the admin API passes them).
         Returns:
-            (arrivals recorded, finishes recorded).
+            (arrivals recorded, finishes recorded, one error per dropped item, naming it).
         """
-        if any(isinstance(item, dict) for item in (*arrivals, *finishes)):
-            batch = api.convert({"arrivals": [_builtins(a) for a in arrivals],
-                                 "finishes": [_builtins(f) for f in finishes]}, api.DemandBatch)
-            arrivals, finishes = batch.arrivals, batch.finishes
-        parsed = []
-        for kind, items, parse in (("arrivals", arrivals, self._parse_arrival),
-                                   ("finishes", finishes, self._parse_finish)):
+        parsed, errors = [], []
+        for kind, items, type_, parse in (("arrivals", arrivals, api.ArrivalReport, self._parse_arrival),
+                                          ("finishes", finishes, api.FinishReport, self._parse_finish)):
             for i, item in enumerate(items):
                 try:
+                    item = api.item_of(item, type_)
                     parsed.append((item.seq, kind, parse(item)))
                 except AdminError as exc:
-                    raise AdminError(f"{kind}[{i}]: {exc}") from None
+                    errors.append(f"{kind}[{i}]: {exc}")
         # NOTE: the router numbers its reports (`seq`) so a batch replays in the order things happened: a turn's
         # finish before its follow-up's arrival, a request's arrival before its own finish.
         parsed.sort(key=lambda x: x[0])  # stable: without seq, arrivals before finishes
         for _, kind, item in parsed:
             (self._record_arrival if kind == "arrivals" else self._record_finish)(item, now_s)
         num_a = sum(1 for _, kind, _ in parsed if kind == "arrivals")
-        return num_a, len(parsed) - num_a
+        return num_a, len(parsed) - num_a, errors
+
+    def check_prompt(self, token_ids: list[int]) -> None:
+        """Raises AdminError (400) for a prompt longer than `max_prompt_tokens` or with a token id outside
+        [0, 2**31) or >= the fleet's vocabulary size (when the workers said it)."""
+        check_token_ids(token_ids, self._workers.vocab_size(), self.config.max_prompt_tokens)
 
     def _prompt_hashes(self, report, namespace: str) -> list[int]:
         """A report's prompt as page hashes: the router's own (checked against the worker's page size), or its
         token ids hashed at the worker's page size."""
         if report.page_hashes is not api.UNSET:  # the router's own hashes: nothing to rehash
             page_size = api.page_size_of(report.page_size)
+            if len(report.page_hashes) * page_size > self.config.max_prompt_tokens:
+                raise AdminError(f"page_hashes cover more than max_prompt_tokens={self.config.max_prompt_tokens}")
             record = self._workers.get(report.worker)
             if record is not None and record.hello.page_size != page_size:
                 raise AdminError(f"page_size {page_size} is not worker {report.worker}'s "
                                  f"({record.hello.page_size})")
             return report.page_hashes
         if report.input_ids is api.UNSET:
-            raise AdminError("input_ids must be a list of integers in [0, 2**63)")
+            raise AdminError("input_ids must be a list of integers in [0, 2**31)")
+        self.check_prompt(report.input_ids)
         return page_hashes(report.input_ids, self._page_size(report.worker), namespace)
 
     def _parse_arrival(self, report: api.ArrivalReport) -> tuple:
@@ -313,22 +366,49 @@ class ClusterState:
         return rec
 
     def record_hint(self, req: Union[api.HintRequest, dict], now_s: float) -> HintRecord:
+        """Records a hint, its TTL capped to `max_hint_ttl_s`.
+
+        Raises:
+            AdminError: 400 for a bad prompt; 429 when its tenant sends hints faster than `hint_rate_per_s` or
+                has `max_hints_per_namespace` live hints already (or all tenants `max_hints`).
+        """
         if isinstance(req, dict):
             req = api.convert(req, api.HintRequest)
+        self.check_prompt(req.input_ids)
         namespace = api.namespace_of(req.cache_salt)
+        cfg, demand = self.config, self._demand
+        if demand.hint_counts.get(namespace, 0) >= cfg.max_hints_per_namespace or len(demand.hints) >= cfg.max_hints:
+            raise AdminError(f"too many live hints for this tenant (at most {cfg.max_hints_per_namespace})", 429)
+        if not demand.take_hint_token(namespace, now_s, cfg.hint_rate_per_s, cfg.hint_burst):
+            raise AdminError(f"hint rate limit: at most {cfg.hint_rate_per_s:g}/s per tenant", 429)
         page_size = self._page_size()
         hashes = page_hashes(req.input_ids, page_size, namespace)
         block_hash, prefix_len = (hashes[-1] if hashes else None), len(hashes) * page_size
-        rec = HintRecord(now_s, req.kind, namespace, block_hash, prefix_len, req.k, req.ttl_s, req.delay_s)
-        self._demand.add_hint(rec, block_hash is not None and self.directory.node(block_hash) is not None)
+        rec = HintRecord(now_s, req.kind, namespace, block_hash, prefix_len, req.k, min(req.ttl_s, cfg.max_hint_ttl_s),
+                         req.delay_s)
+        demand.add_hint(rec, block_hash is not None and self.directory.node(block_hash) is not None)
         return rec
+
+    def reset_demand(self) -> None:
+        """Forgets every demand signal (hits, arrivals, finishes, hints and their timelines)."""
+        self._demand.clear()
 
     # ------------------------------------------------------------------------------------------------ queries
     def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
         """Tokens of `token_ids` each worker holds (as owner or replica), per the directory."""
+        self.check_prompt(token_ids)
+        return self.lookup_hashed(hash_prompt(token_ids, namespace, self._workers.page_sizes()))
+
+    def lookup_params(self) -> tuple[set[int], int, int]:
+        """(the workers' page sizes, the fleet's vocabulary size (0: unknown), max_prompt_tokens): what a caller
+        needs to check and hash a prompt without the lock (`hash_prompt`, then `lookup_hashed`)."""
+        return self._workers.page_sizes(), self._workers.vocab_size(), self.config.max_prompt_tokens
+
+    def lookup_hashed(self, hashed: dict[int, list[int]]) -> dict[str, int]:
+        """`lookup` from the prompt's page hashes at each page size (`hash_prompt`)."""
         out: dict[str, int] = {wid: 0 for wid in self.workers}
-        for page_size in self._workers.page_sizes():
-            for wid, held in self.lookup_hashes(page_hashes(token_ids, page_size, namespace), page_size).items():
+        for page_size, hashes in hashed.items():
+            for wid, held in self.lookup_hashes(hashes, page_size).items():
                 out[wid] = max(out[wid], held)
         return out
 
@@ -375,5 +455,7 @@ class ClusterState:
                 raise IntegrityError(f"directory holds pages of unknown worker {wid}")
 
 
-def _builtins(item):
-    return item if isinstance(item, dict) else api.to_builtins(item)
+def hash_prompt(token_ids: list[int], namespace: str, page_sizes: Iterable[int]) -> dict[int, list[int]]:
+    """A prompt's page hashes at each page size (checked first with `ClusterState.check_prompt`, or the
+    `lookup_params` it took under the lock: this runs without it)."""
+    return {ps: page_hashes(token_ids, ps, namespace) for ps in page_sizes}

@@ -99,6 +99,10 @@ class WorkerRegistry:
             return record.hello.page_size
         return min((w.hello.page_size for w in self.records.values()), default=1)
 
+    def vocab_size(self) -> int:
+        """The fleet's vocabulary size: the smallest any worker reported (0 when none did)."""
+        return min((w.hello.vocab_size for w in self.records.values() if w.hello.vocab_size > 0), default=0)
+
     def page_sizes(self) -> set[int]:
         return {w.hello.page_size for w in self.records.values()}
 

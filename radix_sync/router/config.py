@@ -40,6 +40,8 @@ class RouterConfig:
     shutdown_timeout_s: float = 30.0
     """On SIGTERM/SIGINT, in-flight requests get this long to finish."""
     coordinator_timeout_s: float = 0.5
+    coordinator_tokens_path: Optional[str] = None
+    """The coordinator's admin token file (`{"read", "write"}`); the router sends its write token (None: none)."""
     directory_feed: bool = True
     """Mirror the coordinator's directory from its change feed and match prompts locally (False: one lookup
     call to the coordinator per request)."""

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import aiohttp
 
 from radix_sync import api
+from radix_sync.admin_auth import header
 from radix_sync.api import AdminError
 from radix_sync.router.directory_replica import DirectoryReplica, FeedError
 from radix_sync.router.policy import CopyInFlight
@@ -53,6 +54,9 @@ class LinkConfig:
     shedding: the coordinator is not marked down, and the lookup is counted as shed)."""
     feed_wait_s: float = 1.0
     """Long-poll window of the directory feed, s (an answer comes at once when the directory changes)."""
+    token: str = ""
+    """Bearer token for the coordinator's admin API (its `write` token: the router posts arrivals and hints);
+    "": none sent."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -80,6 +84,8 @@ class CoordinatorLink:
         self.cfg = cfg
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
+        self._auth = header(cfg.token)
+        self._json_auth = {**_JSON, **self._auth}
         self.state: Optional[ClusterState] = None
         self._refreshing: Optional[asyncio.Task] = None
         self._down_until = 0.0
@@ -123,7 +129,7 @@ class CoordinatorLink:
         try:
             async with self._session.request(method, self.cfg.url + path, timeout=self._timeout,
                                              data=None if body is None else api.encode(body),
-                                             headers=None if body is None else _JSON) as resp:
+                                             headers=self._auth if body is None else self._json_auth) as resp:
                 raw = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -203,7 +209,7 @@ class CoordinatorLink:
         if not self.may_call():
             return 503, {"error": f"coordinator unreachable: {self.last_error}"}
         try:
-            async with self._session.post(self.cfg.url + "/hints", data=api.encode(req), headers=_JSON,
+            async with self._session.post(self.cfg.url + "/hints", data=api.encode(req), headers=self._json_auth,
                                           timeout=self._timeout) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -229,7 +235,7 @@ class CoordinatorLink:
             params = {"epoch": replica.epoch, "since": str(replica.seq), "wait_s": str(wait_s)}
             try:
                 async with self._session.get(self.cfg.url + "/directory/feed", params=params,
-                                             timeout=timeout) as resp:
+                                             headers=self._auth, timeout=timeout) as resp:
                     data = await resp.read()
                     status = resp.status
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

@@ -63,8 +63,12 @@ class Router:
                                          enable_cleanup_closed=True)
         self.proxy.session = session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.cfg.coordinator_url:
+            token = ""
+            if self.cfg.coordinator_tokens_path:
+                from radix_sync.admin_auth import load_tokens
+                token = load_tokens(self.cfg.coordinator_tokens_path).write
             self.link = CoordinatorLink(LinkConfig(self.cfg.coordinator_url.rstrip("/"),
-                                                   timeout_s=self.cfg.coordinator_timeout_s), session)
+                                                   timeout_s=self.cfg.coordinator_timeout_s, token=token), session)
             self._tasks.append(asyncio.create_task(self.link.run_arrivals()))
             if self.cfg.directory_feed:
                 self.replica = DirectoryReplica()

@@ -74,7 +74,9 @@ class IoSide:
         self.need_resync = False
         self.mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
         self.replica_blocks: dict[str, tuple[str, list[int], bool]] = {}
-        self.replica_facts: dict[str, p.ReplicaStored] = {}
+        self.replica_facts: dict[str, tuple[p.ReplicaStored, float]] = {}
+        """Live replicas' facts with their deadline (monotonic): a resync re-reports each with the time it has
+        left, never its first TTL again, and an expired one not at all."""
         self.last_load: Optional[p.LoadReported] = None
         self.last_sent_s = 0.0
         mailbox.post_to_scheduler(m.IoStarted(self.transport.endpoint))
@@ -96,7 +98,7 @@ class IoSide:
                       data_endpoint=self.transport.endpoint, fingerprint=info.fingerprint,
                       fingerprint_fields=info.fingerprint_fields, page_size=info.page_size,
                       pool_capacity_tokens=info.pool_capacity_tokens,
-                      replica_budget_tokens=info.replica_budget_tokens, seq=0)
+                      replica_budget_tokens=info.replica_budget_tokens, seq=0, vocab_size=info.vocab_size)
         try:
             self.coord.send(p.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
@@ -111,8 +113,12 @@ class IoSide:
             for i in range(0, len(blocks), 4096):
                 self.send_coord(p.PagesStored(worker_id=self.cfg.worker_id, seq=0, namespace=ns,
                                               blocks=blocks[i:i + 4096]))
-        for fact in self.replica_facts.values():
-            self.send_coord(msgspec.structs.replace(fact))
+        now = time.monotonic()
+        for rid, (fact, deadline) in list(self.replica_facts.items()):
+            if deadline <= now:
+                del self.replica_facts[rid]
+                continue
+            self.send_coord(msgspec.structs.replace(fact, expires_in_s=deadline - now))
         if self.last_load is not None:
             self.send_coord(msgspec.structs.replace(self.last_load))
 
@@ -152,15 +158,17 @@ class IoSide:
                     continue
                 for h, parent, tokens in blocks:
                     self.mirror[h] = (parent, tokens, ns)
-                self.send_coord(p.PagesStored(worker_id=wid, seq=0, namespace=ns, medium=medium,
-                                              blocks=[p.BlockFact(h, par, t) for h, par, t in blocks]))
+                for i in range(0, len(blocks), 4096):  # the coordinator takes at most 16,384 per message
+                    self.send_coord(p.PagesStored(worker_id=wid, seq=0, namespace=ns, medium=medium,
+                                                  blocks=[p.BlockFact(h, par, t) for h, par, t in blocks[i:i + 4096]]))
             elif isinstance(fact, events.KvRemoved):
                 if fact.medium != "GPU":
                     continue
                 hashes = fact.block_hashes
                 for h in hashes:
                     self.mirror.pop(h, None)
-                self.send_coord(p.PagesRemoved(worker_id=wid, seq=0, block_hashes=hashes))
+                for i in range(0, len(hashes), 4096):
+                    self.send_coord(p.PagesRemoved(worker_id=wid, seq=0, block_hashes=hashes[i:i + 4096]))
             elif isinstance(fact, events.KvCleared):
                 self.mirror.clear()
                 self.send_coord(p.AllPagesCleared(worker_id=wid, seq=0))
@@ -243,7 +251,7 @@ class IoSide:
                                insert_s=done.insert_s)
         if done.inserted_len > 0:
             self.replica_blocks[h.replication_id] = (h.namespace, block_hashes, False)
-            self.replica_facts[h.replication_id] = fact
+            self.replica_facts[h.replication_id] = (fact, time.monotonic() + h.ttl_s)
         self.send_coord(msgspec.structs.replace(fact))
 
     def expire_grants(self, now: float) -> None:
@@ -292,6 +300,9 @@ class IoSide:
         if isinstance(msg, m.ToCoordinator):
             if isinstance(msg.message, p.LoadReported):
                 self.last_load = msg.message
+            elif isinstance(msg.message, p.ReplicaExpired):  # gone: a resync must not report it again
+                self.replica_facts.pop(msg.message.replication_id, None)
+                self.replica_blocks.pop(msg.message.replication_id, None)
             self.send_coord(msg.message)
         elif isinstance(msg, m.PrefixMatched):
             self.on_hit(msg)

@@ -38,6 +38,8 @@ class WorkerInfo(msgspec.Struct, frozen=True):
     free_replica_tokens: int
     """At start; later values arrive as `ReplicaRoom`."""
     geometry: LocalGeometry
+    vocab_size: int = 0
+    """The model's vocabulary size (0: unknown), said in the Hello: the coordinator refuses token ids >= it."""
 
 
 # ================================================================================= scheduler -> I/O thread

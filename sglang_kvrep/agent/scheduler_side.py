@@ -65,6 +65,7 @@ class WorkerAgent:
         self.geometry = LocalGeometry(self.fingerprint, self.page_size, str(k_bufs[0].dtype), layout, page_shape,
                                       len(k_bufs), k_bufs[0].element_size())
         capacity = view.pool_capacity_tokens()
+        self.vocab_size = int(view.vocab_size()) if hasattr(view, "vocab_size") else 0
         self.replicas = ReplicaTable(view, config.replica_budget_tokens or capacity // 4)
         self.capacity = capacity
         self._free_replica_tokens = self.replicas.free_tokens()  # last value told to the I/O side
@@ -94,7 +95,8 @@ class WorkerAgent:
         return m.WorkerInfo(fingerprint=self.fingerprint, fingerprint_fields=self.fingerprint_fields,
                             page_size=self.page_size, pool_capacity_tokens=self.capacity,
                             replica_budget_tokens=self.replicas.budget_tokens,
-                            free_replica_tokens=self._free_replica_tokens, geometry=self.geometry)
+                            free_replica_tokens=self._free_replica_tokens, geometry=self.geometry,
+                            vocab_size=self.vocab_size)
 
     # ======================================================================================== life cycle
     def start(self, io_thread: threading.Thread) -> None:

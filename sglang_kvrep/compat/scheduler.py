@@ -26,6 +26,10 @@ class SchedulerView:
         self.pool = self.allocator.get_kvcache()
         self.page_size = int(self.server_args.page_size or 1)
 
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (0 when SGLang does not say)."""
+        return int(getattr(getattr(self.scheduler, "model_config", None), "vocab_size", 0) or 0)
+
     def is_of(self, scheduler: Any) -> bool:
         """Is this the view of `scheduler` (a hook's `self`)?"""
         return self.scheduler is scheduler

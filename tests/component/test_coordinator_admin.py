@@ -16,11 +16,12 @@ from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
 from radix_sync.hashing import page_hashes
 
 
-def call(url: str, body=None, method: str = None, raw: bytes = None):
-    """Returns: (status, content type, body bytes)."""
+def call(url: str, body=None, method: str = None, raw: bytes = None, token: str = ""):
+    """Returns: (status, content type, body bytes). `token`: sent as a bearer token."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     req = urllib.request.Request(url, data=data, method=method or ("GET" if data is None else "POST"),
-                                 headers={"Content-Type": "application/json"})
+                                 headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read()
@@ -31,9 +32,10 @@ def call(url: str, body=None, method: str = None, raw: bytes = None):
 class Running:
     """A Coordinator serving on free ports in a thread of this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, state_dir: str) -> None:
         self.coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:*", admin_port=0, policy="none",
-                                                   tick_s=0.05))
+                                                   tick_s=0.05, state_dir=state_dir))
+        self.tokens = self.coord._http.tokens
         self.url = f"http://127.0.0.1:{self.coord.admin_port}"
         self.thread = threading.Thread(target=self.coord.serve_forever, daemon=True)
         self.thread.start()
@@ -43,13 +45,18 @@ class Running:
         self.coord.stop()
         self.thread.join(10)
 
+    def call(self, path: str, body=None, **kw):
+        """`call` with the write token (or `token=`)."""
+        kw.setdefault("token", self.tokens.write)
+        return call(self.url + path, body, **kw)
+
     def json(self, path: str, body=None, **kw):
-        status, _, data = call(self.url + path, body, **kw)
+        status, _, data = self.call(path, body, **kw)
         return status, json.loads(data)
 
     def metrics(self) -> dict[str, dict]:
         """{sample name: {labels as a sorted tuple: value}} of one scrape."""
-        status, ctype, data = call(self.url + "/metrics")
+        status, ctype, data = self.call("/metrics")
         assert status == 200 and ctype.startswith("text/plain"), (status, ctype)
         out: dict[str, dict] = {}
         for family in text_string_to_metric_families(data.decode()):
@@ -59,8 +66,8 @@ class Running:
 
 
 @pytest.fixture(scope="module")
-def pair():
-    a, b = Running(), Running()
+def pair(tmp_path_factory):
+    a, b = Running(str(tmp_path_factory.mktemp("a"))), Running(str(tmp_path_factory.mktemp("b")))
     try:
         yield a, b
     finally:
@@ -93,9 +100,6 @@ MALFORMED = [  # (method, path, body, what the error must say)
     ("GET", "/directory/feed?wait_s=soon", None, "wait_s a number"),
     ("POST", "/arrivals", {}, "either list may be absent"),
     ("POST", "/arrivals", {"arrivals": {"input_ids": [1]}}, "Expected `array`, got `object` - at `$.arrivals`"),
-    ("POST", "/arrivals", {"arrivals": [{"input_ids": [-1]}]}, "Expected `int` >= 0 - at `$.arrivals[0].input_ids[0]`"),
-    ("POST", "/arrivals", {"finishes": [{"input_ids": [1], "stop": "s" * 65}]}, "at `$.finishes[0].stop`"),
-    ("POST", "/arrivals", {"arrivals": [{"page_hashes": [1], "page_size": 4}]}, "arrivals[0]: prompt_len must be"),
     ("POST", "/hints", {"kind": "prefetch", "input_ids": [1]}, "Invalid enum value 'prefetch' - at `$.kind`"),
     ("POST", "/hints", {"kind": "fanout"}, "Object missing required field `input_ids`"),
     ("POST", "/hints", {"kind": "fanout", "input_ids": [1], "k": 0}, "Expected `int` >= 1 - at `$.k`"),
@@ -103,7 +107,7 @@ MALFORMED = [  # (method, path, body, what the error must say)
     ("POST", "/hints", {"kind": "fanout", "input_ids": [1], "delay_s": 61}, "<= 60.0 - at `$.delay_s`"),
     ("POST", "/replicate", {"target": "w1", "input_ids": [1]}, "Object missing required field `source`"),
     ("POST", "/replicate", {"source": "w1", "target": "w2", "input_ids": [1, 2 ** 63]},
-     "Expected `int` <= 9223372036854775807 - at `$.input_ids[1]`"),
+     "Expected `int` <= 2147483647 - at `$.input_ids[1]`"),
     ("POST", "/replicate", {"source": 1, "target": "w2", "input_ids": [1]}, "Expected `str`, got `int` - at `$.source`"),
     ("POST", "/replicate", {"source": "w1", "target": "w2", "input_ids": [1], "ttl_s": "long"}, "at `$.ttl_s`"),
     ("POST", "/replicas/drop", {"worker": 7}, "Expected `str | null`, got `int` - at `$.worker`"),
@@ -119,9 +123,21 @@ MALFORMED = [  # (method, path, body, what the error must say)
 @pytest.mark.parametrize("method,path,body,needle", MALFORMED, ids=[f"{m} {p_}" for m, p_, _, _ in MALFORMED])
 def test_each_endpoint_refuses_a_malformed_request_with_a_clear_400(pair, method, path, body, needle):
     a, _ = pair
-    status, ctype, data = call(a.url + path, body, method=method)
+    status, ctype, data = a.call(path, body, method=method)
     assert status == 400 and ctype.startswith("application/json"), (status, data)
     assert needle in json.loads(data)["error"]
+
+
+def test_a_bad_report_is_dropped_and_named_and_the_rest_of_its_batch_recorded(pair):
+    a, _ = pair
+    good = {"input_ids": list(range(8)), "worker": "w1"}
+    for bad, needle in (({"input_ids": [-1]}, "arrivals[1]: Expected `int` >= 0 - at `$.input_ids[0]`"),
+                        ({"session_id": "u" * 257}, "arrivals[1]: Expected `str` of length <= 256"),
+                        ({"page_hashes": [1], "page_size": 4}, "arrivals[1]: prompt_len must be")):
+        status, body = a.json("/arrivals", {"arrivals": [good, bad, good]})
+        assert status == 200 and (body["recorded"], body["dropped"]) == (2, 1) and needle in body["errors"][0]
+    status, body = a.json("/arrivals", {"finishes": [{"input_ids": [1], "stop": "s" * 65}]})
+    assert (body["finishes_recorded"], body["dropped"]) == (0, 1) and "finishes[0]" in body["errors"][0]
 
 
 POST_ENDPOINTS = ["/directory/lookup", "/arrivals", "/hints", "/replicate", "/replicas/drop", "/demote", "/policy"]
@@ -130,9 +146,9 @@ POST_ENDPOINTS = ["/directory/lookup", "/arrivals", "/hints", "/replicate", "/re
 @pytest.mark.parametrize("path", POST_ENDPOINTS)
 def test_each_post_endpoint_refuses_a_body_that_is_not_a_json_object(pair, path):
     a, _ = pair
-    status, _, data = call(a.url + path, raw=b"{not json")
+    status, _, data = a.call(path, raw=b"{not json")
     assert status == 400 and json.loads(data)["error"].startswith("body is not JSON")
-    status, _, data = call(a.url + path, raw=b"[1, 2]")
+    status, _, data = a.call(path, raw=b"[1, 2]")
     assert status == 400 and json.loads(data)["error"] == "Expected `object`, got `array`"
 
 
@@ -140,7 +156,7 @@ def test_unknown_endpoints_and_methods_are_json_404s(pair):
     a, _ = pair
     for method, path in (("GET", "/nope"), ("GET", "/replicate"), ("POST", "/workers"), ("DELETE", "/status"),
                          ("HEAD", "/health")):
-        status, _, data = call(a.url + path, method=method)
+        status, _, data = a.call(path, method=method)
         assert status == 404, (method, path, status)
         if method != "HEAD":
             assert json.loads(data) == {"error": f"no such endpoint: {method} {path}"}
@@ -164,9 +180,9 @@ def test_answers_keep_their_json_shape(pair):
                            "pool_capacity_tokens", "replica_budget_tokens", "load"] and w["load"] is None
         assert a.json("/directory/lookup", {"page_hashes": hashes, "page_size": 4})[1]["matched"]["w-shape"] == 8
         assert a.json("/arrivals", {"arrivals": [{"input_ids": toks, "worker": "w-shape"}]}) == (
-            200, {"recorded": 1, "finishes_recorded": 0})
+            200, {"recorded": 1, "finishes_recorded": 0, "dropped": 0, "errors": []})
         assert a.json("/hints", {"kind": "fanout", "input_ids": toks, "k": 2}) == (
-            200, {"recorded": 1, "kind": "fanout", "prefix_len": 8})
+            200, {"recorded": 1, "kind": "fanout", "prefix_len": 8, "ttl_s": 60.0})
         assert a.json("/replicas/drop", {}) == (200, {"dropped": 0})
         assert a.json("/demote", {"worker": "w-shape", "input_ids": toks}) == (200, {"worker": "w-shape",
                                                                                      "tokens": 8})
@@ -223,3 +239,36 @@ def test_metrics_are_prometheus_text_from_each_coordinators_own_registry(pair):
         assert (("type", "PagesStored"),) not in other.get("kvrep_coordinator_facts_total", {})
     finally:
         sock.close(0)
+
+
+def test_a_policy_tick_that_raises_is_logged_and_counted_and_serving_goes_on(pair):
+    a, _ = pair
+    coord = a.coord
+    policy = coord.policy
+
+    class Broken:
+        name, hint_outcomes = "none", {}
+
+        def decide(self, state, now_s):
+            raise OverflowError("a policy bug")
+
+        def take_demotions(self):
+            return []
+
+        def session_stats(self):
+            return None
+
+    with coord.lock:
+        coord.policy = Broken()
+    try:
+        deadline = time.monotonic() + 10
+        while a.metrics().get("kvrep_coordinator_tick_errors_total", {}).get((), 0) < 3:
+            assert time.monotonic() < deadline, "the broken policy never ticked"
+            time.sleep(0.05)
+        assert coord.num_tick_errors >= 3 and a.json("/status")[1]["num_tick_errors"] >= 3
+        sock = connect(a, "w-after-tick-errors")  # still serving workers and the admin API
+        sock.close(0)
+        assert a.json("/health") == (200, {"ok": True})
+    finally:
+        with coord.lock:
+            coord.policy = policy

@@ -100,7 +100,7 @@ class Env:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.router = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(self.port),
-                                      "--coordinator", self.coord.admin, "--worker", self.a.url, "--worker",
+                                      *self.coord.router_args(), "--worker", self.a.url, "--worker",
                                       self.b.url, "--tenants", str(tmp / "tenants.json"), "--tokenizer", "none",
                                       "--connect-timeout-s", "1"], tmp / "router.log")
         self.agents = []
@@ -267,7 +267,7 @@ def test_workers_are_learned_from_the_coordinator_alone(env, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = Proc("router-discover", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                    "--coordinator", env.coord.admin, "--tokenizer", "none"], tmp_path / "r.log")
+                                    *env.coord.router_args(), "--tokenizer", "none"], tmp_path / "r.log")
     try:
         wait_until(lambda: ready(url), what="router without static workers healthy")
         p1 = ids(1)  # B holds it in ns-acme; this router has no tenants file: default namespace, no match
@@ -321,7 +321,7 @@ def test_without_the_directory_feed_the_router_asks_the_coordinator_per_request(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = Proc("router-nofeed", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                  "--coordinator", env.coord.admin, "--worker", env.a.url, "--worker", env.b.url,
+                                  *env.coord.router_args(), "--worker", env.a.url, "--worker", env.b.url,
                                   "--tenants", str(env.tmp / "tenants.json"), "--tokenizer", "none",
                                   "--no-directory-feed"], env.tmp / "router-nofeed.log")
     try:

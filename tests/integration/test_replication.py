@@ -7,6 +7,7 @@ import pytest
 import zmq
 
 from radix_sync import protocol as p
+from radix_sync.hashing import page_hashes
 from sglang_kvrep.dataplane.wire import send_transfer
 from tests.integration.conftest import PAGE_SIZE, prompt, wait_until
 
@@ -145,6 +146,17 @@ class FakeSource:
         return p.decode_for_worker(self.sock.recv())
 
     def request(self, target_id: str, token_ids: list[int]) -> p.ReplicatePages:
+        # a source must hold the prefix (its pages reported with their tokens) to be given a replication
+        n = len(token_ids) // PAGE_SIZE * PAGE_SIZE
+        hashes = page_hashes(token_ids[:n], PAGE_SIZE)
+        self.sock.send(p.encode(p.PagesStored(worker_id=self.worker_id, seq=1, namespace="", blocks=[
+            p.BlockFact(h, par, token_ids[i * PAGE_SIZE:(i + 1) * PAGE_SIZE])
+            for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))])))
+        deadline = time.monotonic() + 10
+        while self.cluster.coord.post("/directory/lookup", {"input_ids": token_ids})[1]["matched"].get(
+                self.worker_id, 0) < n:
+            assert time.monotonic() < deadline, "the fake source's pages never reached the directory"
+            time.sleep(0.05)
         status, rep = self.cluster.coord.post("/replicate", {"source": self.worker_id, "target": target_id,
                                                              "input_ids": token_ids, "ttl_s": 3})
         assert status == 200, rep

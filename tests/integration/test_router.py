@@ -44,8 +44,8 @@ def router(cluster):
     LOGS.mkdir(parents=True, exist_ok=True)
     (LOGS / "router-tenants.json").write_text(json.dumps(KEYS))
     port = free_port()
-    proc = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port), "--coordinator",
-                           cluster.coord.admin, "--tokenizer", model_path("tiny"), "--tenants",
+    proc = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
+                           *cluster.coord.router_args(), "--tokenizer", model_path("tiny"), "--tenants",
                            str(LOGS / "router-tenants.json")], LOGS / "router.log")
     url = f"http://127.0.0.1:{port}"
 
@@ -119,7 +119,7 @@ def test_chat_session_through_the_router(cluster, router):
     d2 = wait_until(lambda: (lambda d: d if d["cached_tokens"] >= floor_page(d1["prompt_len"]) - PAGE_SIZE
                              else None)(second_turn_hits()), timeout_s=20, what="second turn routed to the cache")
     if d2["worker"] != holder.url:  # only a replica made meanwhile (the coordinator runs the rule policy) may win
-        reps = http_json(cluster.coord.admin + "/replications")[1]
+        reps = cluster.coord.get("/replications")[1]
         assert any(r["state"] == "done" and r["target"] != holder.worker_id for r in reps), d2
 
 
@@ -162,7 +162,7 @@ def test_a_replayed_fanout_workload_through_the_router(cluster, router):
                         Scale(max_output_tokens=4))
     n = workload_size(wl)["requests"]
     assert n >= 4
-    hints_before = http_json(cluster.coord.admin + "/status")[1]["num_live_hints"]
+    hints_before = cluster.coord.get("/status")[1]["num_live_hints"]
     renderer = Renderer(AutoTokenizer.from_pretrained(model_path("tiny")), salt=11)
     expected = {}
     for _, s in wl.session_starts:
@@ -176,4 +176,4 @@ def test_a_replayed_fanout_workload_through_the_router(cluster, router):
     trunk_len = min(expected)
     branches = [r for r in results if r.prompt_tokens == trunk_len + 32]
     assert branches and max(r.cached_tokens for r in branches) >= floor_page(trunk_len)
-    assert http_json(cluster.coord.admin + "/status")[1]["num_live_hints"] > hints_before
+    assert cluster.coord.get("/status")[1]["num_live_hints"] > hints_before

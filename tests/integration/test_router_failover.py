@@ -26,7 +26,7 @@ def victim(cluster):
 def router(cluster, victim):
     port = free_port()
     proc = Proc("router-failover", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                    "--coordinator", cluster.coord.admin, "--tokenizer", model_path("tiny"),
+                                    *cluster.coord.router_args(), "--tokenizer", model_path("tiny"),
                                     "--profile", "cpu-local"],  # CPU workers: CPU prefill costs
                 LOGS / "router-failover.log")
     url = f"http://127.0.0.1:{port}"

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.server
 def router(cluster):
     port = free_port()
     proc = Proc("router-restart", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                   "--coordinator", cluster.coord.admin, "--tokenizer", model_path("tiny")],
+                                   *cluster.coord.router_args(), "--tokenizer", model_path("tiny")],
                 LOGS / "router-restart.log")
     url = f"http://127.0.0.1:{port}"
 

@@ -21,6 +21,9 @@ def test_coordinator_flags_default_to_the_config():
     assert (a.bind, a.admin_host, a.admin_port, a.policy, a.profile, a.mode, a.tick_s) == (
         c.bind, c.admin_host, c.admin_port, c.policy, c.profile, c.mode, c.tick_s)
     assert (a.worker_timeout_s, a.replication_timeout_s) == (s.worker_timeout_s, s.replication_timeout_s)
+    assert (a.admin_tokens, a.state_dir) == (c.admin_tokens, c.state_dir)
+    assert (a.max_prompt_tokens, a.max_pages_per_worker, a.max_hint_ttl_s, a.hint_rate_per_s) == (
+        s.max_prompt_tokens, s.max_pages_per_worker, s.max_hint_ttl_s, s.hint_rate_per_s)
     assert RuleConfig(a.rule_min_prefix_len, a.rule_min_hits, a.rule_window_s, a.rule_max_queue, a.rule_ttl_s) == r
 
 

@@ -45,7 +45,8 @@ def test_replica_lifecycle(d):
     hashes = page_hashes(toks, 4)
     d.add_pages("a", "", chain(toks))
     d.add_pages("b", "", chain(toks)[:1])              # b already owned page 0
-    d.mark_replica("b", "", hashes, 3, expires_at_s=10.0, replication_id="r1")
+    d.add_pages("b", "", chain(toks))                  # the granted pages (the coordinator knows their tokens)
+    assert d.mark_replica("b", hashes, 3, expires_at_s=10.0, replication_id="r1") == 3
     d.check_integrity()
     assert d.holders(hashes[0])["b"].role == OWNER
     assert [d.holders(h)["b"].role for h in hashes[1:]] == [REPLICA] * 3
@@ -62,21 +63,48 @@ def test_replica_lifecycle(d):
 def test_replica_expiry_removes_only_replica_pages(d):
     toks = list(range(16))
     hashes = page_hashes(toks, 4)
-    d.add_pages("b", "", chain(toks)[:2])
-    d.mark_replica("b", "", hashes, 2, 5.0, "r2")
+    d.add_pages("b", "", chain(toks))
+    d.mark_replica("b", hashes, 2, 5.0, "r2")
     assert d.remove_replica("b", "r2") == 2
     assert d.match(hashes) == {"b": 2}
     d.check_integrity()
 
 
-def test_replica_fact_before_store_fact_fills_tokens_later(d):
+def test_a_replica_fact_alone_never_makes_a_worker_a_holder(d):
     toks = list(range(8))
     hashes = page_hashes(toks, 4)
-    d.mark_replica("b", "", hashes, 2, 5.0, "r3")
-    assert d.prefix_tokens(hashes[-1]) is None
-    d.add_pages("b", "", chain(toks))
-    assert d.prefix_tokens(hashes[-1]) == toks
+    assert d.mark_replica("b", hashes, 2, 5.0, "r3") == 0    # pages b never reported with their tokens
+    assert d.match(hashes) == {} and d.num_pages() == 0 and d.feed.seq == 0
+    d.add_pages("b", "", chain(toks)[:1])
+    assert d.mark_replica("b", hashes, 2, 5.0, "r3") == 1    # only the page it holds
+    assert d.replicas() == {("b", "r3"): {"num_pages": 1, "expires_at_s": 5.0}}
     d.check_integrity()
+
+
+def test_verify_blocks_accepts_only_pages_whose_hash_is_their_tokens(d):
+    toks = list(range(16))
+    good = chain(toks)
+    accepted, errors = d.verify_blocks("a", "", good, 4)
+    assert errors == [] and [b[:3] for b in accepted] == good and all(len(b[3]) == 32 for b in accepted)
+    d.add_pages("a", "", accepted)
+    # a child of a verified page: checked from the parent's kept digest, not the whole prefix
+    more = chain(toks + [7, 7, 7, 7])[-1:]
+    assert d.verify_blocks("a", "", more, 4)[1] == []
+    # forged: another tenant's hashes with made-up tokens; a claim without the tokens; a wrong page length
+    forged = [(h, par, [0, 0, 0, 0]) for h, par, _ in chain(list(range(100, 108)), ns="tenant-a")]
+    accepted, errors = d.verify_blocks("evil", "tenant-a", forged, 4)
+    assert accepted == [] and "does not match" in errors[0] and "parent" in errors[1]
+    assert d.verify_blocks("evil", "", [(good[0][0], None, [])], 4)[1][0].endswith("0 token ids, page size 4")
+    # a page whose parent this worker never verifiably held (it is another worker's page)
+    assert "not a verified page of evil" in d.verify_blocks("evil", "", more, 4)[1][0]
+    # the same tokens in another namespace hash differently: the namespace is part of the check
+    assert "does not match" in d.verify_blocks("evil", "t", good[:1], 4)[1][0]
+    # ids at or over the vocabulary
+    big = chain([1, 2, 3, 500])
+    assert "vocab_size 500" in d.verify_blocks("a", "", big, 4, vocab_size=500)[1][0]
+    # the cap on new pages
+    accepted, errors = d.verify_blocks("b", "", good, 4, max_new=2)
+    assert len(accepted) == 2 and len(errors) == 2 and "cap" in errors[0]
 
 
 def test_namespaces_are_disjoint(d):
@@ -93,7 +121,8 @@ def test_change_feed_replays_holdings_and_falls_back_to_a_snapshot():
     d = PrefixDirectory(max_changes=5)
     d.add_pages("w1", "", [(1, None, [0]), (2, 1, [1])])
     d.add_pages("w1", "", [(1, None, [0])])  # no new holding, no change
-    d.mark_replica("w2", "", [1, 2, 3], 1, 10.0, "r1")
+    d.add_pages("w2", "", [(1, None, [0]), (2, 1, [1]), (3, 2, [2])])
+    d.mark_replica("w2", [1, 2, 3], 1, 10.0, "r1")
     epoch = d.feed.epoch
     out = d.feed_since(epoch, 0)
     assert out["changes"] == [(1, "w1", 1), (1, "w1", 2), (1, "w2", 1), (1, "w2", 2), (1, "w2", 3)]

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import pytest
 
@@ -17,8 +18,9 @@ def arrival(**fields) -> api.ArrivalReport:
 
 
 def record_batch(st, body: dict, now_s: float):
-    """`POST /arrivals` without HTTP: the body decoded as the admin API does, then recorded."""
-    batch = api.convert(body, api.DemandBatch)
+    """`POST /arrivals` without HTTP: the body decoded as the admin API does (each report on its own), then
+    recorded. Returns: (arrivals recorded, finishes recorded, errors)."""
+    batch = api.decode(json.dumps(body).encode(), api.DemandItems)
     return st.record_demand([] if batch.arrivals is api.UNSET else batch.arrivals,
                             [] if batch.finishes is api.UNSET else batch.finishes, now_s)
 
@@ -92,18 +94,27 @@ def test_replication_lifecycle(st):
 
 def test_admin_refusals(st):
     st.handle(b"C", hello("c", fp="other"), 0.0)
+    st.handle(b"A", stored("a", 1, list(range(8))), 0.0)
     with pytest.raises(AdminError, match="fingerprint mismatch"):
         st.request_replication("a", "c", list(range(8)), "", 1.0, 0.0)
+    # a source that does not hold the prefix is never handed the transfer token
+    with pytest.raises(AdminError, match="'b' holds no page of this prefix"):
+        st.request_replication("b", "a", list(range(8)), "", 1.0, 0.0)
+    with pytest.raises(AdminError, match="'a' holds no page of this prefix"):
+        st.request_replication("a", "b", list(range(100, 108)), "", 1.0, 0.0)
     with pytest.raises(AdminError, match="unknown worker"):
         st.request_replication("a", "zz", list(range(8)), "", 1.0, 0.0)
     with pytest.raises(AdminError, match="same worker"):
         st.request_replication("a", "a", list(range(8)), "", 1.0, 0.0)
     with pytest.raises(AdminError, match="shorter than one page"):
         st.request_replication("a", "b", [1, 2], "", 1.0, 0.0)
-    for bad in ([1, -2, 3, 4], [1, 2, 2 ** 64, 4], [1, True, 3, 4]):  # 2**64 would not even encode as msgpack
-        with pytest.raises(AdminError, match=r"integers in \[0, 2\*\*63\)"):
+    for bad in ([1, -2, 3, 4], [1, 2, 2 ** 64, 4], [1, True, 3, 4], [1, 2, 2 ** 31, 4], [1, 2 ** 40, 3, 4]):
+        with pytest.raises(AdminError, match=r"integers in \[0, 2147483648\)"):
             st.request_replication("a", "b", bad, "", 1.0, 0.0)
     assert st.replications == {}
+    # what the source holds is what is copied (the rest of a longer prompt is not)
+    rep, _, expect = st.request_replication("a", "b", list(range(8)) + [50] * 8, "", 1.0, 0.0)
+    assert rep.num_tokens == 8 and expect.block_hashes == page_hashes(list(range(8)), PS)
 
 
 def test_silent_worker_is_dropped_and_its_replications_fail(st):
@@ -159,7 +170,7 @@ def test_an_arrival_counts_for_the_prefix_it_reuses(st):
     assert st.record_arrival(arrival(input_ids=[1, 2]), 4.0).block_hash is None
 
 
-def test_a_router_batch_replays_in_report_order_and_records_all_or_nothing(st):
+def test_a_router_batch_replays_in_report_order_and_drops_only_its_bad_items(st):
     toks = list(range(12))
     st.handle(b"A", stored("a", 1, toks), 1.0)
     hashes = page_hashes(toks, PS)
@@ -178,31 +189,35 @@ def test_a_router_batch_replays_in_report_order_and_records_all_or_nothing(st):
     # a finish given as token ids hashes them at the worker's page size
     record_batch(st, {"finishes": [{"input_ids": toks, "worker": "a"}]}, 2.5)
     assert st.finishes[-1].block_hash == hashes[-1] and st.finishes[-1].stop is None
-    before = (len(st.arrivals), len(st.finishes), len(st.demand_events))
-    # each refusal names the bad item (msgspec's path for a malformed one; the item's index for the rest)
+    # a bad item is dropped and named; the good items of its batch (other tenants' signals) are recorded
     bad = [
-        ([{"input_ids": toks}], [{"page_hashes": hashes, "page_size": 8, "worker": "a"}],
-         "finishes[0]: page_size 8 is not worker a's (4)"),
-        ([{"input_ids": toks}], [{"page_hashes": [2 ** 63], "page_size": PS}],
-         "Expected `int` <= 9223372036854775807 - at `$.finishes[0].page_hashes[0]`"),
-        ([{"input_ids": toks}], [{"input_ids": toks, "stop": 3}], "got `int` - at `$.finishes[0].stop`"),
-        ([{"input_ids": toks}], [{"input_ids": toks, "stop": "x" * 65}],
-         "Expected `str` of length <= 64 - at `$.finishes[0].stop`"),
-        ([{"input_ids": toks}, {"input_ids": "x"}], [], "Expected `array`, got `str` - at `$.arrivals[1].input_ids`"),
-        ([{"input_ids": [1, -2]}], [], "Expected `int` >= 0 - at `$.arrivals[0].input_ids[1]`"),
-        ([{"input_ids": [1, True]}], [], "Expected `int`, got `bool` - at `$.arrivals[0].input_ids[1]`"),
-        ([{"input_ids": toks, "class": ["x"]}], [], "got `array` - at `$.arrivals[0].class`"),
-        ([{"input_ids": toks, "session_id": "s" * 257}], [], "length <= 256 - at `$.arrivals[0].session_id`"),
-        ([{"input_ids": toks, "seq": "1"}], [], "Expected `int | float`, got `str` - at `$.arrivals[0].seq`"),
-        ([{"page_hashes": hashes, "page_size": PS}], [], "arrivals[0]: prompt_len must be"),
-        ([{"worker": "a"}], [], "arrivals[0]: input_ids must be a list of integers"),
-        ([], ["nope"], "Expected `object`, got `str` - at `$.finishes[0]`"),
+        ([], [{"page_hashes": hashes, "page_size": 8, "worker": "a"}], "finishes[0]: page_size 8 is not worker a's (4)"),
+        ([], [{"page_hashes": [2 ** 63], "page_size": PS}],
+         "finishes[0]: Expected `int` <= 9223372036854775807 - at `$.page_hashes[0]`"),
+        ([], [{"input_ids": toks, "stop": 3}], "finishes[0]: Expected `str | null`, got `int` - at `$.stop`"),
+        ([], [{"input_ids": toks, "stop": "x" * 65}], "finishes[0]: Expected `str` of length <= 64 - at `$.stop`"),
+        ([{"input_ids": "x"}], [], "arrivals[1]: Expected `array`, got `str` - at `$.input_ids`"),
+        ([{"input_ids": [1, -2]}], [], "arrivals[1]: Expected `int` >= 0 - at `$.input_ids[1]`"),
+        ([{"input_ids": [1, 2 ** 31]}], [], "arrivals[1]: Expected `int` <= 2147483647 - at `$.input_ids[1]`"),
+        ([{"input_ids": [1, True]}], [], "arrivals[1]: Expected `int`, got `bool` - at `$.input_ids[1]`"),
+        ([{"input_ids": toks, "class": ["x"]}], [], "arrivals[1]: Expected `str | null`, got `array` - at `$.class`"),
+        ([{"input_ids": toks, "session_id": "s" * 257}], [], "arrivals[1]: Expected `str` of length <= 256"),
+        ([{"input_ids": toks, "seq": "1"}], [], "arrivals[1]: Expected `int | float`, got `str` - at `$.seq`"),
+        ([{"page_hashes": hashes, "page_size": PS}], [], "arrivals[1]: prompt_len must be"),
+        ([{"worker": "a"}], [], "arrivals[1]: input_ids must be a list of integers"),
+        ([], ["nope"], "finishes[0]: Expected `object`, got `str`"),
     ]
     for arrivals, finishes, msg in bad:
-        with pytest.raises(AdminError) as err:
-            record_batch(st, {"arrivals": arrivals, "finishes": finishes}, 3.0)
-        assert msg in str(err.value) and err.value.status == 400
-    assert (len(st.arrivals), len(st.finishes), len(st.demand_events)) == before
+        before = (len(st.arrivals), len(st.finishes))
+        num_a, num_f, errors = record_batch(st, {"arrivals": [{"input_ids": toks, "class": "other-tenant"}, *arrivals],
+                                                 "finishes": finishes}, 3.0)
+        assert (num_a, num_f) == (1, 0) and len(errors) == 1 and msg in errors[0], (msg, errors)
+        assert (len(st.arrivals), len(st.finishes)) == (before[0] + 1, before[1])
+        assert st.arrivals[-1].class_key == "other-tenant"
+    # a prompt longer than max_prompt_tokens is refused before it is hashed
+    small = ClusterState(StateConfig(max_prompt_tokens=8))
+    assert "more than max_prompt_tokens=8" in record_batch(small, {"arrivals": [{"input_ids": list(range(9))}]},
+                                                           0.0)[2][0]
 
 
 def test_demand_events_are_bounded_when_no_policy_drains_them():
