@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from kvrep_dev import testbed
 from kvrep_dev.cluster import ROOT
 
 pytestmark = pytest.mark.server
@@ -29,7 +30,7 @@ def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "fanout   shadow" in proc.stdout and "fanout   active" in proc.stdout and "fanout   sgl-ca" in proc.stdout
-    assert "simulator (cpu-local profile) vs live" in proc.stdout
+    assert f"simulator ({testbed.PROFILE} profile) vs live" in proc.stdout
     res = json.loads((out_dir / "results.json").read_text())
     rows = {r["arm"]: r for r in res["rows"]}
     assert set(rows) == {"shadow", "active", "sgl-ca"}
