@@ -167,7 +167,7 @@ def _hint_tenant(r: Router, request: web.Request, body: dict) -> Tenant:
         name = body.get("tenant")
         if name is None and r.tenants.required:
             raise _error(web.HTTPBadRequest, "a hint sent with the write token names its 'tenant'")
-        tenant = r.tenants.by_name("default" if name is None else name) if isinstance(name, (str, type(None))) \
+        tenant = r.tenants.by_name("default" if name is None else name) if name is None or isinstance(name, str) \
             else None
         if tenant is None:
             raise _error(web.HTTPBadRequest, f"unknown tenant {name!r}")
