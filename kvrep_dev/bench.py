@@ -98,8 +98,10 @@ class SglangRouter(Proc):
         argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
                 "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
                 "--prometheus-port", str(free_port())]
-        if api_key:  # the workers' --api-key: sglang-router sends it to them
+        if api_key:  # the workers' --api-key: sglang-router sends it to them (and then wants it from its clients)
             argv += ["--api-key", api_key]
+        self.api_key = api_key
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         super().__init__(f"sglang-router-{policy}", argv, log_dir / f"sglang-router-{policy}.log")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
@@ -110,7 +112,7 @@ class SglangRouter(Proc):
         while True:
             try:
                 status, _ = http_json(self.url + "/generate", {"text": "warm up", "sampling_params": {
-                    "max_new_tokens": 1}}, timeout=30)
+                    "max_new_tokens": 1}}, timeout=30, headers=self.headers)
             except OSError:
                 status = 0
             if status == 200:
@@ -512,7 +514,7 @@ def run_bench(args) -> int:
                     renderer = Renderer(tok, salt=zlib.crc32(
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
                     todo = copy.deepcopy(wl)
-                    cfg = ReplayConfig(url=url, hints_url=hints,
+                    cfg = ReplayConfig(url=url, hints_url=hints, api_key=sgl.api_key if sgl is not None else None,
                                        hints_api_key=router.admin("write")["Authorization"].split(" ", 1)[1],
                                        on_done=_progress(label, workload_size(wl)["requests"]))
                     t0 = time.monotonic()
