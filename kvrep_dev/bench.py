@@ -473,7 +473,8 @@ def run_bench(args) -> int:
             w.wait_ready()
         coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
         router = Router(logs, keys, coordinator=coord.admin, tokenizer=model_path(args.model),
-                        extra_args=("--profile", args.profile))
+                        extra_args=("--profile", args.profile),
+                        coordinator_tokens=getattr(coord, "tokens_path", None))  # the coordinator's own, if it has
         procs.append(router)
         router_url = router.url
         router.wait_http(router_url + "/health", 120)

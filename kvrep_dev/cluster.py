@@ -322,7 +322,9 @@ class Router(Proc):
 
     def __init__(self, log_dir: Path, keys_dir: Path, *, coordinator: Optional[str] = None,
                  workers: tuple[str, ...] = (), tokenizer: str = "none", port: Optional[int] = None,
-                 name: str = "router", extra_args: tuple[str, ...] = ()) -> None:
+                 name: str = "router", extra_args: tuple[str, ...] = (),
+                 coordinator_tokens: Optional[Path] = None) -> None:
+        """`coordinator_tokens`: the coordinator's admin tokens file (default: `keys_dir/admin-tokens.json`)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.keys_dir = Path(keys_dir)
@@ -330,7 +332,7 @@ class Router(Proc):
         argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(self.port), "--tokenizer", tokenizer,
                 "--state-dir", str(k), "--admin-tokens", str(k / "router-tokens.json"),
                 "--tenant-secret", str(k / "tenant-secret"), "--worker-api-key", str(k / "worker-api-key"),
-                "--coordinator-tokens", str(k / "admin-tokens.json")]
+                "--coordinator-tokens", str(coordinator_tokens or k / "admin-tokens.json")]
         if coordinator:
             argv += ["--coordinator", coordinator]
         for url in workers:

@@ -48,7 +48,8 @@ def run_up(args) -> int:
         if args.tenants:
             extra += ("--tenants", args.tenants)
         router = Router(logs, keys, coordinator=coord.admin, tokenizer=model_path(args.model),
-                        port=args.router_port or None, extra_args=extra)
+                        port=args.router_port or None, extra_args=extra,
+                        coordinator_tokens=getattr(coord, "tokens_path", None))  # the coordinator's own, if it has
         procs.append(router)
         router_url = router.url
         router.wait_http(router_url + "/health", timeout_s=120)
