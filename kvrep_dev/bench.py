@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from kvrep_dev import testbed
-from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Worker, free_port, http_json, model_path,
-                                           stream_generate)
+from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_port, http_json, local_keys, model_path,
+                               stream_generate)
 
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
@@ -93,12 +93,16 @@ def build_workload(name: str, args) -> "Workload":
 class SglangRouter(Proc):
     """`sglang-router` (PyPI) in front of the same workers."""
 
-    def __init__(self, policy: str, worker_urls: list[str], log_dir: Path) -> None:
+    def __init__(self, policy: str, worker_urls: list[str], log_dir: Path, api_key: Optional[str] = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
                 "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
                 "--prometheus-port", str(free_port())]
+        if api_key:  # the workers' --api-key: sglang-router sends it to them (and then wants it from its clients)
+            argv += ["--api-key", api_key]
+        self.api_key = api_key
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         super().__init__(f"sglang-router-{policy}", argv, log_dir / f"sglang-router-{policy}.log")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
@@ -109,7 +113,7 @@ class SglangRouter(Proc):
         while True:
             try:
                 status, _ = http_json(self.url + "/generate", {"text": "warm up", "sampling_params": {
-                    "max_new_tokens": 1}}, timeout=30)
+                    "max_new_tokens": 1}}, timeout=30, headers=self.headers)
             except OSError:
                 status = 0
             if status == 200:
@@ -158,7 +162,8 @@ def _progress(label: str, total: int) -> Callable:
     return on_done
 
 
-def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: int = 2) -> dict:
+def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: int = 2,
+                headers: Optional[dict] = None) -> dict:
     """Measures this machine's speed now against the profile (a shared VM's speed drifts by ~10% between runs):
     on each idle worker, a cold 1,024-token prompt and a 32-token extension of it, streamed as the bench does.
     Returns: {"prefill": median measured/profile TTFT, "decode": median measured/profile step, "samples": [...]}."""
@@ -178,7 +183,7 @@ def probe_speed(urls: list[str], words: list[str], profile_name: str, repeats: i
         for _ in range(repeats):
             prefix = text(1024)
             for prompt in (prefix, prefix + text(32)):
-                ttft, e2e, n, c = stream_generate(url, prompt, n_out)
+                ttft, e2e, n, c = stream_generate(url, prompt, n_out, headers=headers)
                 prefill.append(ttft / profile.prefill_s(n - c, c))
                 decode.append((e2e - ttft) / profile.decode_steps_s(n_out - 1, 1, n))
                 samples.append({"prompt_tokens": n, "cached_tokens": c, "ttft_s": round(ttft, 4),
@@ -454,6 +459,7 @@ def run_bench(args) -> int:
     t_start = time.monotonic()
     try:
         _say(f"starting the coordinator and {args.workers} CPU SGLang workers (model '{args.model}')")
+        keys = local_keys(logs / "keys")
         coord = Coordinator(logs, extra_args=("--policy", "kvrep", "--mode", "shadow", "--profile", args.profile))
         procs.append(coord)
         coord.wait_ready()
@@ -461,20 +467,18 @@ def run_bench(args) -> int:
         for i in range(args.workers):
             tb = testbed_worker_kwargs(args, i)
             w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
-                       max_total_tokens=args.max_total_tokens, cpu=tb["cpu"],
+                       max_total_tokens=args.max_total_tokens, api_key_file=keys / "worker-api-key", cpu=tb["cpu"],
                        extra_args=("--max-running-requests", str(args.max_running), *tb["extra_args"]))
             procs.append(w)
             workers.append(w)
         for w in workers:
             w.wait_ready()
         coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
-        rport = free_port()
-        router = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(rport),
-                                 *coord.router_args(), "--tokenizer", model_path(args.model),
-                                 "--profile", args.profile],
-                      logs / "router.log")
+        router = Router(logs, keys, coordinator=coord.admin, tokenizer=model_path(args.model),
+                        extra_args=("--profile", args.profile),
+                        coordinator_tokens=getattr(coord, "tokens_path", None))  # the coordinator's own, if it has
         procs.append(router)
-        router_url = f"http://127.0.0.1:{rport}"
+        router_url = router.url
         router.wait_http(router_url + "/health", 120)
         _say(f"cluster up in {time.monotonic() - t_start:.0f} s; warming up every worker")
         for w in workers:  # first-call code paths (both short and long prompts) before anything is measured
@@ -482,7 +486,8 @@ def run_bench(args) -> int:
             w.generate(list(range(2000, 2064)), 4)
         tok = AutoTokenizer.from_pretrained(model_path(args.model))
         if args.simulate:
-            speed = probe_speed([w.url for w in workers], Renderer(tok).words, args.profile)
+            speed = probe_speed([w.url for w in workers], Renderer(tok).words, args.profile,
+                                headers=workers[0].headers)
             _say(f"this machine now vs the {args.profile} profile: prefill x{speed['prefill']:.2f}, "
                  f"decode x{speed['decode']:.2f} (the simulator uses these)")
         # NOTE: repeats interleave the arms (every arm once per round), so slow drift on a shared machine hits every
@@ -503,7 +508,7 @@ def run_bench(args) -> int:
                     url, hints = router_url, router_url + "/kvrep/hints"
                     if arm.startswith("sgl-"):
                         sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",
-                                           [w.url for w in workers], logs)
+                                           [w.url for w in workers], logs, workers[0].api_key)
                         procs.append(sgl)
                         sgl.wait_ready()
                         url, hints = sgl.url, None
@@ -512,7 +517,8 @@ def run_bench(args) -> int:
                     renderer = Renderer(tok, salt=zlib.crc32(
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
                     todo = copy.deepcopy(wl)
-                    cfg = ReplayConfig(url=url, hints_url=hints,
+                    cfg = ReplayConfig(url=url, hints_url=hints, api_key=sgl.api_key if sgl is not None else None,
+                                       hints_api_key=router.admin("write")["Authorization"].split(" ", 1)[1],
                                        on_done=_progress(label, workload_size(wl)["requests"]))
                     t0 = time.monotonic()
                     results = asyncio.run(replay(todo, renderer, cfg))
@@ -526,7 +532,7 @@ def run_bench(args) -> int:
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
                                          "key": r.key, "error": r.error} for r in results]}
                     if not arm.startswith("sgl-"):
-                        row["router_decisions"] = http_json(router_url + "/kvrep/status")[1].get("last_decisions")
+                        row["router_decisions"] = router.status().get("last_decisions")
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
                         row["sessions"] = st.get("sessions")
@@ -539,6 +545,8 @@ def run_bench(args) -> int:
                             wid: {k: (w.get("load") or {}).get(k) for k in
                                   ("demoted_chains", "demoted_evicted_tokens", "demotions_taken_back")}
                             for wid, w in coord.workers().items()}
+                    if cfg.num_hints_refused:
+                        _say(f"{label}: the router refused {cfg.num_hints_refused} hints")
                     errors = [r.error for r in results if r.error]
                     if errors:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")

@@ -1,4 +1,5 @@
-"""Start and stop real processes of a local cluster: SGLang CPU workers with the plugin, and the coordinator.
+"""Start and stop real processes of a local cluster: SGLang CPU workers with the plugin, the coordinator and the
+router, and the cluster's secrets (`local_keys`).
 
 Used by the integration tests, the demo and the measurement scripts. Every process is started in its own
 session and stopped by its PID's process group, so nothing is left behind.
@@ -98,15 +99,36 @@ def model_path(name: str) -> str:
     return prepared()["models"][name]
 
 
+def local_keys(folder: Path) -> Path:
+    """Creates (once) the secrets of a local cluster in `folder` (0700; files 0600, as `kvrep keys` names them):
+    `worker-api-key` (the workers' `--api-key`, which the router sends), `tenant-secret`, `router-tokens.json`
+    and `admin-tokens.json` (the coordinator's, whose write token the router sends). Returns: `folder`."""
+    from radix_sync import keys
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    keys.ensure_secret(folder / "worker-api-key")
+    keys.ensure_secret(folder / "tenant-secret")
+    keys.ensure_tokens(folder / "router-tokens.json")
+    keys.ensure_tokens(folder / "admin-tokens.json")
+    return folder
+
+
+def bearer(tokens_file: Path, level: str = "read") -> dict:
+    """Returns: the `Authorization` header with the `level` token of a tokens file (`router-tokens.json`...)."""
+    return {"Authorization": f"Bearer {json.loads(Path(tokens_file).read_text())[level]}"}
+
+
 def http_json(url: str, body: Optional[dict] = None, timeout: float = 60.0, method: Optional[str] = None,
-              token: str = ""):
-    """(status, decoded JSON answer) of one call; `token`: sent as `Authorization: Bearer <token>`."""
+              headers: Optional[dict] = None, token: str = ""):
+    """(status, decoded JSON answer) of one call; `token`: sent as `Authorization: Bearer <token>`; `headers`:
+    more headers."""
     data = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"}
+    sent = {"Content-Type": "application/json", **(headers or {})}
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        sent["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers=headers)
+                                 headers=sent)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -118,13 +140,14 @@ def http_json(url: str, body: Optional[dict] = None, timeout: float = 60.0, meth
             return exc.code, {"error": raw.decode(errors="replace")}
 
 
-def stream_generate(url: str, text: str, max_new_tokens: int = 8, timeout: float = 120.0
-                    ) -> tuple[float, float, int, int]:
+def stream_generate(url: str, text: str, max_new_tokens: int = 8, timeout: float = 120.0,
+                    headers: Optional[dict] = None) -> tuple[float, float, int, int]:
     """Streams SGLang's `/generate` with a text prompt, as `kvrep bench` sends requests. Returns: (time to the first
     streamed token at the client, end-to-end time, prompt tokens, cached tokens)."""
     body = json.dumps({"text": text, "stream": True, "sampling_params": {
         "max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}).encode()
-    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url + "/generate", data=body,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     t0 = time.perf_counter()
     first, last = None, None
     with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -233,8 +256,12 @@ class Worker(Proc):
     def __init__(self, name: str, model: str, log_dir: Path, *, port: Optional[int] = None,
                  coordinator: Optional[str] = None, page_size: int = 16, max_total_tokens: int = 16384,
                  extra_args: tuple[str, ...] = (), kvrep: bool = True, env: Optional[dict] = None,
-                 cpu: Optional[int] = None) -> None:
+                 api_key_file: Optional[Path] = None, cpu: Optional[int] = None) -> None:
+        """`api_key_file`: SGLang's `--api-key` from this file (a `worker-api-key`): every call but `/health` and
+        `/metrics` then needs it (`self.headers`), so only the router (which sends it) reaches the worker."""
         self.port = port or free_port()
+        self.api_key = Path(api_key_file).read_text().strip() if api_key_file else None
+        self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.url = f"http://127.0.0.1:{self.port}"
         self.worker_id = f"127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path(model), "--device", "cpu",
@@ -242,6 +269,8 @@ class Worker(Proc):
                 "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size), "--sleep-on-idle",
                 "--enable-metrics", "--skip-server-warmup", "--random-seed", "0",
                 *worker_dtype_args(tuple(extra_args)), *extra_args]
+        if self.api_key:
+            argv += ["--api-key", self.api_key]
         if kvrep:
             argv += ["--enable-kv-replication", "--kvrep-coordinator", coordinator or "tcp://127.0.0.1:5600"]
         super().__init__(name, argv, log_dir / f"{name}.log", server_env(env), cpu=cpu)
@@ -266,7 +295,7 @@ class Worker(Proc):
                 "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
-        status, out = http_json(self.url + "/generate", body, timeout=timeout)
+        status, out = http_json(self.url + "/generate", body, timeout=timeout, headers=self.headers)
         if status != 200:
             raise RuntimeError(f"/generate on {self.name} failed: {status} {out}")
         return out
@@ -335,3 +364,49 @@ class Coordinator(Proc):
                     return rep
             time.sleep(0.1)
         raise TimeoutError(f"replication {rep_id} did not finish in {timeout_s}s")
+
+
+class Router(Proc):
+    """`kvrep router` with the credentials of a `local_keys` folder: its admin tokens (`self.admin(level)`), the
+    tenant secret, the workers' API key and the coordinator's token."""
+
+    def __init__(self, log_dir: Path, keys_dir: Path, *, coordinator: "Optional[str | Coordinator]" = None,
+                 workers: tuple[str, ...] = (), tokenizer: str = "none", port: Optional[int] = None,
+                 name: str = "router", extra_args: tuple[str, ...] = (),
+                 coordinator_tokens: Optional[Path] = None) -> None:
+        """`coordinator`: its admin URL, or a `Coordinator` of this harness (its URL and its own tokens file).
+        `coordinator_tokens`: the coordinator's admin tokens file (default: the `Coordinator`'s, else
+        `keys_dir/admin-tokens.json`)."""
+        if coordinator is not None and not isinstance(coordinator, str):
+            coordinator_tokens = coordinator_tokens or coordinator.tokens_path
+            coordinator = coordinator.admin
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.keys_dir = Path(keys_dir)
+        k = self.keys_dir
+        argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(self.port), "--tokenizer", tokenizer,
+                "--state-dir", str(k), "--admin-tokens", str(k / "router-tokens.json"),
+                "--tenant-secret", str(k / "tenant-secret"), "--worker-api-key", str(k / "worker-api-key"),
+                "--coordinator-tokens", str(coordinator_tokens or k / "admin-tokens.json")]
+        if coordinator:
+            argv += ["--coordinator", coordinator]
+        for url in workers:
+            argv += ["--worker", url]
+        super().__init__(name, argv + list(extra_args), log_dir / f"{name}.log")
+
+    def admin(self, level: str = "read") -> dict:
+        """Returns: the `Authorization` header of the router's `level` ("read" or "write") admin token."""
+        return bearer(self.keys_dir / "router-tokens.json", level)
+
+    def status(self) -> dict:
+        status, out = http_json(self.url + "/kvrep/status", headers=self.admin())
+        if status != 200:
+            raise RuntimeError(f"router /kvrep/status: {status} {out}")
+        return out
+
+    def namespace(self, label: str) -> str:
+        """Returns: the `cache_salt` this router gives a tenant whose label (namespace or name) is `label`."""
+        from radix_sync.keys import read_secret
+        from radix_sync.router.tenants import derive_namespace
+
+        return derive_namespace(read_secret(self.keys_dir / "tenant-secret"), label)

@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-from kvrep_dev.cluster import ROOT, Coordinator, Worker
+from kvrep_dev.cluster import ROOT, Coordinator, Worker, local_keys
 
 
 def _ttft(worker: Worker, ids: list[int]) -> tuple[float, dict]:
@@ -37,9 +37,10 @@ def run_demo(args) -> int:
         procs.append(coord)
         coord.wait_ready()
         _progress(f"starting two CPU SGLang workers with model '{args.model}' (~30-60 s)")
-        a = Worker("worker-A", args.model, logs, coordinator=coord.endpoint, max_total_tokens=65536)
+        key = local_keys(logs / "keys") / "worker-api-key"  # SGLang's --api-key: no anonymous client on a worker
+        a = Worker("worker-A", args.model, logs, coordinator=coord.endpoint, max_total_tokens=65536, api_key_file=key)
         procs.append(a)
-        b = Worker("worker-B", args.model, logs, coordinator=coord.endpoint, max_total_tokens=65536)
+        b = Worker("worker-B", args.model, logs, coordinator=coord.endpoint, max_total_tokens=65536, api_key_file=key)
         procs.append(b)
         a.wait_ready()
         b.wait_ready()

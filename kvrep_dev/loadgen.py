@@ -148,6 +148,10 @@ class ReplayConfig:
     """Where fan-out hints go (`<router>/kvrep/hints`); None: the endpoint takes no hints."""
     timeout_s: float = 300.0
     api_key: Optional[str] = None
+    hints_api_key: Optional[str] = None
+    """Sent with hints (the router's write token, or a tenant's key); None: `api_key`."""
+    num_hints_refused: int = 0
+    """Hints the router answered with anything but 200 (e.g. 401: no or a wrong token; 429: rate limited)."""
     on_done: Optional[object] = None
     """Called with each Result (progress)."""
     results: list = field(default_factory=list)
@@ -251,10 +255,13 @@ async def _hint(session, cfg: ReplayConfig, text: str, k: int) -> None:
     import aiohttp
 
     try:
-        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        key = cfg.hints_api_key or cfg.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         async with session.post(cfg.hints_url, json={"kind": "fanout", "text": text, "k": k}, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=10)) as resp:
             await resp.read()
+            if resp.status != 200:
+                cfg.num_hints_refused += 1
     except (aiohttp.ClientError, asyncio.TimeoutError):
         pass  # a hint is advice: losing one costs a missed copy, never a request
 

@@ -5,13 +5,19 @@ It answers `/generate`, `/v1/completions` and `/v1/chat/completions` (streaming 
 received (`meta_info.served_by`, `meta_info.cache_salt`; OpenAI answers carry the same under `sglext`). Also
 `/v1/models`, `/model_info`, `/server_info`, `/flush_cache`, `/health`. Run: `python -m kvrep_dev.stub_worker
 --port P --name A`.
+
+Like SGLang: with `--api-key KEY` every route but `/health` answers 401 without `Authorization: Bearer KEY`, and
+`/server_info` quotes the key (its server args and launch command); with `--vocab-size N` a prompt holding a token
+id >= N kills the process (what one out-of-vocabulary id does to an SGLang 0.5.23 CPU worker).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import time
+from typing import Optional
 
 from aiohttp import web
 
@@ -22,13 +28,34 @@ def _meta(name: str, body: dict, n: int) -> dict:
             "prompt_tokens": len(prompt), "completion_tokens": n, "cached_tokens": 0, "finish_reason": {"type": "length"}}
 
 
-def build_stub(name: str, num_tokens: int = 4, delay_s: float = 0.0) -> web.Application:
+def _out_of_vocab(body: dict, vocab_size: int) -> bool:
+    ids = body.get("input_ids") if body.get("input_ids") is not None else body.get("prompt")
+    if not isinstance(ids, list):
+        return False
+    rows = ids if ids and isinstance(ids[0], list) else [ids]
+    return any(isinstance(t, int) and not 0 <= t < vocab_size for row in rows if isinstance(row, list) for t in row)
+
+
+def build_stub(name: str, num_tokens: int = 4, delay_s: float = 0.0, api_key: Optional[str] = None,
+               vocab_size: Optional[int] = None) -> web.Application:
     """Returns: the stub app; `app["stats"]` counts requests per path."""
     stats: dict[str, int] = {}
+
+    @web.middleware
+    async def check_key(request: web.Request, handler):
+        if api_key and request.path not in ("/health", "/stub/stats") \
+                and request.headers.get("Authorization") != f"Bearer {api_key}":
+            stats["unauthorized"] = stats.get("unauthorized", 0) + 1
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
 
     async def gen(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         stats[request.path] = stats.get(request.path, 0) + 1
+        if vocab_size is not None and _out_of_vocab(body, vocab_size):
+            print(f"stub worker {name}: IndexError: token id out of the vocabulary ({vocab_size}); exiting",
+                  flush=True)
+            os._exit(1)
         n = int((body.get("sampling_params") or {}).get("max_new_tokens") or body.get("max_tokens") or num_tokens)
         meta = _meta(name, body, n)
         oai = request.path.startswith("/v1/")
@@ -64,7 +91,8 @@ def build_stub(name: str, num_tokens: int = 4, delay_s: float = 0.0) -> web.Appl
 
     async def info(request: web.Request) -> web.Response:
         return web.json_response({"model_path": "stub-model", "tokenizer_path": "stub-model", "served_by": name,
-                                  "page_size": 16})
+                                  "page_size": 16, "api_key": api_key,
+                                  "launch_command": f"stub --api-key {api_key}" if api_key else "stub"})
 
     async def flush(request: web.Request) -> web.Response:
         stats["/flush_cache"] = stats.get("/flush_cache", 0) + 1
@@ -76,7 +104,7 @@ def build_stub(name: str, num_tokens: int = 4, delay_s: float = 0.0) -> web.Appl
     async def get_stats(request: web.Request) -> web.Response:
         return web.json_response(stats)
 
-    app = web.Application()
+    app = web.Application(middlewares=[check_key])
     app["stats"] = stats
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         app.router.add_post(path, gen)
@@ -96,10 +124,12 @@ def main() -> None:
     ap.add_argument("--name", default="stub")
     ap.add_argument("--num-tokens", type=int, default=4)
     ap.add_argument("--delay-s", type=float, default=0.0, help="seconds per output token")
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (as SGLang's --api-key)")
+    ap.add_argument("--vocab-size", type=int, default=None, help="exit on a token id >= this (as SGLang on CPU)")
     args = ap.parse_args()
     print(f"stub worker {args.name} on {args.port} at {time.time():.0f}", flush=True)
-    web.run_app(build_stub(args.name, args.num_tokens, args.delay_s), host=args.host, port=args.port,
-                print=None, access_log=None)
+    web.run_app(build_stub(args.name, args.num_tokens, args.delay_s, args.api_key, args.vocab_size), host=args.host,
+                port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,18 @@
 
 Waits until everything is healthy, prints the URLs, and on Ctrl-C or SIGTERM (or when any process dies) stops
 everything it started, by process group, leaving nothing behind. One log file per process in `--logs`.
+
+Secure by default with no extra step: the cluster's secrets are created once in `<logs>/keys/` (0600,
+`kvrep_dev.cluster.local_keys`): the workers run with SGLang's `--api-key` from `worker-api-key` (a client that
+talks to a worker directly is refused; the router sends the key), and the router's admin routes need the tokens
+of `router-tokens.json`.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 from kvrep_dev.bench import testbed_worker_kwargs
-from kvrep_dev.cluster import ROOT, Coordinator, Proc, Worker, free_port, model_path
+from kvrep_dev.cluster import ROOT, Coordinator, Proc, Router, Worker, local_keys, model_path
 
 
 def _say(msg: str) -> None:
@@ -22,6 +26,7 @@ def run_up(args) -> int:
     # finally below stops everything started so far.
     procs: list[Proc] = []
     try:
+        keys = local_keys(logs / "keys")
         coord = Coordinator(logs, extra_args=("--policy", args.policy, "--mode", args.mode, "--profile", args.profile),
                             admin_port=args.admin_port or None)
         procs.append(coord)
@@ -31,28 +36,29 @@ def run_up(args) -> int:
         for i in range(args.workers):
             tb = testbed_worker_kwargs(args, i)
             w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
-                       max_total_tokens=args.max_total_tokens, page_size=args.page_size, **tb)
+                       max_total_tokens=args.max_total_tokens, page_size=args.page_size,
+                       api_key_file=keys / "worker-api-key", **tb)
             procs.append(w)
             workers.append(w)
         for i, w in enumerate(workers):
             _say(f"waiting for worker-{i} ({w.url}) ...")
             w.wait_ready()
         coord.wait_workers([w.worker_id for w in workers], timeout_s=60)
-        router_port = args.router_port or free_port()
-        argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(router_port),
-                *coord.router_args(), "--tokenizer", model_path(args.model), "--page-size", str(args.page_size),
-                "--profile", args.profile]
+        extra = ("--page-size", str(args.page_size), "--profile", args.profile)
         if args.tenants:
-            argv += ["--tenants", args.tenants]
-        router = Proc("router", argv, logs / "router.log")
+            extra += ("--tenants", args.tenants)
+        router = Router(logs, keys, coordinator=coord.admin, tokenizer=model_path(args.model),
+                        port=args.router_port or None, extra_args=extra,
+                        coordinator_tokens=getattr(coord, "tokens_path", None))  # the coordinator's own, if it has
         procs.append(router)
-        router_url = f"http://127.0.0.1:{router_port}"
+        router_url = router.url
         router.wait_http(router_url + "/health", timeout_s=120)
         _say("cluster ready")
-        print(f"  router       {router_url}   (OpenAI and SGLang endpoints; /kvrep/status)")
+        print(f"  router       {router_url}   (OpenAI and SGLang endpoints; /kvrep/status with a router token)")
         print(f"  coordinator  {coord.admin}   (/workers /replications /status)")
         for w in workers:
-            print(f"  worker       {w.url}")
+            print(f"  worker       {w.url}   (needs the key in {keys / 'worker-api-key'}: use the router)")
+        print(f"  keys         {keys}   (router-tokens.json: the router's admin read/write tokens)")
         print(f"  logs         {logs}")
         print("  Ctrl-C stops everything.", flush=True)
         while True:

@@ -89,8 +89,6 @@ def _add_router(sub) -> None:
     p.add_argument("--host", default=C.host)
     p.add_argument("--port", type=int, default=C.port, help="HTTP port (0: any free port)")
     p.add_argument("--coordinator", default=C.coordinator_url, help="coordinator admin URL, e.g. http://127.0.0.1:5680")
-    p.add_argument("--coordinator-tokens", default=C.coordinator_tokens_path, metavar="PATH",
-                   help="the coordinator's admin token file (its write token is sent)")
     p.add_argument("--worker", action="append", default=[], help="worker URL (repeatable; static workers)")
     p.add_argument("--tenants", default=C.tenants_path, help="JSON or TOML file: api keys -> tenant -> namespace")
     p.add_argument("--tokenizer", default="auto",
@@ -110,6 +108,30 @@ def _add_router(sub) -> None:
     p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
     p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
     p.add_argument("--shutdown-timeout-s", type=float, default=C.shutdown_timeout_s)
+    g = p.add_argument_group("credentials (files as `kvrep keys` writes them; the missing ones are created in "
+                             "--state-dir, 0600)")
+    g.add_argument("--state-dir", default=C.state_dir, help="where router-tokens.json / tenant-secret are created")
+    g.add_argument("--admin-tokens", default=C.admin_tokens_path,
+                   help="router-tokens.json: read/write bearer tokens of /kvrep/status, /metrics, /flush_cache, "
+                        "/kvrep/hints (default: <state-dir>/router-tokens.json)")
+    g.add_argument("--tenant-secret", default=C.tenant_secret_path,
+                   help="hex file: namespaces are HMAC-SHA256(secret, tenant); the same file on every router "
+                        "(default: <state-dir>/tenant-secret)")
+    g.add_argument("--worker-api-key", default=C.worker_api_key_path,
+                   help="hex file: the workers' SGLang --api-key, sent on every forwarded request")
+    g.add_argument("--coordinator-tokens", default=C.coordinator_tokens_path,
+                   help="the coordinator's admin-tokens.json (its write token is sent on every call)")
+    g = p.add_argument_group("bounds")
+    g.add_argument("--vocab-size", type=int, default=C.vocab_size,
+                   help="token ids must be below it (default: the tokenizer's model vocabulary)")
+    g.add_argument("--max-body-bytes", type=int, default=C.max_body_bytes)
+    g.add_argument("--max-prompt-tokens", type=int, default=C.max_prompt_tokens)
+    g.add_argument("--max-prompt-chars", type=int, default=C.max_prompt_chars)
+    g.add_argument("--max-batch-prompts", type=int, default=C.max_batch_prompts)
+    g.add_argument("--max-messages", type=int, default=C.max_messages)
+    g.add_argument("--tokenize-threads", type=int, default=C.tokenize_threads)
+    g.add_argument("--hints-per-s", type=float, default=C.hints_per_s, help="per-tenant hint rate")
+    g.add_argument("--hints-burst", type=int, default=C.hints_burst, help="per-tenant hint burst")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run_router)
 
@@ -135,16 +157,21 @@ def _run_router(args) -> int:
                               read_timeout_s=args.read_timeout_s,
                               max_connections_per_worker=args.max_connections_per_worker,
                               shutdown_timeout_s=args.shutdown_timeout_s, directory_feed=args.directory_feed,
-                              coordinator_tokens_path=args.coordinator_tokens)
-        if config.coordinator_tokens_path:
-            from radix_sync.admin_auth import load_tokens
-            load_tokens(config.coordinator_tokens_path)  # fail fast on a bad file
+                              state_dir=args.state_dir, admin_tokens_path=args.admin_tokens,
+                              tenant_secret_path=args.tenant_secret, worker_api_key_path=args.worker_api_key,
+                              coordinator_tokens_path=args.coordinator_tokens, vocab_size=args.vocab_size,
+                              max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                              max_prompt_chars=args.max_prompt_chars, max_batch_prompts=args.max_batch_prompts,
+                              max_messages=args.max_messages, tokenize_threads=args.tokenize_threads,
+                              hints_per_s=args.hints_per_s, hints_burst=args.hints_burst)
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile
+        from radix_sync.router.auth import load_secrets
+        secrets = load_secrets(config)  # fail fast on a bad file; creates the missing ones
         if config.tenants_path:
             from radix_sync.router.tenants import TenantTable
-            TenantTable.load(config.tenants_path)  # fail fast on a bad file
+            TenantTable.load(config.tenants_path, secrets.tenant_secret)  # fail fast on a bad file
     except ValueError as exc:
         print(f"kvrep router: {exc}", file=sys.stderr)
         return 2
@@ -154,7 +181,7 @@ def _run_router(args) -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(config, prompt_tokenizer))
+    asyncio.run(serve(config, prompt_tokenizer, secrets))
     return 0
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from radix_sync import protocol as p  # noqa: E402
 from radix_sync.hashing import page_hashes  # noqa: E402
-from kvrep_dev.cluster import Coordinator, Proc, free_port, http_json  # noqa: E402
+from kvrep_dev.cluster import Coordinator, Proc, bearer, free_port, http_json, local_keys  # noqa: E402
 
 PAGE = 16
 
@@ -62,9 +62,9 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
     raise TimeoutError(url)
 
 
-def fallbacks(router_url: str) -> int:
+def fallbacks(router_url: str, headers: dict) -> int:
     """Returns: the router's count of decisions made without the coordinator's directory."""
-    with urllib.request.urlopen(router_url + "/metrics", timeout=5) as resp:
+    with urllib.request.urlopen(urllib.request.Request(router_url + "/metrics", headers=headers), timeout=5) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith("kvrep_router_fallback_decisions_total "):
                 return int(float(line.split()[1]))
@@ -149,7 +149,9 @@ def main() -> int:
         for i, (name, url) in enumerate(zip(stubs, urls)):
             socks.append(register(coord, f"w{name}", url, prefixes[i::2]))
         r_own, r_dir = free_port(), free_port()
-        common = ["-m", "radix_sync.cli", "router", "--tokenizer", "none", "--log-level", "WARNING"]
+        keys = local_keys(logs / "keys")  # the routers' admin tokens (for /metrics)
+        common = ["-m", "radix_sync.cli", "router", "--tokenizer", "none", "--log-level", "WARNING",
+                  "--state-dir", str(keys), "--admin-tokens", str(keys / "router-tokens.json")]
         procs.append(start("router-own", [*common, "--port", str(r_own), *sum((["--worker", u] for u in urls), [])],
                            logs))
         procs.append(start("router-dir", [*common, "--port", str(r_dir), *coord.router_args()], logs))
@@ -158,11 +160,12 @@ def main() -> int:
         phases = [("direct", urls[0]), ("own-view", f"http://127.0.0.1:{r_own}"),
                   ("directory", f"http://127.0.0.1:{r_dir}")]
         results, num_fallbacks = {}, {}
+        read = bearer(keys / "router-tokens.json")
         for i, (name, url) in enumerate(phases):
             asyncio.run(run_phase(url, bodies[:args.warmup], args.rate, 100 + i))
-            before = fallbacks(url) if name != "direct" else 0
+            before = fallbacks(url, read) if name != "direct" else 0
             results[name] = asyncio.run(run_phase(url, bodies[args.warmup:], args.rate, 1))
-            num_fallbacks[name] = fallbacks(url) - before if name != "direct" else 0
+            num_fallbacks[name] = fallbacks(url, read) - before if name != "direct" else 0
         base_lat = results["direct"][0]
         cmd = "python scripts/bench_router.py " + " ".join(sys.argv[1:])
         print(f"$ {cmd}")

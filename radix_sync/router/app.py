@@ -1,15 +1,18 @@
 """The router's HTTP app (aiohttp): SGLang's native and OpenAI endpoints, the router's own, and `serve`.
 
 Each handler is the HTTP edge of one call on the `Router` (`radix_sync.router.service`): the tenant from the API
-key (401 if unknown), the JSON body (400 if bad), the prompt's token ids (`tokenize`), then the router decides
-and forwards. Run by `kvrep router` (`radix_sync.cli`), or in-process with `build_app` (tests,
-`scripts/bench_router.py`).
+key (401 if unknown), the JSON body (413 over `max_body_bytes`, 400 if bad), the bounds (`limits`: token ids
+outside the vocabulary 400, prompts, batches and chats over their caps 413), the prompt's token ids (`tokenize`;
+text is tokenized in a thread pool, off the event loop), then the router decides and forwards. The admin routes
+need the router's tokens (`auth`); `/health` is open and says only ok or not. Run by `kvrep router`
+(`radix_sync.cli`), or in-process with `build_app` (tests, `scripts/bench_router.py`).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import Optional
 
@@ -17,12 +20,14 @@ import aiohttp
 from aiohttp import web
 
 from radix_sync.fastjson import loads as _loads
+from radix_sync.router.auth import READ, WRITE, RouterSecrets, admin_level, admin_middleware, refuse
 from radix_sync.router.config import RouterConfig
+from radix_sync.router.limits import TooLarge, check_request
 from radix_sync.router.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from radix_sync.router.proxy import NoWorker
 from radix_sync.router.service import Router
 from radix_sync.router.tenants import Tenant, TenantTable, Unauthorized, apply_namespace
-from radix_sync.router.tokenize import BadRequest, PromptTokenizer
+from radix_sync.router.tokenize import BadRequest, PromptTokenizer, needs_tokenizing
 
 log = logging.getLogger("kvrep.router")
 
@@ -53,16 +58,44 @@ async def _json_body(request: web.Request) -> dict:
     return body
 
 
-def _prompt_ids(r: Router, endpoint: str, body: dict) -> list[int]:
+class _PayloadTooLarge(web.HTTPClientError):
+    """413 with our own message (aiohttp's `HTTPRequestEntityTooLarge` writes its own)."""
+
+    status_code = 413
+
+
+def _error(cls, message: str) -> web.HTTPException:
+    return cls(text=json.dumps({"error": message}), content_type="application/json")
+
+
+async def _prompt_ids(r: Router, endpoint: str, body: dict) -> list[int]:
+    """Returns: the prompt's token ids, once the whole body is within bounds (400/413 otherwise)."""
     try:
-        if r.tokenizer is not None:
-            return r.tokenizer.prompt_ids(endpoint, body)
-        ids = body.get("input_ids") if endpoint == "generate" else body.get("prompt")
-        if isinstance(ids, list) and ids and isinstance(ids[0], int):
-            return ids
-        return []  # no tokenizer: routed by load only
+        check_request(endpoint, body, r.bounds())
+        tok = r.tokenizer
+        if tok is None:
+            ids = body.get("input_ids") if endpoint == "generate" else body.get("prompt")
+            if isinstance(ids, list) and ids and isinstance(ids[0], list):
+                ids = ids[0]
+            return ids if isinstance(ids, list) and ids and isinstance(ids[0], int) else []  # else: by load only
+        if not needs_tokenizing(endpoint, body):
+            return tok.prompt_ids(endpoint, body)
+        try:
+            ids = await asyncio.get_running_loop().run_in_executor(r.tokenize_pool, tok.prompt_ids, endpoint, body)
+        except BadRequest:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a chat template that cannot render this body: the client's error
+            log.info("could not tokenize a %s prompt: %s: %s", endpoint, type(exc).__name__, exc)
+            raise BadRequest(f"could not tokenize the prompt: {type(exc).__name__}: {exc}"[:500]) from None
+        if len(ids) > r.cfg.max_prompt_tokens:
+            raise TooLarge(f"the prompt is {len(ids)} tokens, the limit is {r.cfg.max_prompt_tokens}")
+        return ids
+    except TooLarge as exc:
+        r.metrics.refused.labels("too_large").inc()
+        raise _error(_PayloadTooLarge, str(exc)) from None
     except BadRequest as exc:
-        raise web.HTTPBadRequest(text=json.dumps({"error": str(exc)}), content_type="application/json") from None
+        r.metrics.refused.labels("bad_request").inc()
+        raise _error(web.HTTPBadRequest, str(exc)) from None
 
 
 def _proxy_handler(endpoint: str):
@@ -71,7 +104,7 @@ def _proxy_handler(endpoint: str):
         tenant = _tenant(request)
         body = await _json_body(request)
         t0 = time.perf_counter()
-        ids = _prompt_ids(r, endpoint, body)
+        ids = await _prompt_ids(r, endpoint, body)
         try:
             decision, hashes, hash_page_size = await r.decide(ids, tenant.namespace)
             decision_s = time.perf_counter() - t0
@@ -104,7 +137,7 @@ def _passthrough(method: str, path: str):
 
 
 async def _flush_cache(request: web.Request) -> web.Response:
-    _tenant(request)
+    # an admin write (the middleware checked the write token): never a tenant's action
     return await _router(request).fan_out(request, "/flush_cache")
 
 
@@ -112,7 +145,7 @@ async def _health(request: web.Request) -> web.Response:
     r = _router(request)
     await r.refresh_workers()
     ok = bool(r.pool.known)
-    return web.json_response({"ok": ok, "num_workers": len(r.pool.known)}, status=200 if ok else 503)
+    return web.json_response({"ok": ok}, status=200 if ok else 503)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -123,14 +156,42 @@ async def _status(request: web.Request) -> web.Response:
     return web.json_response(_router(request).status())
 
 
+def _hint_tenant(r: Router, request: web.Request, body: dict) -> Tenant:
+    """Who a hint is for: with the router's write token, the tenant named by the body's `tenant` (required when
+    tenants are configured); with a tenant's API key (tenants configured), that tenant. 401/403/400 otherwise."""
+    level = admin_level(r.secrets.admin, request.headers.get("Authorization"))
+    if level == READ:
+        r.metrics.refused.labels("admin_auth").inc()
+        raise refuse(403, "hints need the router's write token or a tenant's API key")
+    if level == WRITE:
+        name = body.get("tenant")
+        if name is None and r.tenants.required:
+            raise _error(web.HTTPBadRequest, "a hint sent with the write token names its 'tenant'")
+        tenant = r.tenants.by_name("default" if name is None else name) if name is None or isinstance(name, str) \
+            else None
+        if tenant is None:
+            raise _error(web.HTTPBadRequest, f"unknown tenant {name!r}")
+        return tenant
+    if r.tenants.required:
+        return _tenant(request)
+    r.metrics.refused.labels("admin_auth").inc()
+    raise refuse(401, "hints need the router's write token (Authorization: Bearer <token>)")
+
+
 async def _hints(request: web.Request) -> web.Response:
     r = _router(request)
-    tenant = _tenant(request)
     body = await _json_body(request)
+    tenant = _hint_tenant(r, request, body)
+    wait_s = r.hint_buckets.take(tenant.name, time.monotonic())
+    if wait_s is not None:
+        r.metrics.refused.labels("rate_limited").inc()
+        return web.json_response({"error": f"hint rate limit of tenant {tenant.name!r} "
+                                           f"({r.cfg.hints_per_s:g}/s, burst {r.cfg.hints_burst})"},
+                                 status=429, headers={"Retry-After": str(max(1, math.ceil(wait_s)))})
     if r.link is None:
         return web.json_response({"error": "no coordinator configured"}, status=503)
     endpoint = "chat" if "messages" in body else "generate"
-    ids = _prompt_ids(r, endpoint, body)
+    ids = await _prompt_ids(r, endpoint, body)
     if not ids:
         return web.json_response({"error": "hint needs input_ids, text or messages (text needs a tokenizer)"},
                                  status=400)
@@ -141,10 +202,12 @@ async def _hints(request: web.Request) -> web.Response:
 
 
 def build_app(cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None,
-              tenants: Optional[TenantTable] = None) -> web.Application:
+              tenants: Optional[TenantTable] = None, secrets: Optional[RouterSecrets] = None) -> web.Application:
     """Returns: the aiohttp application (its router is `app[ROUTER_KEY]`)."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    router = Router(cfg, tokenizer, tenants)
+    router = Router(cfg, tokenizer, tenants, secrets)
+    refused = router.metrics.refused.labels("admin_auth")
+    app = web.Application(client_max_size=cfg.max_body_bytes,
+                          middlewares=[admin_middleware(router.secrets.admin, refused.inc)])
     app[ROUTER_KEY] = router
     app.on_startup.append(router.start)
     app.on_cleanup.append(router.stop)
@@ -161,17 +224,19 @@ def build_app(cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None,
     return app
 
 
-async def serve(cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None) -> None:
+async def serve(cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None,
+                secrets: Optional[RouterSecrets] = None) -> None:
     """Runs the router until SIGTERM or SIGINT, then lets in-flight requests finish (`shutdown_timeout_s`)."""
     import signal
 
-    app = build_app(cfg, tokenizer)
+    app = build_app(cfg, tokenizer, secrets=secrets)
     runner = web.AppRunner(app, shutdown_timeout=cfg.shutdown_timeout_s, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
     port = runner.addresses[0][1]
-    print(f"kvrep router: listening on http://{cfg.host}:{port}", flush=True)
+    print(f"kvrep router: listening on http://{cfg.host}:{port}  (admin tokens: "
+          f"{app[ROUTER_KEY].secrets.admin_path})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

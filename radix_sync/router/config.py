@@ -6,6 +6,9 @@ from typing import Optional
 
 from radix_sync.router.policy import RouterCosts
 
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id accepted when no vocabulary size is known (SGLang keeps ids in int32/int64 tensors)."""
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -40,11 +43,43 @@ class RouterConfig:
     shutdown_timeout_s: float = 30.0
     """On SIGTERM/SIGINT, in-flight requests get this long to finish."""
     coordinator_timeout_s: float = 0.5
-    coordinator_tokens_path: Optional[str] = None
-    """The coordinator's admin token file (`{"read", "write"}`); the router sends its write token (None: none)."""
     directory_feed: bool = True
     """Mirror the coordinator's directory from its change feed and match prompts locally (False: one lookup
     call to the coordinator per request)."""
+    # ------------------------------------------------------------------------------------- credentials
+    state_dir: str = "~/.local/state/kvrep/router"
+    """Where the router creates the files it was not given (`router-tokens.json`, `tenant-secret`), 0600."""
+    admin_tokens_path: Optional[str] = None
+    """`{"read", "write"}` bearer tokens of the admin routes (`radix_sync.keys`); None: `<state_dir>/router-tokens.json`,
+    created when absent (its path is logged)."""
+    tenant_secret_path: Optional[str] = None
+    """The cluster's tenant secret (hex): namespaces are HMAC-SHA256(secret, tenant); every router of a cluster
+    reads the same file. None: `<state_dir>/tenant-secret`, created when absent. Read only with a tenants file."""
+    worker_api_key_path: Optional[str] = None
+    """The workers' SGLang `--api-key` (hex file): sent as `Authorization: Bearer` on every call to a worker
+    (None: no key sent)."""
+    coordinator_tokens_path: Optional[str] = None
+    """The coordinator's `admin-tokens.json`: its "write" token goes on every call to it (None: none sent)."""
+    # ------------------------------------------------------------------------------------------ bounds
+    vocab_size: Optional[int] = None
+    """Token ids must be in [0, vocab_size); None: the tokenizer's (its model config's `vocab_size`, else its
+    length); with neither, ids are only checked to be in [0, 2^31)."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body (aiohttp `client_max_size`; larger: 413)."""
+    max_prompt_tokens: int = 262_144
+    """Longest prompt in token ids (longer: 413), checked before any worker sees it."""
+    max_prompt_chars: int = 2 * 1024 * 1024
+    """Longest prompt text (all of a chat's message contents together) before tokenizing (longer: 413)."""
+    max_batch_prompts: int = 256
+    """Most prompts in one batched request (more: 413)."""
+    max_messages: int = 4096
+    """Most messages in one chat request (more: 413)."""
+    tokenize_threads: int = 2
+    """Threads that tokenize text prompts (off the event loop)."""
+    hints_per_s: float = 20.0
+    """Per-tenant hint rate (token bucket refill, hints/s; over it: 429)."""
+    hints_burst: int = 40
+    """Per-tenant hint bucket size."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -56,6 +91,14 @@ class RouterConfig:
                      "coordinator_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        for name in ("max_body_bytes", "max_prompt_tokens", "max_prompt_chars", "max_batch_prompts", "max_messages",
+                     "tokenize_threads", "hints_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
+        if not self.hints_per_s > 0:
+            raise ValueError(f"hints_per_s={self.hints_per_s!r} must be > 0")
+        if self.vocab_size is not None and not 1 <= self.vocab_size <= MAX_TOKEN_ID + 1:
+            raise ValueError(f"vocab_size={self.vocab_size!r} must be in [1, {MAX_TOKEN_ID + 1}]")
         if self.max_wait_inflight_s < 0:
             raise ValueError(f"max_wait_inflight_s={self.max_wait_inflight_s!r} must be >= 0")
         for url in self.worker_urls:

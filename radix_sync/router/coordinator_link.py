@@ -22,7 +22,6 @@ from typing import Any, Optional
 import aiohttp
 
 from radix_sync import api
-from radix_sync.admin_auth import header
 from radix_sync.api import AdminError
 from radix_sync.router.directory_replica import DirectoryReplica, FeedError
 from radix_sync.router.policy import CopyInFlight
@@ -54,9 +53,8 @@ class LinkConfig:
     shedding: the coordinator is not marked down, and the lookup is counted as shed)."""
     feed_wait_s: float = 1.0
     """Long-poll window of the directory feed, s (an answer comes at once when the directory changes)."""
-    token: str = ""
-    """Bearer token for the coordinator's admin API (its `write` token: the router posts arrivals and hints);
-    "": none sent."""
+    token: Optional[str] = None
+    """Bearer token sent on every call (the coordinator's admin "write" token; None: none sent)."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -84,8 +82,6 @@ class CoordinatorLink:
         self.cfg = cfg
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
-        self._auth = header(cfg.token)
-        self._json_auth = {**_JSON, **self._auth}
         self.state: Optional[ClusterState] = None
         self._refreshing: Optional[asyncio.Task] = None
         self._down_until = 0.0
@@ -101,6 +97,12 @@ class CoordinatorLink:
         self.num_finishes_sent = 0
         self.num_lookups_shed = 0
         self._inflight_lookups = 0
+
+    def _headers(self, json_body: bool) -> dict:
+        headers = dict(_JSON) if json_body else {}
+        if self.cfg.token:
+            headers["Authorization"] = f"Bearer {self.cfg.token}"
+        return headers
 
     # -------------------------------------------------------------------------------------------- reachability
     def _ok(self) -> None:
@@ -129,7 +131,7 @@ class CoordinatorLink:
         try:
             async with self._session.request(method, self.cfg.url + path, timeout=self._timeout,
                                              data=None if body is None else api.encode(body),
-                                             headers=self._auth if body is None else self._json_auth) as resp:
+                                             headers=self._headers(body is not None)) as resp:
                 raw = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -209,7 +211,7 @@ class CoordinatorLink:
         if not self.may_call():
             return 503, {"error": f"coordinator unreachable: {self.last_error}"}
         try:
-            async with self._session.post(self.cfg.url + "/hints", data=api.encode(req), headers=self._json_auth,
+            async with self._session.post(self.cfg.url + "/hints", data=api.encode(req), headers=self._headers(True),
                                           timeout=self._timeout) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -235,7 +237,7 @@ class CoordinatorLink:
             params = {"epoch": replica.epoch, "since": str(replica.seq), "wait_s": str(wait_s)}
             try:
                 async with self._session.get(self.cfg.url + "/directory/feed", params=params,
-                                             headers=self._auth, timeout=timeout) as resp:
+                                             timeout=timeout, headers=self._headers(False)) as resp:
                     data = await resp.read()
                     status = resp.status
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

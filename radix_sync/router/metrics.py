@@ -49,6 +49,10 @@ class RouterMetrics:
                                           "Decisions made from the router's own view (coordinator unreachable).",
                                           registry=reg)
         self.unauthorized = Counter("kvrep_router_unauthorized", "Requests refused with 401.", registry=reg)
+        self.refused = Counter("kvrep_router_refused",
+                               "Requests refused before any worker saw them, by reason (admin_auth: no or a wrong "
+                               "admin token; bad_request: e.g. a token id outside the vocabulary; too_large; "
+                               "rate_limited: hints).", ("reason",), registry=reg)
         self.no_worker = Counter("kvrep_router_no_worker", "Requests refused with 503 (no worker reachable).",
                                  registry=reg)
         reg.register(_ReadAtScrape("kvrep_router_arrivals_dropped",

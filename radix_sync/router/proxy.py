@@ -4,6 +4,10 @@ A connection failure before the worker answered moves the request on to the next
 twice to a worker that received it) and puts the worker in cool-down; a failure after it started answering cannot
 be failed over (bytes were sent). Streams (SSE) are passed through chunk by chunk, keeping the tail where the
 answer's `finish_reason` is. Owned by `radix_sync.router.service.Router`; runs on its event loop.
+
+Every call to a worker carries the workers' API key (`Authorization: Bearer <worker-api-key>`, SGLang's
+`--api-key`) and never the client's own `Authorization` / `x-api-key`; a worker's answer that quotes the key
+(SGLang's `/server_info` lists its server args and launch command) has it replaced before the client sees it.
 """
 from __future__ import annotations
 
@@ -53,11 +57,19 @@ class NoWorker(Exception):
 class Proxy:
     """Sends requests to workers over one connection pool (`session`, set by the owner when it starts)."""
 
-    def __init__(self, cfg: RouterConfig, pool: WorkerPool, metrics: RouterMetrics) -> None:
+    def __init__(self, cfg: RouterConfig, pool: WorkerPool, metrics: RouterMetrics,
+                 worker_api_key: Optional[str] = None) -> None:
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.session: Optional[aiohttp.ClientSession] = None
+        self._key = worker_api_key
+        self.worker_headers: dict[str, str] = {"Authorization": f"Bearer {worker_api_key}"} if worker_api_key else {}
+        """What every call to a worker carries (the workers' API key)."""
+
+    def redact(self, payload: bytes) -> bytes:
+        """Returns: `payload` with every occurrence of the workers' API key replaced."""
+        return payload.replace(self._key.encode(), b"<redacted>") if self._key else payload
 
     async def forward(self, request: web.Request, path: str, body: dict, decision: Decision, prompt_len: int,
                       wait_for_copy: Callable[[str], Awaitable[None]],
@@ -84,7 +96,7 @@ class Proxy:
         """
         data = _dumps(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        headers["Content-Type"] = "application/json"
+        headers.update(self.worker_headers, **{"Content-Type": "application/json"})
         pool = self.pool
         last_exc: Optional[BaseException] = None
         for attempt, url in enumerate(decision.ranked):
@@ -144,7 +156,7 @@ class Proxy:
                 tail = (tail + chunk)[-_STREAM_TAIL_BYTES:]
             await resp.write_eof()
             return resp, tail
-        payload = await up.read()
+        payload = self.redact(await up.read())
         on_first_output()
         return web.Response(body=payload, status=up.status, headers={"Content-Type": ctype}), payload
 
@@ -166,10 +178,10 @@ class Proxy:
         first."""
         for url in sorted(urls, key=lambda u: self.pool.outstanding[u]):
             try:
-                async with self.session.request(method, url + path, params=request.query,
+                async with self.session.request(method, url + path, params=request.query, headers=self.worker_headers,
                                                 timeout=aiohttp.ClientTimeout(total=30,
                                                                               connect=self.cfg.connect_timeout_s)) as up:
-                    return web.Response(body=await up.read(), status=up.status,
+                    return web.Response(body=self.redact(await up.read()), status=up.status,
                                         headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
             except _RETRYABLE + (asyncio.TimeoutError,):
                 self.pool.mark_down(url, time.monotonic())
@@ -183,10 +195,10 @@ class Proxy:
         """
         async def one(url: str) -> tuple[str, int, str]:
             try:
-                async with self.session.post(url + path, params=request.query,
+                async with self.session.post(url + path, params=request.query, headers=self.worker_headers,
                                              timeout=aiohttp.ClientTimeout(total=120,
                                                                            connect=self.cfg.connect_timeout_s)) as r:
-                    return url, r.status, (await r.text())[:500]
+                    return url, r.status, self.redact(await r.read())[:500].decode(errors="replace")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 return url, 502, f"{type(exc).__name__}: {exc}"
 

@@ -12,18 +12,22 @@ Built by `radix_sync.router.app.build_app`, which maps HTTP routes onto it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import aiohttp
 from aiohttp import web
 
 from radix_sync.hashing import page_hashes
-from radix_sync.router.config import RouterConfig
+from radix_sync.router.auth import RouterSecrets, load_secrets
+from radix_sync.router.config import MAX_TOKEN_ID, RouterConfig
 from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
 from radix_sync.router.directory_replica import DirectoryReplica
+from radix_sync.router.limits import PromptBounds, TokenBuckets
 from radix_sync.router.metrics import RouterMetrics
 from radix_sync.router.policy import ApproxPrefixIndex, Decision, cost_model, rank_by_ttft
 from radix_sync.router.pool import WorkerPool
@@ -33,15 +37,25 @@ from radix_sync.router.tokenize import PromptTokenizer
 
 log = logging.getLogger("kvrep.router")
 
+MAX_SESSION_ID_LEN = 256
+"""A session id (the body's `session_id` or `user`) longer than this is reported as its SHA-256 (the coordinator
+refuses longer ones, and one refused item would cost the whole batch of arrivals)."""
+
 
 class Router:
     """Decides, forwards through the `Proxy`, reports; one per router process (or per `build_app`)."""
 
     def __init__(self, cfg: RouterConfig, tokenizer: Optional[PromptTokenizer] = None,
-                 tenants: Optional[TenantTable] = None) -> None:
+                 tenants: Optional[TenantTable] = None, secrets: Optional[RouterSecrets] = None) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.tenants = tenants or (TenantTable.load(cfg.tenants_path) if cfg.tenants_path else TenantTable.open())
+        self.secrets = secrets or load_secrets(cfg)
+        if tenants is None and cfg.tenants_path:
+            tenants = TenantTable.load(cfg.tenants_path, self.secrets.tenant_secret)
+        self.tenants = tenants or TenantTable.open()
+        self.hint_buckets = TokenBuckets(cfg.hints_per_s, cfg.hints_burst)
+        self.tokenize_pool = ThreadPoolExecutor(cfg.tokenize_threads, thread_name_prefix="kvrep-tokenize")
+        """Text prompts are tokenized here, never on the event loop."""
         self.link: Optional[CoordinatorLink] = None
         self.metrics = RouterMetrics(lambda: self.link.num_arrivals_dropped if self.link is not None else 0)
         self.index = ApproxPrefixIndex()
@@ -51,7 +65,7 @@ class Router:
         else:
             self.model = cost_model(cfg.costs)
         self.pool = WorkerPool(cfg.worker_urls, cfg.page_size, cfg.worker_cooldown_s)
-        self.proxy = Proxy(cfg, self.pool, self.metrics)
+        self.proxy = Proxy(cfg, self.pool, self.metrics, self.secrets.worker_api_key)
         self.replica: Optional[DirectoryReplica] = None
         """The coordinator's holdings, mirrored from its change feed (None: ask it per request)."""
         self._tasks: list[asyncio.Task] = []
@@ -63,12 +77,9 @@ class Router:
                                          enable_cleanup_closed=True)
         self.proxy.session = session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.cfg.coordinator_url:
-            token = ""
-            if self.cfg.coordinator_tokens_path:
-                from radix_sync.admin_auth import load_tokens
-                token = load_tokens(self.cfg.coordinator_tokens_path).write
             self.link = CoordinatorLink(LinkConfig(self.cfg.coordinator_url.rstrip("/"),
-                                                   timeout_s=self.cfg.coordinator_timeout_s, token=token), session)
+                                                   timeout_s=self.cfg.coordinator_timeout_s,
+                                                   token=self.secrets.coordinator_token), session)
             self._tasks.append(asyncio.create_task(self.link.run_arrivals()))
             if self.cfg.directory_feed:
                 self.replica = DirectoryReplica()
@@ -76,6 +87,9 @@ class Router:
             await self.refresh_workers()
         if self.cfg.tokenizer == "auto" and self.tokenizer is None:
             self._tasks.append(asyncio.create_task(self._load_tokenizer_from_worker()))
+        elif self.tokenizer is None and self.cfg.vocab_size is None:
+            log.warning("no tokenizer and no --vocab-size: token ids are only checked to be in [0, 2^31); an id past "
+                        "the model's vocabulary can crash an SGLang worker")
 
     async def stop(self, app: web.Application) -> None:
         for t in self._tasks:
@@ -85,11 +99,20 @@ class Router:
             await self.link.flush_arrivals()
         if self.proxy.session is not None:
             await self.proxy.session.close()
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    def bounds(self) -> PromptBounds:
+        """Returns: the bounds every request is checked against (`limits.check_request`)."""
+        cfg = self.cfg
+        vocab = cfg.vocab_size or (self.tokenizer.vocab_size if self.tokenizer is not None else MAX_TOKEN_ID + 1)
+        return PromptBounds(vocab, cfg.max_prompt_tokens, cfg.max_prompt_chars, cfg.max_batch_prompts,
+                            cfg.max_messages)
 
     async def _load_tokenizer_from_worker(self) -> None:
         for url in self.candidates():
             try:
-                async with self.proxy.session.get(url + "/model_info", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                async with self.proxy.session.get(url + "/model_info", timeout=aiohttp.ClientTimeout(total=5),
+                                                  headers=self.proxy.worker_headers) as r:
                     info = await r.json(content_type=None)
                 path = info.get("tokenizer_path") or info.get("model_path")
                 self.tokenizer = await asyncio.get_running_loop().run_in_executor(
@@ -214,6 +237,8 @@ class Router:
             item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "prompt_len": len(ids)}
             session_id = body.get("session_id") or body.get("user")
             if isinstance(session_id, str):
+                if len(session_id) > MAX_SESSION_ID_LEN:
+                    session_id = hashlib.sha256(session_id.encode()).hexdigest()
                 item["session_id"] = session_id
             self.link.report_arrival(item)
 
@@ -246,6 +271,7 @@ class Router:
                 "lookups_shed": link.num_lookups_shed,
                 "directory_replica": None if self.replica is None else self.replica.status()},
             "tokenizer": self.tokenizer is not None,
+            "vocab_size": self.bounds().vocab_size,
             "tenants": self.tenants.namespaces() if self.tenants.required else None,
             "workers": self.pool.status(time.monotonic()),
             "last_decisions": list(self.decisions),

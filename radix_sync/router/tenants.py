@@ -2,16 +2,21 @@
 
 File format (JSON shown; TOML has the same shape, `[tenants.acme]` tables):
 
-    {"tenants": {"acme":   {"namespace": "ns-acme", "api_keys": ["sk-a1", "sk-a2"]},
+    {"tenants": {"acme":   {"namespace": "shared-a", "api_keys": ["sk-a1", "sk-a2"]},
                  "globex": {"api_keys": ["sk-g"]}}}
 
-A tenant without `namespace` gets its name as namespace. Keys are unique across tenants. The router sets the
+A tenant's namespace is `derive_namespace(secret, label)`: HMAC-SHA256 under the cluster's tenant secret
+(`radix_sync.keys`, the `tenant-secret` file every router of a cluster reads) of its label (`namespace`, else
+the tenant's name), hex-truncated. Tenants given one label share one namespace (and their cached prefixes);
+nobody without the secret can compute or guess a namespace. Keys are unique across tenants. The router sets the
 request's `cache_salt` to the namespace and drops any `cache_salt` / `extra_key` the client sent, so a client
 cannot reach another tenant's KV. Without a file everyone is the default namespace "" (`TenantTable.open()`).
 Called by `radix_sync.router.app` for every request.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import tomllib
 from dataclasses import dataclass
@@ -31,6 +36,15 @@ class Tenant:
 
 
 DEFAULT_TENANT = Tenant("default", "")
+MAX_TENANT_NAME_LEN = 128
+"""The coordinator takes a request class (the tenant's name) of at most 128 characters."""
+NAMESPACE_HEX_CHARS = 32
+"""A namespace is the first 128 bits of its HMAC, in hex."""
+
+
+def derive_namespace(secret: bytes, label: str) -> str:
+    """Returns: the namespace (`cache_salt`) of a tenant label under the cluster's tenant secret."""
+    return hmac.new(secret, label.encode(), hashlib.sha256).hexdigest()[:NAMESPACE_HEX_CHARS]
 
 
 class TenantTable:
@@ -38,6 +52,7 @@ class TenantTable:
 
     def __init__(self, by_key: Mapping[str, Tenant], required: bool = True) -> None:
         self._by_key = dict(by_key)
+        self._by_name = {t.name: t for t in self._by_key.values()}
         self.required = required
 
     @classmethod
@@ -46,8 +61,8 @@ class TenantTable:
         return cls({}, required=False)
 
     @classmethod
-    def load(cls, path: str | Path) -> "TenantTable":
-        """Loads a JSON (`.json`) or TOML (any other suffix) tenants file.
+    def load(cls, path: str | Path, secret: bytes) -> "TenantTable":
+        """Loads a JSON (`.json`) or TOML (any other suffix) tenants file; namespaces derived under `secret`.
 
         Raises:
             ValueError: unreadable file, bad shape, or an API key given to two tenants.
@@ -58,15 +73,17 @@ class TenantTable:
             data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode())
         except (OSError, ValueError) as exc:
             raise ValueError(f"tenants file {path}: {exc}") from None
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(data, secret, str(path))
 
     @classmethod
-    def from_dict(cls, data: object, where: str = "tenants") -> "TenantTable":
+    def from_dict(cls, data: object, secret: bytes, where: str = "tenants") -> "TenantTable":
         tenants = data.get("tenants") if isinstance(data, dict) else None
         if not isinstance(tenants, dict) or not tenants:
             raise ValueError(f"{where}: expected a non-empty 'tenants' table")
         by_key: dict[str, Tenant] = {}
         for name, spec in tenants.items():
+            if not isinstance(name, str) or not 0 < len(name) <= MAX_TENANT_NAME_LEN:
+                raise ValueError(f"{where}: tenant name {name!r} must be 1-{MAX_TENANT_NAME_LEN} characters")
             keys = spec.get("api_keys") if isinstance(spec, dict) else None
             if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
                 raise ValueError(f"{where}: tenant {name!r} needs a non-empty list of api_keys")
@@ -76,7 +93,7 @@ class TenantTable:
             for key in keys:
                 if key in by_key:
                     raise ValueError(f"{where}: api key of tenant {name!r} is also given to {by_key[key].name!r}")
-                by_key[key] = Tenant(name, namespace)
+                by_key[key] = Tenant(name, derive_namespace(secret, namespace))
         return cls(by_key)
 
     def resolve(self, authorization: Optional[str], api_key_header: Optional[str] = None) -> Tenant:
@@ -104,6 +121,12 @@ class TenantTable:
         if tenant is None:
             raise Unauthorized("unknown API key")
         return tenant
+
+    def by_name(self, name: str) -> Optional[Tenant]:
+        """Returns: the tenant called `name` (the default tenant for "default" in the open table), or None."""
+        if not self.required:
+            return DEFAULT_TENANT if name == DEFAULT_TENANT.name else None
+        return self._by_name.get(name)
 
     def namespaces(self) -> list[str]:
         return sorted({t.namespace for t in self._by_key.values()})

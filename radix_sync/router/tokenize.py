@@ -17,6 +17,8 @@ when it is installed); `radix_sync` itself never imports it at module load. Call
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any, Optional
 
 
@@ -27,8 +29,11 @@ class BadRequest(ValueError):
 class PromptTokenizer:
     """Owns one HF tokenizer; `prompt_ids(endpoint, body)` returns the prompt's token ids."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: Optional[int] = None) -> None:
         self.tok = tokenizer
+        self.vocab_size = vocab_size or len(tokenizer)
+        """Token ids the model takes: its config's `vocab_size` (the embedding's rows) when known, else the
+        tokenizer's length."""
         try:
             self._auto_adds_specials = len(tokenizer.encode("")) > 0
         except Exception:  # noqa: BLE001 - SGLang assumes True when the probe fails
@@ -39,7 +44,7 @@ class PromptTokenizer:
         """Loads the tokenizer (and chat template) of a model directory or hub id, as SGLang's `get_tokenizer`."""
         from transformers import AutoTokenizer  # lazy: heavy, and imports torch when present
 
-        return cls(AutoTokenizer.from_pretrained(path, trust_remote_code=False))
+        return cls(AutoTokenizer.from_pretrained(path, trust_remote_code=False), model_vocab_size(path))
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.tok(text)["input_ids"])
@@ -95,6 +100,27 @@ class PromptTokenizer:
         if _is_text(text):
             return self.encode_text(text if isinstance(text, str) else text[0])
         raise BadRequest("the request has no prompt (text, input_ids, prompt or messages)")
+
+
+def model_vocab_size(path: str) -> Optional[int]:
+    """Returns: `vocab_size` of the model config in directory `path` (None: no such directory or field)."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    if size is None and isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict):
+        size = cfg["text_config"].get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def needs_tokenizing(endpoint: str, body: dict) -> bool:
+    """Returns: whether the prompt is text (tokenizing it takes time: done off the event loop) rather than ids."""
+    if endpoint == "chat":
+        return True
+    if endpoint == "generate":
+        return body.get("input_ids") is None
+    return _is_text(body.get("prompt"))
 
 
 def _is_text(x: object) -> bool:

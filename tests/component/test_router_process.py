@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
-from kvrep_dev.cluster import Coordinator, Proc, free_port
+from kvrep_dev.cluster import Coordinator, Proc, Router, free_port, local_keys
 from tests.util import wait_until  # noqa: F401 (re-exported to the tests)
 
 PAGE = 16
@@ -28,6 +28,7 @@ GLOBEX = {"Authorization": "Bearer sk-globex"}
 
 
 def call(url, body=None, headers=None, timeout=10.0, method=None):
+    """Returns: (status, content type, body) of one HTTP call (JSON body, if any)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"),
                                  headers={"Content-Type": "application/json", **(headers or {})})
@@ -38,9 +39,11 @@ def call(url, body=None, headers=None, timeout=10.0, method=None):
         return exc.code, exc.headers.get("Content-Type", ""), exc.read()
 
 
-def metric(url, sample, **labels):
+def metric(router, sample, **labels):
     """Returns: the value of the router's Prometheus sample `sample` with exactly these labels (None: absent)."""
-    text = call(url + "/metrics")[2].decode()
+    status, _, raw = call(router.url + "/metrics", headers=router.admin("read"))
+    assert status == 200, raw
+    text = raw.decode()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == sample and s.labels == labels:
@@ -76,10 +79,12 @@ class Agent:
         self.sock.close(0)
 
 
-def start_stub(name, tmp, delay_s=0.0):
+def start_stub(name, tmp, delay_s=0.0, keys=None, extra=()):
+    """A stub worker; with `keys` (a `local_keys` folder) it requires the workers' API key, as SGLang's --api-key."""
     port = free_port()
+    key = ["--api-key", (keys / "worker-api-key").read_text().strip()] if keys else []
     proc = Proc(f"stub-{name}", [sys.executable, "-m", "kvrep_dev.stub_worker", "--port", str(port), "--name",
-                                 name, "--delay-s", str(delay_s)], tmp / f"stub-{name}.log")
+                                 name, "--delay-s", str(delay_s), *key, *extra], tmp / f"stub-{name}.log")
     proc.url = f"http://127.0.0.1:{port}"
     return proc
 
@@ -94,15 +99,14 @@ def ready(url):
 class Env:
     def __init__(self, tmp):
         self.tmp = tmp
+        self.keys = local_keys(tmp / "keys")
         self.coord = Coordinator(tmp, extra_args=("--policy", "none", "--worker-timeout-s", "120"))
-        self.a, self.b = start_stub("A", tmp), start_stub("B", tmp)
+        self.a, self.b = start_stub("A", tmp, keys=self.keys), start_stub("B", tmp, keys=self.keys)
         (tmp / "tenants.json").write_text(json.dumps(KEYS))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.router = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(self.port),
-                                      *self.coord.router_args(), "--worker", self.a.url, "--worker",
-                                      self.b.url, "--tenants", str(tmp / "tenants.json"), "--tokenizer", "none",
-                                      "--connect-timeout-s", "1"], tmp / "router.log")
+        self.router = Router(tmp, self.keys, coordinator=self.coord, workers=(self.a.url, self.b.url),
+                             extra_args=("--tenants", str(tmp / "tenants.json"), "--connect-timeout-s", "1"))
+        self.url = self.router.url
+        self.ns_acme, self.ns_globex = self.router.namespace("ns-acme"), self.router.namespace("ns-globex")
         self.agents = []
         try:  # a set-up that fails must not leave its processes behind (the fixture's finally never runs)
             self.coord.wait_ready()
@@ -136,7 +140,7 @@ class Env:
         return json.loads(raw)["meta_info"]
 
     def status(self):
-        return json.loads(call(self.url + "/kvrep/status")[2])
+        return self.router.status()
 
     def last_decision(self):
         return self.status()["last_decisions"][-1]
@@ -166,11 +170,11 @@ def served_by(env, tokens, headers=ACME):
 def test_routing_follows_the_directory_and_arrivals_are_reported(env):
     before = env.coord.get("/status")[1]["num_recent_arrivals"]
     p1, p2 = ids(1), ids(2)
-    env.agents[1].store(p1, "ns-acme")
-    env.agents[0].store(p2, "ns-acme")
+    env.agents[1].store(p1, env.ns_acme)
+    env.agents[0].store(p2, env.ns_acme)
     # the two agents are separate sockets: wait for both facts, not just the last one sent
     for tokens, holder in ((p1, "wB"), (p2, "wA")):
-        wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": tokens, "cache_salt": "ns-acme"})[1]
+        wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": tokens, "cache_salt": env.ns_acme})[1]
                    ["matched"].get(holder) == 64, what=f"directory has the pages on {holder}")
         env.wait_synced()
     for _ in range(3):  # the holder wins every time, whatever the order
@@ -184,11 +188,11 @@ def test_routing_follows_the_directory_and_arrivals_are_reported(env):
 
 def test_tenants_namespace_is_set_by_the_router_and_keys_are_checked(env):
     p1 = ids(1)  # held by B in ns-acme only (previous test)
-    env.agents[1].store(p1, "ns-acme")
-    meta = env.generate(p1 + [1], ACME, cache_salt="ns-globex", extra_key="evil")
-    assert (meta["served_by"], meta["cache_salt"], meta["extra_key"]) == ("B", "ns-acme", None)
-    meta = env.generate(p1 + [1], GLOBEX, cache_salt="ns-acme")
-    assert meta["cache_salt"] == "ns-globex"
+    env.agents[1].store(p1, env.ns_acme)
+    meta = env.generate(p1 + [1], ACME, cache_salt=env.ns_globex, extra_key="evil")
+    assert (meta["served_by"], meta["cache_salt"], meta["extra_key"]) == ("B", env.ns_acme, None)
+    meta = env.generate(p1 + [1], GLOBEX, cache_salt=env.ns_acme)
+    assert meta["cache_salt"] == env.ns_globex
     assert env.last_decision()["cached_tokens"] == 0  # another tenant never sees acme's pages
     for headers in ({}, {"Authorization": "Bearer nope"}):
         status, _, raw = call(env.url + "/generate", {"input_ids": p1}, headers)
@@ -207,7 +211,7 @@ def test_streaming_is_passed_through_chunk_by_chunk(env):
                                                                  "stream": True, "max_tokens": 3}, ACME)
     events = [e for e in raw.decode().split("\n\n") if e]
     assert status == 200 and "text/event-stream" in ctype and len(events) == 4
-    assert json.loads(events[0][6:])["sglext"]["cache_salt"] == "ns-acme"
+    assert json.loads(events[0][6:])["sglext"]["cache_salt"] == env.ns_acme
 
 
 def test_finished_answers_reach_the_coordinator_and_the_next_turn_is_recognised(env):
@@ -218,8 +222,8 @@ def test_finished_answers_reach_the_coordinator_and_the_next_turn_is_recognised(
     assert env.coord.post("/policy", {"policy": "kvrep", "mode": "shadow", "reset_demand": True})[0] == 200
     try:
         p11 = ids(11)
-        env.agents[0].store(p11, "ns-acme")
-        wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p11, "cache_salt": "ns-acme"})[1]
+        env.agents[0].store(p11, env.ns_acme)
+        wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p11, "cache_salt": env.ns_acme})[1]
                    ["matched"].get("wA") == 64, what="directory has p11 on A")
         env.wait_synced()
         status, _, raw = call(env.url + "/generate", {"input_ids": p11 + [1, 2], "stream": True,
@@ -247,15 +251,17 @@ def test_service_endpoints(env):
     assert status == 200 and json.loads(raw)["data"][0]["id"] == "stub-model"
     assert call(env.url + "/server_info", headers=ACME)[0] == 200
     assert call(env.url + "/model_info", headers=ACME)[0] == 200
-    status, _, raw = call(env.url + "/flush_cache", headers=ACME, method="POST")
+    # a flush is an admin write: a tenant's key is no admin token
+    assert call(env.url + "/flush_cache", headers=ACME, method="POST")[0] == 401
+    status, _, raw = call(env.url + "/flush_cache", headers=env.router.admin("write"), method="POST")
     assert status == 200 and set(json.loads(raw)["workers"]) == {env.a.url, env.b.url}
     for stub in (env.a, env.b):
         assert json.loads(call(stub.url + "/stub/stats")[2]).get("/flush_cache", 0) >= 1
-    assert metric(env.url, "kvrep_router_requests_total", worker=env.b.url, endpoint="generate",
+    assert metric(env.router, "kvrep_router_requests_total", worker=env.b.url, endpoint="generate",
                   mode="directory") >= 1
-    assert metric(env.url, "kvrep_router_decision_seconds_count") >= 1
-    assert metric(env.url, "kvrep_router_decision_seconds_bucket", le="+Inf") >= 1
-    assert metric(env.url, "kvrep_router_unauthorized_total") is not None
+    assert metric(env.router, "kvrep_router_decision_seconds_count") >= 1
+    assert metric(env.router, "kvrep_router_decision_seconds_bucket", le="+Inf") >= 1
+    assert metric(env.router, "kvrep_router_unauthorized_total") is not None
     hints_before = env.coord.get("/status")[1]["num_live_hints"]
     status, _, raw = call(env.url + "/kvrep/hints", {"kind": "fanout", "input_ids": ids(4), "k": 4,
                                                      "cache_salt": "evil"}, ACME)
@@ -266,14 +272,13 @@ def test_service_endpoints(env):
 def test_workers_are_learned_from_the_coordinator_alone(env, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = Proc("router-discover", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                    *env.coord.router_args(), "--tokenizer", "none"], tmp_path / "r.log")
+    proc = Router(tmp_path, env.keys, coordinator=env.coord, port=port, name="router-discover")
     try:
         wait_until(lambda: ready(url), what="router without static workers healthy")
         p1 = ids(1)  # B holds it in ns-acme; this router has no tenants file: default namespace, no match
         status, _, raw = call(url + "/generate", {"input_ids": p1})
         assert status == 200 and json.loads(raw)["meta_info"]["served_by"] in ("A", "B")
-        workers = json.loads(call(url + "/kvrep/status")[2])["workers"]
+        workers = proc.status()["workers"]
         assert {w["url"]: w["id"] for w in workers} == {env.a.url: "wA", env.b.url: "wB"}
     finally:
         proc.stop(5)
@@ -281,8 +286,8 @@ def test_workers_are_learned_from_the_coordinator_alone(env, tmp_path):
 
 def test_coordinator_down_falls_back_then_recovers(env):
     p5 = ids(5)
-    env.agents[1].store(p5, "ns-acme")
-    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p5, "cache_salt": "ns-acme"})[1]
+    env.agents[1].store(p5, env.ns_acme)
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p5, "cache_salt": env.ns_acme})[1]
                ["matched"].get("wB") == 64, what="directory has p5 on B")
     env.wait_synced()
     assert served_by(env, p5 + [1]) == "B"  # the router's own view now also has p5 on B
@@ -292,7 +297,7 @@ def test_coordinator_down_falls_back_then_recovers(env):
         assert env.last_decision()["mode"] == "fallback"
     st = env.status()["coordinator"]
     assert st["reachable"] is False and st["last_error"] and st["directory_replica"]["usable"] is False
-    assert metric(env.url, "kvrep_router_fallback_decisions_total") > 0
+    assert metric(env.router, "kvrep_router_fallback_decisions_total") > 0
     # restart on the same ports; the agents say hello again; A now holds p6
     env.coord = Coordinator(env.tmp, extra_args=("--policy", "none", "--worker-timeout-s", "120"),
                             name="coordinator2", port=env.coord.zmq_port, admin_port=env.coord.admin_port)
@@ -301,8 +306,8 @@ def test_coordinator_down_falls_back_then_recovers(env):
         agent.close()
     env.agents = [Agent(env.coord, "wA", env.a.url), Agent(env.coord, "wB", env.b.url)]
     p6 = ids(6)
-    env.agents[0].store(p6, "ns-acme")
-    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p6, "cache_salt": "ns-acme"})[1]
+    env.agents[0].store(p6, env.ns_acme)
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p6, "cache_salt": env.ns_acme})[1]
                ["matched"].get("wA") == 64, what="new coordinator has p6 on A")
     env.wait_synced()
 
@@ -315,26 +320,24 @@ def test_coordinator_down_falls_back_then_recovers(env):
 
 def test_without_the_directory_feed_the_router_asks_the_coordinator_per_request(env):
     p12 = ids(12)
-    env.agents[0].store(p12, "ns-acme")
-    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p12, "cache_salt": "ns-acme"})[1]
+    env.agents[0].store(p12, env.ns_acme)
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p12, "cache_salt": env.ns_acme})[1]
                ["matched"].get("wA") == 64, what="directory has p12 on A")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = Proc("router-nofeed", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                  *env.coord.router_args(), "--worker", env.a.url, "--worker", env.b.url,
-                                  "--tenants", str(env.tmp / "tenants.json"), "--tokenizer", "none",
-                                  "--no-directory-feed"], env.tmp / "router-nofeed.log")
+    proc = Router(env.tmp, env.keys, coordinator=env.coord, workers=(env.a.url, env.b.url), port=port,
+                  name="router-nofeed", extra_args=("--tenants", str(env.tmp / "tenants.json"), "--no-directory-feed"))
     try:
         wait_until(lambda: ready(url), what="router without the feed up")
 
         def on_directory():  # a cold router's first coordinator calls may time out: probe until it is on it
             call(url + "/generate", {"input_ids": ids(98) + [1]}, ACME)
-            return json.loads(call(url + "/kvrep/status")[2])["last_decisions"][-1]["mode"] == "directory"
+            return proc.status()["last_decisions"][-1]["mode"] == "directory"
         wait_until(on_directory, what="router without the feed routing from the coordinator's directory")
         for _ in range(3):  # the holder wins every time: the coordinator's per-request lookup found it
             status, _, raw = call(url + "/generate", {"input_ids": p12 + [5]}, ACME)
             assert status == 200 and json.loads(raw)["meta_info"]["served_by"] == "A", raw
-        st = json.loads(call(url + "/kvrep/status")[2])
+        st = proc.status()
         assert st["coordinator"]["directory_replica"] is None
         assert st["last_decisions"][-1]["mode"] == "directory" and st["last_decisions"][-1]["cached_tokens"] == 64
     finally:
@@ -343,8 +346,8 @@ def test_without_the_directory_feed_the_router_asks_the_coordinator_per_request(
 
 def test_killed_upstream_fails_over_without_hanging(env):
     p7 = ids(7)
-    env.agents[1].store(p7, "ns-acme")
-    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p7, "cache_salt": "ns-acme"})[1]
+    env.agents[1].store(p7, env.ns_acme)
+    wait_until(lambda: env.coord.post("/directory/lookup", {"input_ids": p7, "cache_salt": env.ns_acme})[1]
                ["matched"].get("wB") == 64, what="directory has p7 on B")
     env.wait_synced()
     env.b.stop(5)  # B is still in the directory: the router picks it first and must move on
@@ -353,7 +356,7 @@ def test_killed_upstream_fails_over_without_hanging(env):
     d = env.last_decision()
     assert d["ranked"][0] == env.b.url and d["attempt"] == 1 and d["worker"] == env.a.url
     assert [w for w in env.status()["workers"] if w["url"] == env.b.url][0]["cooldown_s"] > 0
-    assert metric(env.url, "kvrep_router_failovers_total") > 0
+    assert metric(env.router, "kvrep_router_failovers_total") > 0
     for k in range(3):  # during the cool-down B is tried last: no more failed attempts
         assert served_by(env, p7 + [2, k]) == "A"
     env.a.stop(5)
@@ -364,8 +367,7 @@ def test_killed_upstream_fails_over_without_hanging(env):
 def test_sigterm_lets_in_flight_streams_finish(tmp_path):
     stub = start_stub("slow", tmp_path, delay_s=0.1)
     port = free_port()
-    router = Proc("router-term", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                  "--worker", stub.url, "--tokenizer", "none"], tmp_path / "router-term.log")
+    router = Router(tmp_path, local_keys(tmp_path / "keys"), workers=(stub.url,), port=port, name="router-term")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: ready(stub.url) and ready(url), what="stub and router up")

@@ -23,13 +23,37 @@ RULES = ("--policy", "rules", "--rule-min-prefix-len", "256", "--rule-min-hits",
 
 
 
-def wait_router_synced(coord: Coordinator, router_url: str, timeout_s: float = 30.0) -> None:
-    """Until a router's mirror of the directory has every change `coord` has made (its decisions then see them)."""
+ROUTER_KEYS = LOGS / "router-keys"
+"""The routers' credentials in these tests (`kvrep_dev.cluster.local_keys`; `Router(LOGS, router_keys(), ...)`)."""
+
+
+def router_keys() -> Path:
+    from kvrep_dev.cluster import local_keys
+
+    return local_keys(ROUTER_KEYS)
+
+
+def router_admin(level: str = "read") -> dict:
+    """Returns: the `Authorization` header of the test routers' `level` admin token."""
+    from kvrep_dev.cluster import bearer
+
+    return bearer(router_keys() / "router-tokens.json", level)
+
+
+def router_status(router_url: str, timeout: float = 60.0) -> dict:
+    """Returns: a test router's `/kvrep/status` (with its read token)."""
     from kvrep_dev.cluster import http_json
 
+    status, out = http_json(router_url + "/kvrep/status", timeout=timeout, headers=router_admin())
+    assert status == 200, out
+    return out
+
+
+def wait_router_synced(coord: Coordinator, router_url: str, timeout_s: float = 30.0) -> None:
+    """Until a router's mirror of the directory has every change `coord` has made (its decisions then see them)."""
     def synced():
         feed = coord.get("/status")[1]["feed"]
-        mirror = http_json(router_url + "/kvrep/status")[1]["coordinator"]["directory_replica"]
+        mirror = router_status(router_url)["coordinator"]["directory_replica"]
         return mirror["usable"] and mirror["epoch"] == feed["epoch"] and mirror["seq"] >= feed["seq"]
     wait_until(synced, timeout_s, what="router's directory mirror in sync with the coordinator")
 

@@ -5,14 +5,15 @@ the router's token ids equal the worker's (prompt_tokens); two tenants sending t
 streaming works through the router.
 """
 import json
-import sys
 import urllib.request
 
 import pytest
 
-from kvrep_dev.cluster import Proc, free_port, http_json, model_path
+from kvrep_dev.cluster import Router, http_json, model_path
+from radix_sync.keys import read_secret
+from radix_sync.router.tenants import derive_namespace
 
-from .conftest import LOGS, PAGE_SIZE, wait_router_synced, wait_until
+from .conftest import LOGS, PAGE_SIZE, router_keys, router_status, wait_router_synced, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -43,11 +44,9 @@ def floor_page(n: int) -> int:
 def router(cluster):
     LOGS.mkdir(parents=True, exist_ok=True)
     (LOGS / "router-tenants.json").write_text(json.dumps(KEYS))
-    port = free_port()
-    proc = Proc("router", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                           *cluster.coord.router_args(), "--tokenizer", model_path("tiny"), "--tenants",
-                           str(LOGS / "router-tenants.json")], LOGS / "router.log")
-    url = f"http://127.0.0.1:{port}"
+    proc = Router(LOGS, router_keys(), coordinator=cluster.coord, tokenizer=model_path("tiny"),
+                  extra_args=("--tenants", str(LOGS / "router-tenants.json")))
+    url = proc.url
 
     def up():
         try:
@@ -63,7 +62,12 @@ def router(cluster):
 
 
 def last_decision(router: str) -> dict:
-    return http_json(router + "/kvrep/status")[1]["last_decisions"][-1]
+    return router_status(router)["last_decisions"][-1]
+
+
+def namespace(label: str) -> str:
+    """Returns: the `cache_salt` the test router gives a tenant labelled `label` (HMAC under the tenant secret)."""
+    return derive_namespace(read_secret(router_keys() / "tenant-secret"), label)
 
 
 def generate(router: str, prompt: str, key: str, **extra) -> dict:
@@ -76,12 +80,13 @@ def test_second_turn_lands_on_the_worker_holding_the_first(cluster, router, hold
     holder = getattr(cluster, holder_name)
     turn1 = text(10 + (holder_name == "b"))
     # turn 1 ran on `holder` in acme's namespace (as the router would have sent it)
-    status, out = http_json(holder.url + "/generate", {"text": turn1, "cache_salt": "ns-acme",
+    status, out = http_json(holder.url + "/generate", {"text": turn1, "cache_salt": namespace("ns-acme"),
                                                         "sampling_params": {"max_new_tokens": 4}})
     assert status == 200, out
     turn1_len = out["meta_info"]["prompt_tokens"]
     assert len(_ids(turn1)) == turn1_len
-    wait_until(lambda: cluster.lookup(_ids(turn1), "ns-acme").get(holder.worker_id, 0) >= floor_page(turn1_len),
+    wait_until(lambda: cluster.lookup(_ids(turn1), namespace("ns-acme")).get(holder.worker_id, 0)
+               >= floor_page(turn1_len),
                what="directory shows turn 1 on the holder")
     wait_router_synced(cluster.coord, router)
     meta = generate(router, turn1 + " zulu yankee xray and a follow-up question", ACME)
@@ -128,7 +133,7 @@ def test_two_tenants_never_share_cached_tokens(cluster, router):
     a1 = generate(router, prompt, ACME)
     wait_until(lambda: generate(router, prompt, ACME)["cached_tokens"] > 0, what="acme hits its own cache")
     # globex sends the same prompt and even claims acme's namespace: the router overrides it
-    g1 = generate(router, prompt, GLOBEX, cache_salt="ns-acme", extra_key="ns-acme")
+    g1 = generate(router, prompt, GLOBEX, cache_salt=namespace("ns-acme"), extra_key=namespace("ns-acme"))
     assert g1["cached_tokens"] == 0 and last_decision(router)["cached_tokens"] == 0
     assert a1["prompt_tokens"] == g1["prompt_tokens"]
     wait_until(lambda: generate(router, prompt, GLOBEX)["cached_tokens"] > 0, what="globex hits its own cache")

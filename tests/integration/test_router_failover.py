@@ -4,14 +4,13 @@ the next request that ranks C first fails over to a live worker before any byte 
 coordinator drops C the router routes from the directory among the survivors."""
 import json
 import signal
-import sys
 import urllib.request
 
 import pytest
 
-from kvrep_dev.cluster import Proc, free_port, http_json, model_path
-from tests.integration.conftest import (LOGS, PAGE_SIZE, joined_worker, prompt, wait_router_synced,
-                                       wait_until)
+from kvrep_dev.cluster import Router, http_json, model_path
+from tests.integration.conftest import (LOGS, PAGE_SIZE, joined_worker, prompt, router_admin, router_keys,
+                                        router_status, wait_router_synced, wait_until)
 
 pytestmark = pytest.mark.server
 
@@ -24,16 +23,13 @@ def victim(cluster):
 
 @pytest.fixture(scope="module")
 def router(cluster, victim):
-    port = free_port()
-    proc = Proc("router-failover", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                    *cluster.coord.router_args(), "--tokenizer", model_path("tiny"),
-                                    "--profile", "cpu-local"],  # CPU workers: CPU prefill costs
-                LOGS / "router-failover.log")
-    url = f"http://127.0.0.1:{port}"
+    proc = Router(LOGS, router_keys(), coordinator=cluster.coord, tokenizer=model_path("tiny"),
+                  name="router-failover", extra_args=("--profile", "cpu-local"))  # CPU workers: CPU prefill costs
+    url = proc.url
 
     def three_workers_known():
         try:
-            st = http_json(url + "/kvrep/status", timeout=1)[1]
+            st = router_status(url, timeout=1)
         except OSError:
             assert proc.alive(), proc.tail()
             return False
@@ -46,7 +42,7 @@ def router(cluster, victim):
 
 
 def last_decision(router):
-    return http_json(router + "/kvrep/status")[1]["last_decisions"][-1]
+    return router_status(router)["last_decisions"][-1]
 
 
 def generate(router, input_ids, max_new_tokens=2):
@@ -110,7 +106,8 @@ def test_a_killed_worker_ends_its_streams_and_its_requests_fail_over(cluster, vi
 
 
 def _metric(router, name):
-    with urllib.request.urlopen(router + "/metrics", timeout=10) as resp:
+    req = urllib.request.Request(router + "/metrics", headers=router_admin())
+    with urllib.request.urlopen(req, timeout=10) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvrep_dev.cluster import ROOT, http_json
+from kvrep_dev.cluster import ROOT, bearer, http_json
 
 pytestmark = pytest.mark.server
 
@@ -56,8 +56,18 @@ def test_kvrep_up_serves_through_the_router_and_stops_cleanly(tmp_path):
         status, out = http_json(router + "/generate", {"text": "def main():\n    return",
                                                        "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
         assert status == 200 and out["meta_info"]["completion_tokens"] == 4, out
-        status, st = http_json(router + "/kvrep/status")
+        assert http_json(router + "/kvrep/status")[0] == 401  # admin routes need the router's tokens
+        status, st = http_json(router + "/kvrep/status", headers=bearer(tmp_path / "keys" / "router-tokens.json"))
         assert status == 200 and len(st["workers"]) == 2, st
+        # the workers run with SGLang's --api-key: a client straight to a worker is refused
+        worker = re.search(r"worker\s+(http://\S+)", text).group(1)
+        assert http_json(worker + "/generate", {"input_ids": [5, 6, 7]})[0] == 401
+        # the request that killed a worker is refused by the router; the cluster keeps serving
+        status, out = http_json(router + "/generate", {"input_ids": [5, 6, 7, 5000]})
+        assert status == 400, out
+        status, out = http_json(router + "/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+            "max_new_tokens": 2}})
+        assert status == 200, out
         started = descendants(proc.pid)
         assert len(started) >= 4  # coordinator, 2 workers (+ their scheduler/detokenizer), router
     finally:

@@ -2,27 +2,25 @@
 coordinator on the same endpoint rebuilds the exact directory from the workers' resync. A router in front keeps
 serving throughout: from its own view while the coordinator is gone, from the directory again once it is back."""
 import signal
-import sys
 
 import pytest
 
-from kvrep_dev.cluster import Coordinator, Proc, free_port, http_json, model_path
-from tests.integration.conftest import LOGS, PAGE_SIZE, RULES, prompt, wait_router_synced, wait_until
+from kvrep_dev.cluster import Coordinator, Router, http_json, model_path
+from tests.integration.conftest import (LOGS, PAGE_SIZE, RULES, prompt, router_keys, router_status,
+                                        wait_router_synced, wait_until)
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture
 def router(cluster):
-    port = free_port()
-    proc = Proc("router-restart", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                   *cluster.coord.router_args(), "--tokenizer", model_path("tiny")],
-                LOGS / "router-restart.log")
-    url = f"http://127.0.0.1:{port}"
+    proc = Router(LOGS, router_keys(), coordinator=cluster.coord, tokenizer=model_path("tiny"),
+                  name="router-restart")
+    url = proc.url
 
     def both_known():
         try:
-            workers = http_json(url + "/kvrep/status", timeout=1)[1]["workers"]
+            workers = router_status(url, timeout=1)["workers"]
         except OSError:
             assert proc.alive(), proc.tail()
             return False
@@ -38,7 +36,7 @@ def route(router, input_ids):
     status, out = http_json(router + "/generate", {"input_ids": input_ids, "sampling_params": {
         "max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}}, timeout=60)
     assert status == 200, out
-    return out["meta_info"], http_json(router + "/kvrep/status")[1]["last_decisions"][-1]
+    return out["meta_info"], router_status(router)["last_decisions"][-1]
 
 
 def test_workers_survive_and_resync_after_coordinator_restart(cluster, router):

@@ -34,5 +34,11 @@ def test_router_flags_default_to_the_config():
             a.max_connections_per_worker, a.shutdown_timeout_s, a.directory_feed) == (
         c.host, c.port, c.coordinator_url, c.tenants_path, c.page_size, c.profile, c.connect_timeout_s,
         c.read_timeout_s, c.max_connections_per_worker, c.shutdown_timeout_s, c.directory_feed)
+    assert (a.state_dir, a.admin_tokens, a.tenant_secret, a.worker_api_key, a.coordinator_tokens, a.vocab_size,
+            a.max_body_bytes, a.max_prompt_tokens, a.max_prompt_chars, a.max_batch_prompts, a.max_messages,
+            a.tokenize_threads, a.hints_per_s, a.hints_burst) == (
+        c.state_dir, c.admin_tokens_path, c.tenant_secret_path, c.worker_api_key_path, c.coordinator_tokens_path,
+        c.vocab_size, c.max_body_bytes, c.max_prompt_tokens, c.max_prompt_chars, c.max_batch_prompts, c.max_messages,
+        c.tokenize_threads, c.hints_per_s, c.hints_burst)
     assert (a.prefill_s_per_token, a.queue_s_per_request, a.kv_bytes_per_token, a.link_gbps * 1e9 / 8) == (
         k.prefill_s_per_token, k.queue_s_per_request, k.kv_bytes_per_token, k.link_bytes_per_s)

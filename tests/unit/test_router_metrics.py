@@ -19,6 +19,7 @@ def parse(metrics):
 FAMILIES = {"kvrep_router_requests": "counter", "kvrep_router_upstream_failures": "counter",
             "kvrep_router_failovers": "counter", "kvrep_router_fallback_decisions": "counter",
             "kvrep_router_unauthorized": "counter", "kvrep_router_no_worker": "counter",
+            "kvrep_router_refused": "counter",
             "kvrep_router_arrivals_dropped": "counter", "kvrep_router_decision_seconds": "histogram"}
 
 
@@ -27,6 +28,7 @@ def test_a_fresh_router_exposes_every_series_at_zero():
     assert {name: t for name, (t, _) in fams.items()} == FAMILIES
     assert all(name.startswith("kvrep_") for name in fams)
     assert fams["kvrep_router_requests"][1] == {} and fams["kvrep_router_upstream_failures"][1] == {}
+    assert fams["kvrep_router_refused"][1] == {}
     for name in ("failovers", "fallback_decisions", "unauthorized", "no_worker", "arrivals_dropped"):
         assert fams[f"kvrep_router_{name}"][1] == {(f"kvrep_router_{name}_total", ()): 0.0}
     hist = fams["kvrep_router_decision_seconds"][1]
@@ -45,6 +47,7 @@ def test_counts_labels_and_histogram_buckets_are_exact():
     m.fallback_decisions.inc(3)
     m.unauthorized.inc()
     m.no_worker.inc()
+    m.refused.labels("too_large").inc(2)
     for s in (0.00005, 0.0003, 0.0003, 2.0):
         m.decision_seconds.observe(s)
     dropped[0] = 7  # read when scraped
@@ -56,6 +59,7 @@ def test_counts_labels_and_histogram_buckets_are_exact():
         ("kvrep_router_upstream_failures_total", (("reason", "ClientConnectorError"), ("worker", "http://b"))): 1.0}
     assert fams["kvrep_router_fallback_decisions"][1] == {("kvrep_router_fallback_decisions_total", ()): 3.0}
     assert fams["kvrep_router_arrivals_dropped"][1] == {("kvrep_router_arrivals_dropped_total", ()): 7.0}
+    assert fams["kvrep_router_refused"][1] == {("kvrep_router_refused_total", (("reason", "too_large"),)): 2.0}
     for name in ("failovers", "unauthorized", "no_worker"):
         assert fams[f"kvrep_router_{name}"][1] == {(f"kvrep_router_{name}_total", ()): 1.0}
     hist = fams["kvrep_router_decision_seconds"][1]
