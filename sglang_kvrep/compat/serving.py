@@ -77,3 +77,15 @@ def finished_weight_update(kind: str, result: Any, manager: Any, recv_req: Any) 
                         model_path=getattr(recv_req, "model_path", None) if kind == "disk" else None,
                         weight_version=getattr(recv_req, "weight_version", None),
                         succeeded=bool(getattr(result, "success", False)))
+
+
+def parse_server_args(argv: list[str]) -> Any:
+    """SGLang's `ServerArgs` from `sglang.launch_server` flags, parsed as the launcher does, unresolved (what the
+    scheduler reads the fingerprint's flags from; tests and tools use it without starting a server)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv))
