@@ -12,19 +12,26 @@ import inspect
 import json
 from dataclasses import Field, asdict, dataclass, fields
 
+from sglang_kvrep.address import advertised_host, host_in_url, is_wildcard
+
 
 @dataclass(frozen=True)
 class KvrepConfig:
     coordinator: str = "tcp://127.0.0.1:5600"
     """ZMQ endpoint of the coordinator."""
     worker_id: str = ""
-    """Stable worker name; default `<host>:<port>` of the HTTP server."""
+    """Stable worker name; default `<advertised host>:<port>` of the HTTP server."""
     http_url: str = ""
-    """URL clients reach this worker at; default `http://<host>:<port>`."""
+    """URL clients reach this worker at; default `http://<advertised host>:<port>`."""
+    advertise_host: str = ""
+    """Address others reach this worker at (its default name, URL and data endpoint); default --host, or with a
+    wildcard --host (0.0.0.0, ::) the address of the interface that routes to the coordinator."""
     data_host: str = "127.0.0.1"
-    """Address the data-plane socket binds to and advertises."""
+    """Address the data-plane socket binds to."""
     data_port: int = 0
     """Data-plane TCP port; 0 picks a free port."""
+    data_advertise_port: int = 0
+    """Data-plane port peers connect to when it differs from the bound one (a forwarded port); 0: the bound one."""
     replica_budget_tokens: int = 0
     """Most tokens held as unpromoted replicas; 0 means a quarter of the KV pool."""
     transfer_timeout_s: float = 30.0
@@ -47,8 +54,12 @@ class KvrepConfig:
     def __post_init__(self) -> None:
         if not self.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"--kvrep-coordinator must be a ZMQ endpoint like tcp://host:port, got {self.coordinator!r}")
-        if not 0 <= self.data_port < 65536:
-            raise ValueError(f"--kvrep-data-port out of range: {self.data_port}")
+        for name in ("data_port", "data_advertise_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise ValueError(f"--kvrep-{name.replace('_', '-')} out of range: {getattr(self, name)}")
+        if self.advertise_host and is_wildcard(self.advertise_host):
+            raise ValueError(f"--kvrep-advertise-host {self.advertise_host!r} is a wildcard, not an address others "
+                             "can reach; give this host's address or leave it out")
         if self.replica_budget_tokens < 0:
             raise ValueError(f"--kvrep-replica-budget-tokens must be >= 0, got {self.replica_budget_tokens}")
         for name in ("transfer_timeout_s", "load_interval_s"):
@@ -120,16 +131,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def from_namespace(ns: argparse.Namespace, *, host: str, port: int, inner_kv_events: str = "") -> KvrepConfig:
-    """The config from parsed flags; `host`/`port` are SGLang's `--host`/`--port` (the defaults of the worker's
-    name, URL and data host).
+    """The config from parsed flags; `host`/`port` are SGLang's `--host`/`--port`: the data plane binds `host`
+    too, and the worker's name, URL and data endpoint use the advertised host (`sglang_kvrep.address`).
 
     Raises:
         ValueError: a bad value (see `KvrepConfig`).
     """
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
     values = {f.name: getattr(ns, "kvrep_" + f.name) for f in _flag_fields()}
-    values["worker_id"] = values["worker_id"] or f"{host}:{port}"
-    values["http_url"] = values["http_url"] or f"http://{host}:{port}"
+    if values["advertise_host"] and is_wildcard(values["advertise_host"]):
+        return KvrepConfig(**values)  # raises the clear error
+    advertised = advertised_host(host, values["advertise_host"], values["coordinator"])
+    values["advertise_host"] = advertised
+    values["worker_id"] = values["worker_id"] or f"{host_in_url(advertised)}:{port}"
+    values["http_url"] = values["http_url"] or f"http://{host_in_url(advertised)}:{port}"
     values["data_host"] = values["data_host"] or host
     return KvrepConfig(**values, inner_kv_events=inner_kv_events)

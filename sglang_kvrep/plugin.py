@@ -35,6 +35,8 @@ def register() -> None:
     compat.register_hook(compat.SCHEDULER_INGEST, _around_ingest, "AROUND")
     compat.register_hook(compat.CACHE_MATCH_PREFIX, _after_match_prefix, "AFTER")
     compat.register_hook(compat.CACHE_EVICT_FOR_ALLOC, _around_evict_for_alloc, "AROUND")
+    for kind, target in compat.WEIGHT_UPDATE_HOOKS.items():
+        compat.register_hook(target, _after_weight_update(kind), "AFTER")
     from sglang_kvrep.events import KvrepEventPublisher
 
     compat.register_event_publisher("kvrep", KvrepEventPublisher)
@@ -162,3 +164,19 @@ def _around_evict_for_alloc(original, cache, params, *args, **kwargs):
     if freed > 0:
         compat.add_evicted_tokens(result, freed)
     return result
+
+
+def _after_weight_update(kind: str):
+    """The hook after SGLang's `update_weights_from_<kind>` (scheduler thread): the agent of that scheduler takes
+    a new fingerprint and says hello with it."""
+
+    def hook(result, manager, recv_req=None, *args, **kwargs):
+        agent = _agent
+        if agent is not None:
+            update = compat.finished_weight_update(kind, result, manager, recv_req)
+            if update.scheduler is None or agent.view.is_of(update.scheduler):
+                agent.on_weights_updated_safe(update)
+        return result
+
+    hook.__name__ = f"_after_update_weights_from_{kind}"
+    return hook

@@ -19,11 +19,12 @@ import zmq
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
 from sglang_kvrep import events
+from sglang_kvrep.address import advertised_endpoint, is_wildcard, routable_host
 from sglang_kvrep.agent import mailbox as m
 from sglang_kvrep.config import KvrepConfig
-from sglang_kvrep.dataplane.checks import check_grant, check_header
+from sglang_kvrep.dataplane.checks import check_grant, check_header, finite_s
 from sglang_kvrep.dataplane.registry import make_transport
-from sglang_kvrep.dataplane.staging import Incoming
+from sglang_kvrep.dataplane.staging import Incoming, StagingLedger
 from sglang_kvrep.dataplane.transport import (ChunkSent, Refusal, TransferFailed, TransferReceived, TransferSent,
                                               TransportEvent)
 
@@ -68,8 +69,16 @@ class IoSide:
         self.poller.register(self.coord, zmq.POLLIN)
         self.poller.register(mailbox.io_wake_fd, zmq.POLLIN)
         self.expected: dict[str, tuple[p.ExpectReplica, float]] = {}  # replication id -> (grant, deadline)
+        self.staged = StagingLedger()
+        """The replica budget held by transfers admitted and not ended (`admit` checks each against the rest)."""
+        self._refused_now: Optional[str] = None
+        """The transfer `admit` just refused: its `TransferFailed` follows at once and held nothing."""
         self.transport = make_transport(self.cfg.transport, self.cfg, self.admit, self.on_transport_event, self.ctx,
                                         self.poller)
+        host = self.cfg.advertise_host or (routable_host(self.cfg.coordinator) if is_wildcard(self.cfg.data_host)
+                                           else "")
+        self.data_endpoint = advertised_endpoint(self.transport.endpoint, host, self.cfg.data_advertise_port)
+        """What peers connect to (the transport binds `data_host`; a wildcard is not an address)."""
         self.seq = 0
         self.need_resync = False
         self.mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
@@ -79,7 +88,7 @@ class IoSide:
         left, never its first TTL again, and an expired one not at all."""
         self.last_load: Optional[p.LoadReported] = None
         self.last_sent_s = 0.0
-        mailbox.post_to_scheduler(m.IoStarted(self.transport.endpoint))
+        mailbox.post_to_scheduler(m.IoStarted(self.data_endpoint))
 
     # ------------------------------------------------------------------------------------------ coordinator
     def send_coord(self, msg) -> None:
@@ -95,7 +104,7 @@ class IoSide:
         info = self.info
         self.seq = 0
         msg = p.Hello(worker_id=self.cfg.worker_id, http_url=self.cfg.http_url,
-                      data_endpoint=self.transport.endpoint, fingerprint=info.fingerprint,
+                      data_endpoint=self.data_endpoint, fingerprint=info.fingerprint,
                       fingerprint_fields=info.fingerprint_fields, page_size=info.page_size,
                       pool_capacity_tokens=info.pool_capacity_tokens,
                       replica_budget_tokens=info.replica_budget_tokens, seq=0, vocab_size=info.vocab_size)
@@ -196,10 +205,15 @@ class IoSide:
         entry = self.expected.get(h.replication_id)
         if entry is None or not hmac.compare_digest(entry[0].auth_token, h.auth_token):
             # not reported: a stranger must not be able to fail someone else's replication
+            self._refused_now = h.transfer_id
             return Refusal("transfer not authorized by the coordinator (unknown replication or bad token)",
                            tell_coordinator=False)
-        err = check_grant(h, entry[0]) or check_header(h, self.info.geometry, self.free_replica_tokens)
-        return None if err is None else Refusal(err)
+        err = check_grant(h, entry[0]) or check_header(h, self.info.geometry, self.free_replica_tokens) \
+            or self.staged.reserve(h.transfer_id, len(h.token_ids), self.free_replica_tokens)
+        if err is not None:
+            self._refused_now = h.transfer_id
+            return Refusal(err)
+        return None
 
     def on_transport_event(self, ev: TransportEvent) -> None:
         if isinstance(ev, ChunkSent):
@@ -208,10 +222,15 @@ class IoSide:
             h = ev.header
             self.send_coord(p.SourceSent(worker_id=self.cfg.worker_id, seq=0, replication_id=h.replication_id,
                                          num_tokens=len(h.token_ids), num_bytes=h.num_bytes,
-                                         gather_s=ev.gather_s, send_s=ev.send_s))
+                                         gather_s=finite_s(ev.gather_s), send_s=finite_s(ev.send_s)))
         elif isinstance(ev, TransferReceived):
             self.on_received(ev.incoming)
         elif isinstance(ev, TransferFailed):
+            if ev.role == "target":
+                if ev.transfer_id == self._refused_now:
+                    self._refused_now = None  # refused by `admit`: it held nothing (and may share a live id)
+                else:
+                    self.staged.release(ev.transfer_id)  # its staging buffer is back in the transport's pool
             if ev.role == "source":  # stop gathering and sending the rest, release the source's lock
                 self.to_sched(m.SendCancelled(ev.transfer_id))
             if ev.tell_coordinator:
@@ -225,7 +244,7 @@ class IoSide:
         hashes = page_hashes(h.token_ids, h.page_size, h.namespace)
         if grant is None or hashes != grant.block_hashes[:len(hashes)]:
             error = "token ids are not the prefix the coordinator authorized"
-            self.transport.answer(inc, error=error)
+            self.answer(inc, error=error)
             return self.report_failure(h.replication_id, "target", error)
         self.to_sched(m.Install(inc, hashes))
 
@@ -236,19 +255,24 @@ class IoSide:
         self.send_coord(p.ReplicationFailed(worker_id=self.cfg.worker_id, seq=0, replication_id=replication_id,
                                             role=role, error=error))
 
+    def answer(self, inc: Incoming, *, inserted_len: int = 0, error: Optional[str] = None) -> None:
+        """End a received transfer (the transport takes its staging buffer back) and free what it held."""
+        self.staged.release(inc.header.transfer_id)
+        self.transport.answer(inc, inserted_len=inserted_len, error=error)
+
     def install_failed(self, done: m.InstallFailed) -> None:
-        self.transport.answer(done.incoming, error=done.error)
+        self.answer(done.incoming, error=done.error)
         self.report_failure(done.incoming.header.replication_id, "target", done.error)
 
     def installed(self, done: m.Installed) -> None:
         inc, block_hashes = done.incoming, done.block_hashes
         h = inc.header
-        self.transport.answer(inc, inserted_len=done.inserted_len)
+        self.answer(inc, inserted_len=done.inserted_len)
         fact = p.ReplicaStored(worker_id=self.cfg.worker_id, seq=0, replication_id=h.replication_id,
                                namespace=h.namespace, block_hashes=block_hashes, inserted_len=done.inserted_len,
                                expires_in_s=h.ttl_s, num_bytes=h.num_bytes,
-                               receive_s=inc.last_progress_s - inc.started_s, scatter_s=done.scatter_s,
-                               insert_s=done.insert_s)
+                               receive_s=finite_s(inc.last_progress_s - inc.started_s),
+                               scatter_s=finite_s(done.scatter_s), insert_s=finite_s(done.insert_s))
         if done.inserted_len > 0:
             self.replica_blocks[h.replication_id] = (h.namespace, block_hashes, False)
             self.replica_facts[h.replication_id] = (fact, time.monotonic() + h.ttl_s)
@@ -316,3 +340,6 @@ class IoSide:
             self.install_failed(msg)
         elif isinstance(msg, m.ReplicaRoom):
             self.free_replica_tokens = msg.free_tokens
+        elif isinstance(msg, m.Reannounce):  # new weights: a new identity, said as a new hello
+            self.info = msg.info
+            self.hello()

@@ -99,11 +99,19 @@ class ReplicaRoom(msgspec.Struct, frozen=True):
     free_tokens: int
 
 
+class Reannounce(msgspec.Struct, frozen=True):
+    """The worker's identity changed (its weights were updated in place): check transfers against `info` from now
+    on and say hello again with its new fingerprint."""
+
+    info: WorkerInfo
+
+
 class Stop(msgspec.Struct, frozen=True):
     """End the I/O loop."""
 
 
-ToIo = Union[ToCoordinator, PrefixMatched, StartSend, ChunkGathered, Installed, InstallFailed, ReplicaRoom, Stop]
+ToIo = Union[ToCoordinator, PrefixMatched, StartSend, ChunkGathered, Installed, InstallFailed, ReplicaRoom,
+             Reannounce, Stop]
 
 
 # ================================================================================= I/O -> scheduler thread

@@ -7,7 +7,6 @@ repeated failures the agent disables itself and SGLang serves as usual.
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import threading
 import time
@@ -20,11 +19,11 @@ import torch
 
 from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
-from sglang_kvrep import compat, events
+from sglang_kvrep import compat, events, fingerprint
 from sglang_kvrep.agent import mailbox as m
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.config import KvrepConfig
-from sglang_kvrep.dataplane.checks import LocalGeometry
+from sglang_kvrep.dataplane.checks import LocalGeometry, finite_s
 from sglang_kvrep.dataplane.staging import Incoming
 from sglang_kvrep.replicas import ReplicaTable
 
@@ -56,14 +55,10 @@ class WorkerAgent:
         self.config = config
         self.mailbox = mailbox if mailbox is not None else m.Mailbox()
         self.page_size = view.page_size
-        fields = view.fingerprint_fields()
-        self.fingerprint_fields = fields
-        self.fingerprint = hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:24]
-        k_bufs, v_bufs, layout = view.kv_buffers()
-        row_shape = tuple(k_bufs[0].shape[1:])  # (H, D) for NHD pools
-        page_shape = (2, self.page_size, *row_shape) if v_bufs is not None else (self.page_size, *row_shape)
-        self.geometry = LocalGeometry(self.fingerprint, self.page_size, str(k_bufs[0].dtype), layout, page_shape,
-                                      len(k_bufs), k_bufs[0].element_size())
+        t0 = time.perf_counter()
+        self._set_fingerprint(view.fingerprint_fields())
+        log.info("kvrep: fingerprint %s of the weights and serving flags in %.2fs", self.fingerprint,
+                 time.perf_counter() - t0)
         capacity = view.pool_capacity_tokens()
         self.vocab_size = int(view.vocab_size()) if hasattr(view, "vocab_size") else 0
         self.replicas = ReplicaTable(view, config.replica_budget_tokens or capacity // 4)
@@ -88,6 +83,15 @@ class WorkerAgent:
         self.demote_stats = {"evicted_tokens": 0, "taken_back": 0}
         """Reported with the load: tokens freed from demoted chains, chains taken back by a hit."""
         self._demoted_tokens = 0
+
+    def _set_fingerprint(self, fields: dict[str, str]) -> None:
+        self.fingerprint_fields = fields
+        self.fingerprint = fingerprint.digest(fields)
+        k_bufs, v_bufs, layout = self.view.kv_buffers()
+        row_shape = tuple(k_bufs[0].shape[1:])  # (H, D) for NHD pools
+        page_shape = (2, self.page_size, *row_shape) if v_bufs is not None else (self.page_size, *row_shape)
+        self.geometry = LocalGeometry(self.fingerprint, self.page_size, str(k_bufs[0].dtype), layout, page_shape,
+                                      len(k_bufs), k_bufs[0].element_size())
 
     @property
     def info(self) -> m.WorkerInfo:
@@ -173,7 +177,7 @@ class WorkerAgent:
             self._room_changed()
             self._report(p.LoadReported(worker_id=self.config.worker_id, seq=0,
                                         replica_tokens=self.replicas.live_tokens(),
-                                        iteration_s=round(self._iteration_s, 4),
+                                        iteration_s=round(finite_s(self._iteration_s), 4),
                                         demoted_chains=len(self.demoted),
                                         demoted_evicted_tokens=self.demote_stats["evicted_tokens"],
                                         demotions_taken_back=self.demote_stats["taken_back"], **load))
@@ -204,6 +208,43 @@ class WorkerAgent:
             self.disabled = True
         elif isinstance(msg, m.IoStarted):
             self.data_endpoint = msg.data_endpoint  # it was late for `start`
+
+    # ------------------------------------------------------------------------------------- weight updates
+    def on_weights_updated_safe(self, update: compat.WeightUpdate) -> None:
+        """SGLang changed this worker's weights in place (scheduler thread, after the update): never raises."""
+        if self.disabled:
+            return
+        try:
+            self.on_weights_updated(update)
+        except Exception:
+            log.exception("kvrep: re-fingerprinting after a weight update failed; the agent stops (its old "
+                          "fingerprint would name weights it no longer serves); serving as plain SGLang")
+            self.disabled = True
+            self.stop()
+
+    def on_weights_updated(self, update: compat.WeightUpdate) -> None:
+        """A new fingerprint for the new weights, announced as a new hello. Gathers still running stop here (a
+        flush after the update may have freed the pages they read: what was gathered before went out; the
+        transfer then fails on a stall, and nothing gathered after the update is ever sent)."""
+        for tid, job in list(self.gathers.items()):
+            try:
+                self.view.unlock(job.lock)
+            except Exception:  # the flush reset the tree and its locks with it
+                pass
+            self.gathers.pop(tid, None)
+            self.sent_chunks.pop(tid, None)
+        self.cancelled.clear()
+        old = self.fingerprint
+        if update.succeeded and update.kind == "disk" and update.model_path:
+            fields = self.view.fingerprint_fields(model_path=update.model_path)
+        else:
+            fields = fingerprint.updated_weights_fields(
+                self.fingerprint_fields, update.kind if update.succeeded else f"failed-{update.kind}",
+                update.weight_version, uuid.uuid4().hex)
+        self._set_fingerprint(fields)
+        log.info("kvrep agent %s: weights updated (%s, version %s): fingerprint %s -> %s", self.config.worker_id,
+                 update.kind, update.weight_version, old, self.fingerprint)
+        self.to_io(m.Reannounce(self.info))
 
     # ------------------------------------------------------------------------------------------ demotion
     MAX_DEMOTED = 4096

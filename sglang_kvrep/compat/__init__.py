@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from sglang_kvrep.compat.scheduler import SchedulerView
+from sglang_kvrep.compat.serving import (WEIGHT_UPDATE_HOOKS, WeightUpdate, finished_weight_update,
+                                         kv_serving_flags, lora_adapters)
 from sglang_kvrep.compat.version import SUPPORTED_SGLANG, check_sglang_version, sglang_version
 
-__all__ = ["SUPPORTED_SGLANG", "SchedulerView", "check_sglang_version", "sglang_version"]
+__all__ = ["SUPPORTED_SGLANG", "SchedulerView", "WEIGHT_UPDATE_HOOKS", "WeightUpdate", "check_sglang_version",
+           "finished_weight_update", "kv_serving_flags", "lora_adapters", "sglang_version"]
 
 # Hook targets (dotted paths resolved by SGLang's HookRegistry in every process that loads plugins).
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
@@ -231,3 +234,4 @@ def create_event_publisher(kind: str, attn_dp_rank: int, **config: Any):
     from sglang.srt.disaggregation.kv_events import EventPublisherFactory
 
     return EventPublisherFactory._registry[kind](attn_dp_rank=attn_dp_rank, **config)
+

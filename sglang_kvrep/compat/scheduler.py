@@ -5,9 +5,7 @@ Everything here that touches the tree cache or the allocator must be called on t
 """
 from __future__ import annotations
 
-import json
 from array import array
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -204,36 +202,30 @@ class SchedulerView:
             return list(pool.kv_buffer), None, "NHD"
         raise RuntimeError(f"unsupported KV pool {type(pool).__name__}")
 
-    def fingerprint_fields(self) -> dict[str, str]:
-        """Everything two workers must share for one's KV pages to be valid on the other."""
+    def fingerprint_fields(self, model_path: Optional[str] = None) -> dict[str, str]:
+        """Everything two workers must share for one's KV pages to be valid on the other: the content of the
+        weights (`model_path`, default the served one: a disk update loads another), the KV-changing serving
+        flags and adapters, the RoPE in effect, and the live pool's geometry, dtypes and layout. Hashes the
+        weight files that are not in the user's fingerprint cache (`sglang_kvrep.fingerprint`)."""
+        from sglang_kvrep import fingerprint
+        from sglang_kvrep.compat.serving import kv_serving_flags, lora_adapters, rope_in_effect
+
         sa = self.server_args
         pool = self.pool
-        model_path = Path(str(sa.model_path))
-        config_text = ""
-        weights = []
-        if model_path.is_dir():
-            cfg = model_path / "config.json"
-            if cfg.exists():
-                config_text = json.dumps(json.loads(cfg.read_text()), sort_keys=True)
-            weights = sorted((f.name, f.stat().st_size) for f in model_path.glob("*.safetensors"))
-        import hashlib
-
-        model_id = hashlib.sha256((config_text + repr(weights)).encode()).hexdigest()[:16]
+        model_config = getattr(self.scheduler, "model_config", None)
+        path = model_path or str(getattr(model_config, "model_path", None) or sa.model_path)
+        fields = fingerprint.model_fields(path, kv_serving_flags(sa), lora_adapters(sa),
+                                          rope=rope_in_effect(model_config))
         k_bufs, v_bufs, layout = self.kv_buffers()
         geometry = tuple(k_bufs[0].shape[1:]) if k_bufs else ()
-        return {
-            "model": str(sa.served_model_name or sa.model_path),
-            "model_config_and_weights": model_id,
-            "weight_version": str(getattr(sa, "weight_version", "")),
-            "dtype": str(getattr(pool, "dtype", "")),
+        fields.update({
             "kv_store_dtype": str(getattr(pool, "store_dtype", "")),
-            "kv_cache_dtype": str(sa.kv_cache_dtype),
+            "kv_pool_dtype": str(getattr(pool, "dtype", "")),
             "page_size": str(self.page_size),
             "num_layers": str(len(k_bufs)),
             "kv_geometry": str(geometry),
             "mla": str(v_bufs is None),
             "layout": layout,
-            "tp_size": str(sa.tp_size),
-            "pp_size": str(sa.pp_size),
             "sglang": sglang_version(),
-        }
+        })
+        return fields

@@ -1,6 +1,7 @@
 """What a target checks before it stages or writes a byte of a transfer: the header against the local geometry
-and replica budget (`check_header`), and against the coordinator's grant (`check_grant`). Pure functions, called
-on the agent's I/O thread by `sglang_kvrep.agent.io_side`."""
+and replica budget (`check_header`), and against the coordinator's grant (`check_grant`); and what every worker
+checks of the timings it reports (`finite_s`). Pure functions, called on the agent's threads by
+`sglang_kvrep.agent`."""
 from __future__ import annotations
 
 import math
@@ -71,3 +72,13 @@ def check_grant(h: p.TransferHeader, grant: p.ExpectReplica) -> Optional[str]:
     if h.num_pages > len(grant.block_hashes):
         return f"transfer of {h.num_pages} pages exceeds the {len(grant.block_hashes)} authorized"
     return None
+
+
+def finite_s(seconds: float) -> float:
+    """A measured duration fit to report: itself when finite and >= 0, else 0.0 (no sample). A NaN or an inf
+    reported once would stay in the coordinator's averages for good; a negative one (a clock step) is no time."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) and value >= 0.0 else 0.0

@@ -1,6 +1,7 @@
 """Transfer state on both ends of the data plane, any transport's: `Incoming` (a transfer being received and
-verified chunk by chunk into a staging buffer), `Outgoing` (one being sent as the scheduler thread gathers it) and
-`StagingPool` (the receive buffers, reused). I/O thread only; nothing here touches SGLang."""
+verified chunk by chunk into a staging buffer), `Outgoing` (one being sent as the scheduler thread gathers it),
+`StagingPool` (the receive buffers, reused) and `StagingLedger` (the replica budget held by the transfers being
+received, so that concurrent grants together stay within it). I/O thread only; nothing here touches SGLang."""
 from __future__ import annotations
 
 import collections
@@ -40,6 +41,38 @@ class StagingPool:
         while self.cached_bytes() > self.max_bytes:
             smallest = min(self._free, key=lambda b: b.numel())
             self._free = [b for b in self._free if b is not smallest]
+
+
+class StagingLedger:
+    """Replica-budget tokens held by the transfers a target admitted and has not ended yet (staging, or lent to
+    the scheduler thread to install). Each admission is checked against the budget left after all of them, so
+    concurrent grants together never stage more than the replica budget (each alone would fit). I/O thread only.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, int] = {}
+
+    def held_tokens(self) -> int:
+        return sum(self._held.values())
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def reserve(self, transfer_id: str, num_tokens: int, free_tokens: int) -> Optional[str]:
+        """Hold `num_tokens` for `transfer_id` if they fit in `free_tokens` (the budget not taken by installed
+        replicas) beside what the others hold. Returns an error message instead when they do not."""
+        if transfer_id in self._held:
+            return f"duplicate transfer id {transfer_id}"
+        held = self.held_tokens()
+        if num_tokens > free_tokens - held:
+            return (f"replica budget exceeded: {num_tokens} tokens > {max(0, free_tokens - held)} free "
+                    f"({free_tokens} not installed, {held} held by {len(self._held)} transfer(s) being received)")
+        self._held[transfer_id] = num_tokens
+        return None
+
+    def release(self, transfer_id: str) -> None:
+        """The transfer ended (installed, refused, failed): its tokens are free again. Unknown ids are ignored."""
+        self._held.pop(transfer_id, None)
 
 
 @dataclass

@@ -36,7 +36,7 @@ def test_two_flags_are_enough():
     ns = parse("--enable-kv-replication", "--kvrep-coordinator", "tcp://10.0.0.1:5600", "--port", "31000")
     cfg = plugin.arrange_server_flags(ns)
     assert cfg == KvrepConfig(coordinator="tcp://10.0.0.1:5600", worker_id="127.0.0.1:31000",
-                              http_url="http://127.0.0.1:31000", data_host="127.0.0.1")
+                              http_url="http://127.0.0.1:31000", advertise_host="127.0.0.1", data_host="127.0.0.1")
     assert ns.radix_eviction_policy == "priority"
     assert json.loads(ns.kv_events_config) == {"publisher": "kvrep"}
     assert KvrepConfig.from_json(cfg.to_json()) == cfg

@@ -217,10 +217,10 @@ class StubAgent:
     """The scheduler side's end of the mailbox, without SGLang: an `IoSide` on its own thread, with what a
     `WorkerAgent` would tell it (`WorkerInfo`) and the messages it posts back kept in `got`."""
 
-    def __init__(self, worker_id: str, coordinator: str) -> None:
-        self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport="zmq")
+    def __init__(self, worker_id: str, coordinator: str, free_tokens: int = 100, **cfg) -> None:
+        self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport="zmq", **cfg)
         info = m.WorkerInfo(fingerprint="fp", fingerprint_fields={}, page_size=4, pool_capacity_tokens=1000,
-                            replica_budget_tokens=100, free_replica_tokens=100, geometry=GEO)
+                            replica_budget_tokens=free_tokens, free_replica_tokens=free_tokens, geometry=GEO)
         self.mailbox = m.Mailbox()
         self.got: list = []
         self.loop: IoSide = None
