@@ -26,6 +26,7 @@ def test_a_resync_reports_live_replicas_with_what_is_left_and_never_expired_ones
     io.info = SimpleNamespace(fingerprint="f", fingerprint_fields={}, page_size=4, pool_capacity_tokens=100,
                               replica_budget_tokens=25, vocab_size=32000)
     io.transport = SimpleNamespace(endpoint="tcp://127.0.0.1:1")
+    io.data_endpoint = io.transport.endpoint
     io.coord = ctx.socket(zmq.DEALER)
     io.coord.connect("inproc://coord")
     io.seq, io.need_resync, io.mirror, io.last_load, io.last_sent_s = 0, False, {}, None, 0.0
