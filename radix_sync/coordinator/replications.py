@@ -226,11 +226,11 @@ class ReplicationBook:
             rep.state, rep.error, rep.finished_s = FAILED, error, now_s
 
     # ------------------------------------------------------------------------------------------------ timers
-    def fail_involving(self, worker_id: str, now_s: float) -> None:
-        """Fails the replications `worker_id` is a party of (it went silent)."""
+    def fail_involving(self, worker_id: str, now_s: float, why: str = "went silent") -> None:
+        """Fails the replications `worker_id` is a party of (it went silent, or its weights changed)."""
         for rep in self.records.values():
             if worker_id in (rep.source, rep.target):
-                self.fail(rep.id, f"worker {worker_id} went silent", now_s)
+                self.fail(rep.id, f"worker {worker_id} {why}", now_s)
 
     def time_out(self, now_s: float, timeout_s: float) -> None:
         for rep in self.records.values():

@@ -116,9 +116,14 @@ class ClusterState:
                                                f"(coordinator speaks {p.PROTOCOL_VERSION})", in_reply_to="Hello"))]
         if hello.page_size < 1:
             return [(routing_id, p.Error(error=f"bad page_size {hello.page_size}", in_reply_to="Hello"))]
-        if hello.worker_id in self._workers:
+        old = self._workers.get(hello.worker_id)
+        if old is not None:
             # A re-hello (restart or resync) replaces everything the worker said before.
             self._forget_pages(hello.worker_id, "re-hello")
+            if old.hello.fingerprint != hello.fingerprint:
+                # new weights (a weight update re-announces): a copy in flight carries the old KV; end it now
+                # rather than at its timeout (the target would refuse it anyway)
+                self._replications.fail_involving(hello.worker_id, now_s, "changed its fingerprint")
         self._workers.add(hello, routing_id, now_s)
         return [(routing_id, p.HelloAck(coordinator_id=self.coordinator_id))]
 

@@ -155,6 +155,17 @@ def test_protocol_version_and_rehello(st):
     st.check_integrity()
 
 
+def test_a_rehello_with_new_weights_fails_its_copies_in_flight_at_once(st):
+    toks = list(range(8))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    same, _, _ = st.request_replication("a", "b", toks, "", 30.0, now_s=1.0)
+    st.handle(b"B", hello("b"), 1.5)  # a reconnect, same weights: the copy goes on
+    assert same.in_flight
+    st.handle(b"B", hello("b", fp="g"), 2.0)  # a weight update re-announced
+    assert same.state == "failed" and "fingerprint" in same.error and same.finished_s == 2.0
+    st.check_integrity()
+
+
 def test_an_arrival_counts_for_the_prefix_it_reuses(st):
     trunk = list(range(12))
     # nothing holds it yet: the arrival shows no reuse (a one-off prompt must not look popular)
