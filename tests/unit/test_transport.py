@@ -6,6 +6,7 @@ import select
 import threading
 import time
 
+import msgspec
 import pytest
 import torch
 import zmq
@@ -72,10 +73,15 @@ def pump(sides, until, timeout_s: float = 20.0) -> None:
             s.step()
 
 
+OWN_CONTEXTS: list = []
+
+
 @pytest.fixture
 def ctx():
     c = zmq.Context()
     yield c
+    while OWN_CONTEXTS:
+        OWN_CONTEXTS.pop().destroy(linger=0)
     c.destroy(linger=0)
 
 
@@ -331,3 +337,155 @@ def test_io_side_replicates_through_the_transport_and_reports_failures(ctx):
         b.close()
         coord.sock.close()
     assert not b.loop.expected and b.loop.transport.staging.cached_bytes() == h.num_bytes  # one buffer, reused
+
+
+# ------------------------------------------------------------------------------------- with keys (CurveZMQ)
+@pytest.fixture(scope="module")
+def keydir(tmp_path_factory):
+    from radix_sync.keys import create_dir
+
+    return create_dir(tmp_path_factory.mktemp("keys") / "k", 3, 0)
+
+
+def keyed_side(ctx, keydir, i: int, **cfg) -> Side:
+    """Worker i's transport, in a context of its own (as each worker has: one ZAP handler per context)."""
+    own = zmq.Context()
+    OWN_CONTEXTS.append(own)
+    return Side(own, keys=str(keydir.path), key_name=f"worker-{i}", **cfg)
+
+
+HANDSHAKE_OUTCOMES = (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                      zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def handshake_outcome(sock, mon, sides) -> int:
+    """The first handshake outcome `mon` (a monitor set up on `sock` before it connected) reports, pumping
+    `sides` meanwhile; the monitor is then closed."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for side in sides:
+                side.step(1)
+            if mon.poll(10):
+                ev = recv_monitor_message(mon)["event"]
+                if ev in HANDSHAKE_OUTCOMES:
+                    return ev
+        raise AssertionError("no handshake outcome")
+    finally:
+        sock.disable_monitor()
+        mon.close(0)
+
+
+def test_keyed_transfer_lands_between_allow_listed_workers(ctx, keydir):
+    src, dst = keyed_side(ctx, keydir, 0), keyed_side(ctx, keydir, 1)
+    h = header(source_id="worker-0")
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint, "worker-1")
+    for i in range(h.num_chunks):
+        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
+    pump([src, dst], lambda: dst.of(TransferReceived))
+    assert torch.equal(dst.of(TransferReceived)[0].incoming.buffer, payload)
+    src.t.close()
+    dst.t.close()
+
+
+def test_keyed_data_port_admits_no_stranger_and_no_impersonation(ctx, keydir):
+    from radix_sync.keys import KeyPair, curve_client
+
+    dst = keyed_side(ctx, keydir, 1)
+    server_key = keydir.workers["worker-1"].public
+    # no CURVE, or a key outside the allow-list: the handshake fails, admit is never even asked
+    for curve in (None, (KeyPair("stranger", *zmq.curve_keypair()), server_key)):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if curve:
+            curve_client(sock, *curve)
+        mon = sock.get_monitor_socket()
+        sock.connect(dst.t.endpoint)
+        sock.send(p.encode(header(source_id="worker-0")))
+        assert handshake_outcome(sock, mon, [dst]) != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        sock.close(0)
+    assert not dst.events and not dst.t.incoming
+    # worker-2's genuine key, speaking for worker-0: refused before admit, not reported (it would fail worker-0's)
+    replies = []
+    sender = threading.Thread(target=lambda: replies.append(send_transfer(
+        dst.t.endpoint, header(source_id="worker-0"), payload_of(header()).numpy().tobytes(),
+        curve=(keydir.pair("worker-2"), server_key))))
+    sender.start()
+    pump([dst], lambda: dst.of(TransferFailed))
+    sender.join(20)
+    err = "source_id 'worker-0' is not the worker of this connection's key ('worker-2')"
+    assert dst.of(TransferFailed) == [TransferFailed("t1", "r1", "target", err, tell_coordinator=False)]
+    assert isinstance(replies[0], p.TransferRefused) and replies[0].error == err
+    assert not dst.t.incoming and dst.t.staging.cached_bytes() == 0
+    dst.t.close()
+
+
+def test_keyed_source_sends_only_to_the_targets_own_key(ctx, keydir):
+    src, dst = keyed_side(ctx, keydir, 0), keyed_side(ctx, keydir, 1)
+    # a target id with no allow-listed key: failed at once, nothing connected
+    src.t.send(header(), dst.t.endpoint, "worker-9")
+    assert src.of(TransferFailed) == [TransferFailed(
+        "t1", "r1", "source", "target 'worker-9' has no key in the allow-list: not sending it anything")]
+    assert not src.t.peers and not src.t.outgoing
+    # worker-1's endpoint named as worker-2's: worker-1 cannot prove it holds worker-2's key, no handshake
+    src.t.send(header(tid="t2", source_id="worker-0"), dst.t.endpoint, "worker-2")
+    sock = src.t.peers[dst.t.endpoint]
+    result = [handshake_outcome(sock, sock.get_monitor_socket(), [src, dst])]
+    assert result[0] != zmq.EVENT_HANDSHAKE_SUCCEEDED and not dst.events and not dst.t.incoming
+    src.t.close()
+    dst.t.close()
+
+
+def test_chunks_count_only_from_the_connection_that_opened_the_transfer(ctx):
+    dst = Side(ctx)
+    h = header()
+    payload = payload_of(h)
+    owner, other = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    for s in (owner, other):
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(dst.t.endpoint)
+    from sglang_kvrep.dataplane.wire import chunk_frames
+
+    owner.send(p.encode(h))
+    pump([dst], lambda: "t1" in dst.t.incoming)
+    other.send_multipart(chunk_frames(h, 0, chunk(h, torch.zeros_like(payload), 0)))
+    other.send(p.encode(p.TransferEnd(transfer_id="t1")))
+    for i in range(h.num_chunks):
+        owner.send_multipart(chunk_frames(h, i, chunk(h, payload, i)))
+    owner.send(p.encode(p.TransferEnd(transfer_id="t1")))
+    pump([dst], lambda: dst.of(TransferReceived))
+    assert torch.equal(dst.of(TransferReceived)[0].incoming.buffer, payload) and not dst.of(TransferFailed)
+    for s in (owner, other):
+        s.close(0)
+    dst.t.close()
+
+
+def test_one_resync_however_many_facts_a_restarted_coordinator_turns_down(ctx):
+    """A coordinator that restarted answers every fact sent before the worker noticed with `ResyncRequested`;
+    the worker resyncs once (the requests that answer facts from before its new hello are stale)."""
+    coord = FakeCoordinator(ctx)
+    agent = StubAgent("a", coord.endpoint)
+    try:
+        [first] = coord.wait_for(p.Hello)
+        coord.sock.send_multipart([coord.ids["a"], p.encode(p.HelloAck(coordinator_id="one"))])
+        load = p.LoadReported(worker_id="a", seq=0, num_running_reqs=0, num_waiting_reqs=0, num_waiting_tokens=0,
+                              available_tokens=1, evictable_tokens=0, replica_tokens=0)
+        for _ in range(20):
+            agent.to_io(m.ToCoordinator(msgspec.structs.replace(load)))
+        facts = coord.wait_for(p.LoadReported, 20)
+        # the restarted coordinator turns down all 20, then acks the one hello that comes
+        for _ in facts:
+            coord.sock.send_multipart([coord.ids["a"], p.encode(p.ResyncRequested(reason="unknown worker"))])
+        coord.wait_for(p.Hello, 2)
+        coord.sock.send_multipart([coord.ids["a"], p.encode(p.HelloAck(coordinator_id="two"))])
+        agent.to_io(m.ToCoordinator(msgspec.structs.replace(load)))
+        coord.wait_for(p.LoadReported, 22)  # the resync's load, then this one: the link is live again
+        stats = agent.loop.stats
+        assert (stats["hellos"], stats["stale_resync_requests"], stats["coordinator_restarts"]) == (2, 19, 1)
+        assert len([x for x in coord.got if isinstance(x, p.Hello)]) == 2
+    finally:
+        agent.close()
+        coord.sock.close()
