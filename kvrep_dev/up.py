@@ -5,11 +5,12 @@ everything it started, by process group, leaving nothing behind. One log file pe
 """
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 import threading
 
-from kvrep_dev.cluster import ROOT, Coordinator, Proc, Worker, free_port, model_path
+from kvrep_dev.cluster import ROOT, Coordinator, Proc, Worker, free_port, make_keys, model_path
 
 
 def _say(msg: str) -> None:
@@ -23,15 +24,19 @@ def run_up(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     procs: list[Proc] = []
     try:
+        # fresh keys beside the logs: CurveZMQ on every ZMQ plane, as across hosts, with no step for the user
+        shutil.rmtree(logs / "keys", ignore_errors=True)  # a dev cluster's keys live as long as its run
+        keys = make_keys(logs / "keys", max(args.workers, 1))
         coord = Coordinator(logs, extra_args=("--policy", args.policy, "--mode", args.mode, "--profile", args.profile),
-                            admin_port=args.admin_port or None)
+                            admin_port=args.admin_port or None, keys=keys)
         procs.append(coord)
         coord.wait_ready()
         _say(f"coordinator: admin {coord.admin}  workers connect to {coord.endpoint}")
         workers = []
         for i in range(args.workers):
             w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
-                       max_total_tokens=args.max_total_tokens, page_size=args.page_size)
+                       max_total_tokens=args.max_total_tokens, page_size=args.page_size, keys=keys,
+                       key_name=f"worker-{i}")
             procs.append(w)
             workers.append(w)
         for i, w in enumerate(workers):
