@@ -223,8 +223,8 @@ class StubAgent:
     """The scheduler side's end of the mailbox, without SGLang: an `IoSide` on its own thread, with what a
     `WorkerAgent` would tell it (`WorkerInfo`) and the messages it posts back kept in `got`."""
 
-    def __init__(self, worker_id: str, coordinator: str) -> None:
-        self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport="zmq")
+    def __init__(self, worker_id: str, coordinator: str, **cfg) -> None:
+        self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport="zmq", **cfg)
         info = m.WorkerInfo(fingerprint="fp", fingerprint_fields={}, page_size=4, pool_capacity_tokens=1000,
                             replica_budget_tokens=100, free_replica_tokens=100, geometry=GEO)
         self.mailbox = m.Mailbox()
@@ -268,9 +268,15 @@ class StubAgent:
 
 
 class FakeCoordinator:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, keydir=None) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.auth = None
+        if keydir is not None:  # as the real one: CURVE server, allow-listed workers only
+            from radix_sync.keys import curve_server, start_authenticator
+
+            self.auth = start_authenticator(ctx, keydir.allow_list())
+            curve_server(self.sock, keydir.pair("coordinator"))
         self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
         self.ids: dict[str, bytes] = {}
         self.got: list = []
@@ -289,7 +295,7 @@ class FakeCoordinator:
 
     def grant(self, worker_id: str, h: p.TransferHeader) -> None:
         self.sock.send_multipart([self.ids[worker_id], p.encode(p.ExpectReplica(
-            replication_id=h.replication_id, source_id="a", namespace="", page_size=4,
+            replication_id=h.replication_id, source_id=h.source_id, namespace="", page_size=4,
             block_hashes=page_hashes(h.token_ids, 4, ""), auth_token="good", expires_in_s=60.0))])
 
 
@@ -489,3 +495,35 @@ def test_one_resync_however_many_facts_a_restarted_coordinator_turns_down(ctx):
     finally:
         agent.close()
         coord.sock.close()
+
+
+def test_keyed_io_sides_replicate_through_curve_planes(keydir):
+    """The whole worker side with keys: both I/O sides reach a CURVE coordinator with their own keys, the source
+    learns the target's id from `ReplicatePages` and sends only to that worker's key, and the pages land."""
+    ctx = zmq.Context()
+    coord = FakeCoordinator(ctx, keydir)
+    kw = {"keys": str(keydir.path)}
+    a = StubAgent("worker-0", coord.endpoint, key_name="worker-0", **kw)
+    b = StubAgent("worker-1", coord.endpoint, key_name="worker-1", **kw)
+    try:
+        coord.wait_for(p.Hello, 2)
+        h = header(source_id="worker-0")
+        payload = payload_of(h)
+        coord.grant("worker-1", h)
+        coord.wait_for(p.ReplicaExpected)
+        coord.sock.send_multipart([coord.ids["worker-0"], p.encode(p.ReplicatePages(
+            replication_id="r1", auth_token="good", token_ids=h.token_ids, namespace="", target_id="worker-1",
+            target_endpoint=b.data_endpoint, target_fingerprint="fp", ttl_s=5.0))])
+        a.wait_for(m.Replicate)  # what the scheduler side gets; it gathers and starts the send
+        a.to_io(m.StartSend(h, b.data_endpoint))
+        for i in range(h.num_chunks):
+            a.to_io(m.ChunkGathered(h.transfer_id, i, chunk(h, payload, i), 0.0))
+        [install] = b.wait_for(m.Install)
+        assert torch.equal(install.incoming.buffer, payload)
+        assert not a.loop.send_targets  # consumed by the send
+    finally:
+        a.close()
+        b.close()
+        coord.sock.close()
+        coord.auth.stop()
+        ctx.destroy(linger=0)
