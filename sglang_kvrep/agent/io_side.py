@@ -139,7 +139,7 @@ class IoSide:
             self.stats["dropped_facts"] += 1
 
     def hello(self, now: Optional[float] = None) -> None:
-        """Say hello, then everything this worker holds (its live replicas with the TTL they have left)."""
+        """Say hello, then everything this worker holds (its replicas with the TTL they have left)."""
         now = time.monotonic() if now is None else now
         info = self.info
         self.seq = 0
@@ -166,9 +166,11 @@ class IoSide:
             for i in range(0, len(blocks), MAX_BLOCKS_PER_MESSAGE):
                 self.send_coord(p.PagesStored(worker_id=self.cfg.worker_id, seq=0, namespace=ns,
                                               blocks=blocks[i:i + MAX_BLOCKS_PER_MESSAGE]))
+        # NOTE: the replicas still held (an expired one left `replica_facts` with its `ReplicaExpired`), with the
+        # TTL they have left, not the one they started with; one past its TTL but kept for a queued request that
+        # wants it is still here, due now.
         for fact, expires_s in self.replica_facts.values():
-            if expires_s > now:  # an expired replica is never announced again (its expiry fact is on the way)
-                self.send_coord(msgspec.structs.replace(fact, expires_in_s=expires_s - now))
+            self.send_coord(msgspec.structs.replace(fact, expires_in_s=max(0.0, expires_s - now)))
         if self.last_load is not None:
             self.send_coord(msgspec.structs.replace(self.last_load))
 

@@ -527,3 +527,32 @@ def test_keyed_io_sides_replicate_through_curve_planes(keydir):
         coord.sock.close()
         coord.auth.stop()
         ctx.destroy(linger=0)
+
+
+def test_a_resync_announces_held_replicas_with_the_ttl_left_and_never_an_expired_one(ctx):
+    coord = FakeCoordinator(ctx)
+    info = m.WorkerInfo(fingerprint="fp", fingerprint_fields={}, page_size=4, pool_capacity_tokens=1000,
+                        replica_budget_tokens=100, free_replica_tokens=100, geometry=GEO)
+    io = IoSide(KvrepConfig(coordinator=coord.endpoint, worker_id="w"), info, m.Mailbox())
+    try:
+        now = time.monotonic()
+        for rid, left_s in (("gone", 50.0), ("live", 20.0), ("overdue", -3.0)):
+            fact = p.ReplicaStored(worker_id="w", seq=0, replication_id=rid, namespace="", block_hashes=[1],
+                                   inserted_len=4, expires_in_s=60.0, num_bytes=1, receive_s=0.0, scatter_s=0.0,
+                                   insert_s=0.0)
+            io.replica_facts[rid] = (fact, now + left_s)
+        io.on_message(m.ToCoordinator(p.ReplicaExpired(worker_id="w", seq=0, replication_id="gone",
+                                                        num_evicted_tokens=4)))
+        deadline = time.monotonic() + 20
+        while io.need_resync:  # the first hello goes once the link is up (IMMEDIATE: no queue before that)
+            assert time.monotonic() < deadline
+            io.keep_link(time.monotonic())
+            time.sleep(0.01)
+        stored = {f.replication_id: f.expires_in_s for f in coord.wait_for(p.ReplicaStored, 2)}
+        assert stored.keys() == {"live", "overdue"}  # "overdue": past its TTL but still held (a queued request)
+        assert 0 < stored["live"] <= 20.0 and stored["overdue"] == 0.0
+    finally:
+        io.transport.close()
+        io.coord.close(0)
+        io.ctx.term()
+        coord.sock.close()
