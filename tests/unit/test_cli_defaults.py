@@ -21,6 +21,7 @@ def test_coordinator_flags_default_to_the_config():
     assert (a.bind, a.admin_host, a.admin_port, a.policy, a.profile, a.mode, a.tick_s) == (
         c.bind, c.admin_host, c.admin_port, c.policy, c.profile, c.mode, c.tick_s)
     assert (a.worker_timeout_s, a.replication_timeout_s) == (s.worker_timeout_s, s.replication_timeout_s)
+    assert (a.keys, a.insecure, a.max_msg_bytes) == (c.keys, c.insecure, c.max_msg_bytes)
     assert RuleConfig(a.rule_min_prefix_len, a.rule_min_hits, a.rule_window_s, a.rule_max_queue, a.rule_ttl_s) == r
 
 
