@@ -103,7 +103,7 @@ def local_keys(folder: Path) -> Path:
     """Creates (once) the secrets of a local cluster in `folder` (0700; files 0600, as `kvrep keys` names them):
     `worker-api-key` (the workers' `--api-key`, which the router sends), `tenant-secret`, `router-tokens.json`
     and `admin-tokens.json` (the coordinator's, whose write token the router sends). Returns: `folder`."""
-    from radix_sync import keys
+    from radix_sync import secret_files as keys
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -252,18 +252,37 @@ class Proc:
             return ""
 
 
+def make_keys(out: Path, num_workers: int, num_routers: int = 1) -> Path:
+    """A fresh key directory (`kvrep keys`) at `out`, unless one is there already. Returns: `out`."""
+    from radix_sync.keys import create_dir
+
+    if not (out / "coordinator.key_secret").exists():
+        create_dir(out, num_workers, num_routers)
+    return out
+
+
+def key_worker_id(keys: Path, key_name: str) -> str:
+    """The worker id `key_name`'s certificate names."""
+    from radix_sync.keys import load_dir
+
+    return load_dir(keys).pair(key_name).worker_id
+
+
 class Worker(Proc):
     def __init__(self, name: str, model: str, log_dir: Path, *, port: Optional[int] = None,
                  coordinator: Optional[str] = None, page_size: int = 16, max_total_tokens: int = 16384,
                  extra_args: tuple[str, ...] = (), kvrep: bool = True, env: Optional[dict] = None,
-                 api_key_file: Optional[Path] = None, cpu: Optional[int] = None) -> None:
+                 api_key_file: Optional[Path] = None, cpu: Optional[int] = None,
+                 keys: Optional[Path] = None, key_name: str = "") -> None:
         """`api_key_file`: SGLang's `--api-key` from this file (a `worker-api-key`): every call but `/health` and
-        `/metrics` then needs it (`self.headers`), so only the router (which sends it) reaches the worker."""
+        `/metrics` then needs it (`self.headers`), so only the router (which sends it) reaches the worker.
+        `keys`/`key_name`: join with this worker's key (CurveZMQ planes); its worker id is the key's.
+        `cpu`: the core it is pinned to."""
         self.port = port or free_port()
         self.api_key = Path(api_key_file).read_text().strip() if api_key_file else None
         self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.url = f"http://127.0.0.1:{self.port}"
-        self.worker_id = f"127.0.0.1:{self.port}"
+        self.worker_id = key_worker_id(keys, key_name) if keys else f"127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path(model), "--device", "cpu",
                 "--host", "127.0.0.1", "--port", str(self.port), "--attention-backend", "torch_native",
                 "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size), "--sleep-on-idle",
@@ -273,6 +292,8 @@ class Worker(Proc):
             argv += ["--api-key", self.api_key]
         if kvrep:
             argv += ["--enable-kv-replication", "--kvrep-coordinator", coordinator or "tcp://127.0.0.1:5600"]
+            if keys:
+                argv += ["--kvrep-keys", str(keys), "--kvrep-key-name", key_name]
         super().__init__(name, argv, log_dir / f"{name}.log", server_env(env), cpu=cpu)
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
@@ -306,7 +327,8 @@ class Coordinator(Proc):
     before the process starts, so the caller knows them at once); `get`/`post` send the write token."""
 
     def __init__(self, log_dir: Path, *, extra_args: tuple[str, ...] = (), name: str = "coordinator",
-                 port: Optional[int] = None, admin_port: Optional[int] = None) -> None:
+                 port: Optional[int] = None, admin_port: Optional[int] = None, keys: Optional[Path] = None) -> None:
+        """`keys`: a key directory (`make_keys`): CurveZMQ on the workers' socket, only its workers admitted."""
         from radix_sync.admin_auth import ensure_tokens
 
         self.zmq_port = port or free_port()
@@ -315,9 +337,10 @@ class Coordinator(Proc):
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         self.tokens_path = Path(log_dir) / "admin-tokens.json"
         self.tokens, _ = ensure_tokens(self.tokens_path)
+        self.keys = keys
         argv = [sys.executable, "-m", "radix_sync.cli", "coordinator", "--bind", self.endpoint,
                 "--admin-port", str(self.admin_port), "--admin-tokens", str(self.tokens_path),
-                "--state-dir", str(log_dir), *extra_args]
+                "--state-dir", str(log_dir), *(("--keys", str(keys)) if keys else ()), *extra_args]
         super().__init__(name, argv, log_dir / f"{name}.log")
 
     def router_args(self) -> list[str]:
@@ -406,7 +429,44 @@ class Router(Proc):
 
     def namespace(self, label: str) -> str:
         """Returns: the `cache_salt` this router gives a tenant whose label (namespace or name) is `label`."""
-        from radix_sync.keys import read_secret
+        from radix_sync.secret_files import read_secret
         from radix_sync.router.tenants import derive_namespace
 
         return derive_namespace(read_secret(self.keys_dir / "tenant-secret"), label)
+class StubAgent(Proc):
+    """`kvrep_dev.stub_agent`: the real agent I/O side (coordinator link, data port) without SGLang, making
+    `pages_per_s` pages; `stats()` reads what it last wrote (link counters, pages held, data endpoint)."""
+
+    def __init__(self, name: str, coordinator: str, log_dir: Path, *, worker_id: str = "",
+                 keys: Optional[Path] = None, key_name: str = "", pages_per_s: float = 200.0) -> None:
+        self.stats_path = log_dir / f"{name}.stats.json"
+        self.stats_path.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "kvrep_dev.stub_agent", "--coordinator", coordinator, "--stats",
+                str(self.stats_path), "--pages-per-s", str(pages_per_s)]
+        if worker_id:
+            argv += ["--worker-id", worker_id]
+        if keys:
+            argv += ["--keys", str(keys), "--key-name", key_name]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        super().__init__(name, argv, log_dir / f"{name}.log", env)
+
+    def stats(self) -> dict:
+        try:
+            return json.loads(self.stats_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait_stats(self, pred, timeout_s: float = 120.0, what: str = "") -> dict:
+        """Until `pred(stats)`; raises if the process exits or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited:\n{self.tail()}")
+            stats = self.stats()
+            if stats and pred(stats):
+                return stats
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name}: {what or 'condition'} not reached; last {self.stats()}\n{self.tail()}")
+
+    def stop_making(self) -> None:
+        os.kill(self.pid, signal.SIGUSR1)

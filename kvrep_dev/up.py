@@ -10,10 +10,11 @@ of `router-tokens.json`.
 """
 from __future__ import annotations
 
+import shutil
 import time
 
 from kvrep_dev.bench import testbed_worker_kwargs
-from kvrep_dev.cluster import ROOT, Coordinator, Proc, Router, Worker, local_keys, model_path
+from kvrep_dev.cluster import ROOT, Coordinator, Proc, Router, Worker, local_keys, make_keys, model_path
 
 
 def _say(msg: str) -> None:
@@ -26,9 +27,12 @@ def run_up(args) -> int:
     # finally below stops everything started so far.
     procs: list[Proc] = []
     try:
-        keys = local_keys(logs / "keys")
+        # fresh keys beside the logs: CurveZMQ on every ZMQ plane, as across hosts, the workers' API key, the
+        # router's tokens and the tenant secret, with no step for the user
+        shutil.rmtree(logs / "keys", ignore_errors=True)  # a dev cluster's keys live as long as its run
+        keys = local_keys(make_keys(logs / "keys", max(args.workers, 1)))
         coord = Coordinator(logs, extra_args=("--policy", args.policy, "--mode", args.mode, "--profile", args.profile),
-                            admin_port=args.admin_port or None)
+                            admin_port=args.admin_port or None, keys=keys)
         procs.append(coord)
         coord.wait_ready()
         _say(f"coordinator: admin {coord.admin}  workers connect to {coord.endpoint}")
@@ -37,7 +41,7 @@ def run_up(args) -> int:
             tb = testbed_worker_kwargs(args, i)
             w = Worker(f"worker-{i}", args.model, logs, coordinator=coord.endpoint,
                        max_total_tokens=args.max_total_tokens, page_size=args.page_size,
-                       api_key_file=keys / "worker-api-key", **tb)
+                       api_key_file=keys / "worker-api-key", keys=keys, key_name=f"worker-{i}", **tb)
             procs.append(w)
             workers.append(w)
         for i, w in enumerate(workers):

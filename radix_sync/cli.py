@@ -1,5 +1,5 @@
-"""The `kvrep` command line: `kvrep coordinator`, `kvrep router`, `kvrep sim`, `kvrep demo`, `kvrep bench`,
-`kvrep copy-demo`, `kvrep up`.
+"""The `kvrep` command line: `kvrep coordinator`, `kvrep router`, `kvrep keys`, `kvrep sim`, `kvrep demo`,
+`kvrep bench`, `kvrep copy-demo`, `kvrep up`.
 
 Subcommands import their modules lazily so `kvrep coordinator` never pays for torch or sglang imports; the
 developer commands come from `kvrep_dev.cli` through the `kvrep.commands` entry points.
@@ -39,6 +39,13 @@ def _add_coordinator(sub) -> None:
     p.add_argument("--max-pages-per-worker", type=int, default=S.max_pages_per_worker)
     p.add_argument("--max-hint-ttl-s", type=float, default=S.max_hint_ttl_s, help="hints' TTLs are capped to it")
     p.add_argument("--hint-rate-per-s", type=float, default=S.hint_rate_per_s, help="hints per second per tenant")
+    p.add_argument("--keys", default=C.keys, metavar="DIR",
+                   help="key directory from `kvrep keys`: CurveZMQ on the workers' socket, only its workers' keys "
+                        "admitted, each bound to its worker id (required to bind a non-loopback address)")
+    p.add_argument("--insecure", action="store_true", default=C.insecure,
+                   help="bind a non-loopback address without keys anyway (no authentication, no encryption)")
+    p.add_argument("--max-msg-bytes", type=int, default=C.max_msg_bytes,
+                   help="largest frame a worker may send; a larger one disconnects it unread")
     g = p.add_argument_group("rule-based policy (L, H, W, Q)")
     g.add_argument("--rule-min-prefix-len", type=int, default=R.min_prefix_len, help="L: tokens")
     g.add_argument("--rule-min-hits", type=int, default=R.min_hits, help="H: hits within the window")
@@ -59,7 +66,8 @@ def _run_coordinator(args) -> int:
         config = CoordinatorConfig(
             bind=args.bind, admin_host=args.admin_host, admin_port=args.admin_port, policy=args.policy,
             profile=args.profile,
-            mode=args.mode, tick_s=args.tick_s,
+            mode=args.mode, tick_s=args.tick_s, keys=args.keys, insecure=args.insecure,
+            max_msg_bytes=args.max_msg_bytes,
             rules=RuleConfig(args.rule_min_prefix_len, args.rule_min_hits, args.rule_window_s, args.rule_max_queue,
                              args.rule_ttl_s),
             state=StateConfig(worker_timeout_s=args.worker_timeout_s,
@@ -185,6 +193,35 @@ def _run_router(args) -> int:
     return 0
 
 
+def _add_keys(sub) -> None:
+    p = sub.add_parser("keys", help="create a cluster's keys: CurveZMQ pairs for the coordinator, each worker and "
+                                    "router, the allow-list, admin tokens and the tenant and worker API secrets")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new directory (existing keys are never overwritten)")
+    p.add_argument("--workers", type=int, required=True, help="number of worker key pairs (worker-0 ...)")
+    p.add_argument("--routers", type=int, default=1, help="number of router key pairs (router-0 ...)")
+    p.add_argument("--worker-ids", default="",
+                   help="comma-separated worker ids bound to the keys, in order (default worker-0,worker-1,...); "
+                        "a worker started with --kvrep-key-name worker-<i> takes its id from its key")
+    p.set_defaults(func=_run_keys)
+
+
+def _run_keys(args) -> int:
+    from radix_sync.keys import KeysError, create_dir
+
+    ids = [x.strip() for x in args.worker_ids.split(",") if x.strip()] or None
+    try:
+        keydir = create_dir(args.out, args.workers, args.routers, worker_ids=ids)
+    except KeysError as exc:
+        print(f"kvrep keys: {exc}", file=sys.stderr)
+        return 2
+    print(f"kvrep keys: wrote {keydir.path} (0700, files 0600)")
+    print(f"  coordinator   kvrep coordinator --keys {keydir.path} ...   (needs coordinator.key_secret, allow/)")
+    for name, pair in keydir.workers.items():
+        print(f"  {name:<13} --kvrep-keys {keydir.path} --kvrep-key-name {name}   (worker id {pair.worker_id})")
+    print("  a worker host needs coordinator.key, its own worker-<i>.key_secret and allow/; keep the rest off it")
+    return 0
+
+
 def _add_sim(sub) -> None:
     from radix_sync.sim import cli as sim_cli
 
@@ -213,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_coordinator(sub)
     _add_router(sub)
+    _add_keys(sub)
     _add_sim(sub)
     _add_dev_commands(sub)
     args = parser.parse_args(argv)

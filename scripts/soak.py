@@ -162,8 +162,11 @@ class SoakCluster:
 
     def _start_router(self) -> str:
         port = free_port()
-        argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port), "--coordinator",
-                self.coord.admin, "--tokenizer", model_path(self.args.model), "--page-size", "16"]
+        # the coordinator's admin token (a restarted coordinator reuses its tokens file); the router's own files
+        # in the soak's logs
+        argv = [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port), *self.coord.router_args(),
+                "--state-dir", str(self.logs / "router-state"), "--tokenizer", model_path(self.args.model),
+                "--page-size", "16"]
         self.router = Proc("router", argv, self.logs / "router.log")
         url = f"http://127.0.0.1:{port}"
         self.router.wait_http(url + "/health", timeout_s=120)

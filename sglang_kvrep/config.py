@@ -50,6 +50,18 @@ class KvrepConfig:
     """Publish facts but refuse to execute replication commands."""
     inner_kv_events: str = ""
     """The user's own `--kv-events-config` publisher (JSON), which ours forwards every batch to; "" for none."""
+    keys: str = ""
+    """Key directory (`kvrep keys`): CurveZMQ to the coordinator and on the data plane, peers only from its
+    allow-list. Required when the coordinator or the data plane is not on loopback (or --kvrep-insecure)."""
+    key_name: str = ""
+    """This worker's key in --kvrep-keys (`worker-<i>`); the worker id defaults to the one the key names."""
+    insecure: bool = False
+    """Let the coordinator link or the data plane leave loopback without keys (unauthenticated, unencrypted)."""
+    max_control_msg_bytes: int = 16 << 20
+    """Largest frame accepted from the coordinator or in a data-plane reply; a larger one drops the link."""
+    max_data_msg_bytes: int = 64 << 20
+    """Largest frame the data port accepts (a chunk is at most --kvrep-chunk-bytes, or one page of every layer
+    when that is larger); a larger one disconnects the peer before anything is buffered."""
 
     def __post_init__(self) -> None:
         if not self.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
@@ -71,6 +83,13 @@ class KvrepConfig:
             raise ValueError(f"--kvrep-staging-bytes must be >= 0, got {self.staging_bytes}")
         if self.send_rate_mbps < 0:
             raise ValueError(f"--kvrep-send-rate-mbps must be >= 0, got {self.send_rate_mbps}")
+        if not 1 << 16 <= self.max_control_msg_bytes <= 1 << 30:
+            raise ValueError(f"--kvrep-max-control-msg-bytes must be in [64 KiB, 1 GiB], got "
+                             f"{self.max_control_msg_bytes}")
+        if not self.chunk_bytes <= self.max_data_msg_bytes <= 1 << 30:
+            raise ValueError(f"--kvrep-max-data-msg-bytes must be in [--kvrep-chunk-bytes ({self.chunk_bytes}), "
+                             f"1 GiB], got {self.max_data_msg_bytes}")
+        self._check_keys()
         # NOTE: imported here, not at the top: the registry pulls in torch and zmq, which only the processes that
         # build a config need (the launcher and the scheduler, where sglang has loaded them anyway).
         from sglang_kvrep.dataplane.registry import check_transport_name
@@ -79,6 +98,30 @@ class KvrepConfig:
             check_transport_name(self.transport)
         except ValueError as exc:
             raise ValueError(f"--kvrep-transport: {exc}") from None
+
+    def _check_keys(self) -> None:
+        from radix_sync import keys as k
+
+        if self.keys:
+            if not self.key_name:
+                raise ValueError("--kvrep-keys needs --kvrep-key-name (this worker's key, e.g. worker-0)")
+            keydir = k.load_dir(self.keys)  # KeysError (a ValueError) names the bad file
+            pair = keydir.pair(self.key_name)
+            if keydir.coordinator is None:
+                raise ValueError(f"--kvrep-keys {self.keys}: no coordinator.key (the coordinator's public key)")
+            keydir.allow_list()
+            if self.worker_id and pair.worker_id != self.worker_id:
+                raise ValueError(f"--kvrep-worker-id {self.worker_id!r} differs from the id of key {self.key_name} "
+                                 f"({pair.worker_id!r}); the coordinator would refuse it")
+            return
+        if self.insecure:
+            return
+        if not k.is_loopback_endpoint(self.coordinator):
+            raise ValueError(k.insecure_error("--kvrep-coordinator", self.coordinator, "--kvrep-keys",
+                                              "--kvrep-insecure"))
+        if not k.is_loopback_host(self.data_host):
+            raise ValueError(k.insecure_error("--kvrep-data-host", self.data_host, "--kvrep-keys",
+                                              "--kvrep-insecure"))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -142,7 +185,20 @@ def from_namespace(ns: argparse.Namespace, *, host: str, port: int, inner_kv_eve
         return KvrepConfig(**values)  # raises the clear error
     advertised = advertised_host(host, values["advertise_host"], values["coordinator"])
     values["advertise_host"] = advertised
-    values["worker_id"] = values["worker_id"] or f"{host_in_url(advertised)}:{port}"
+    values["worker_id"] = values["worker_id"] or _key_worker_id(values) or f"{host_in_url(advertised)}:{port}"
     values["http_url"] = values["http_url"] or f"http://{host_in_url(advertised)}:{port}"
     values["data_host"] = values["data_host"] or host
     return KvrepConfig(**values, inner_kv_events=inner_kv_events)
+
+
+def _key_worker_id(values: dict) -> str:
+    """The worker id the worker's key names ("" without keys; a bad key directory is reported by the config)."""
+    if not (values.get("keys") and values.get("key_name")):
+        return ""
+    from radix_sync.keys import load_dir
+
+    try:
+        pair = load_dir(values["keys"]).workers.get(values["key_name"])
+    except ValueError:
+        return ""
+    return (pair.worker_id or "") if pair is not None else ""

@@ -18,6 +18,7 @@ from typing import Optional
 import zmq
 
 from radix_sync import api
+from radix_sync import keys as k
 from radix_sync import protocol as p
 from radix_sync.api import AdminError
 from radix_sync.coordinator.admin import AdminServer
@@ -52,8 +53,24 @@ class CoordinatorConfig:
     created (0600) when absent."""
     state_dir: str = ""
     """Where the coordinator creates its files ("": `$XDG_STATE_HOME/kvrep`, else `~/.local/state/kvrep`)."""
+    # -- the workers' plane (CurveZMQ, bounds)
+    keys: str = ""
+    """Key directory (`kvrep keys`): CurveZMQ on the workers' socket, only allow-listed worker keys admitted, each
+    bound to its worker id. "" = no keys, allowed only on a loopback `bind` (or with `insecure`)."""
+    insecure: bool = False
+    """Bind a non-loopback address without keys anyway (unauthenticated, unencrypted; logged loudly)."""
+    max_msg_bytes: int = 16 << 20
+    """Largest message frame a worker may send; a larger one disconnects it before it is buffered (ZMQ_MAXMSGSIZE)."""
 
     def __post_init__(self) -> None:
+        if not 1 << 16 <= self.max_msg_bytes <= 1 << 30:
+            raise ValueError(f"max_msg_bytes must be in [64 KiB, 1 GiB], got {self.max_msg_bytes}")
+        if self.keys:
+            keydir = k.load_dir(self.keys)  # raises KeysError (a ValueError) naming the bad file
+            keydir.pair("coordinator")
+            keydir.allow_list()
+        elif not self.insecure and not k.is_loopback_endpoint(self.bind):
+            raise ValueError(k.insecure_error("--bind", self.bind, "--keys", "--insecure"))
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (choose one of {', '.join(POLICIES)})")
         if self.mode not in ("active", "shadow"):
@@ -81,10 +98,20 @@ class Coordinator:
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
-        self._ctx = zmq.Context.instance()
+        self._ctx = zmq.Context()  # its own: the ZAP handler serves one context
+        self._auth = None
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, config.max_msg_bytes)
+        self.keyed = bool(config.keys)
+        """Every message's worker id is checked against the key it came with (the ZAP User-Id)."""
+        if self.keyed:
+            keydir = k.load_dir(config.keys)
+            self._auth = k.start_authenticator(self._ctx, keydir.allow_list())
+            k.curve_server(self._sock, keydir.pair("coordinator"))
+        elif not k.is_loopback_endpoint(config.bind):
+            k.warn_insecure("coordinator --bind", config.bind)
         self._sock.bind(config.bind)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._http = AdminServer(self, config.admin_host, config.admin_port)
@@ -129,6 +156,9 @@ class Coordinator:
             http_thread.join(5.0)  # its cleanup closes the listening socket's site before the socket goes
             self._http.server_close()
             self._sock.close(0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
             os.close(self._wake_r)
             os.close(self._wake_w)
 
@@ -163,7 +193,7 @@ class Coordinator:
                 n = 0
                 while n < 1000:
                     try:
-                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     self._on_frames(frames)
@@ -198,21 +228,30 @@ class Coordinator:
                 notified = seq
                 self._http.notify_changed()
 
-    def _on_frames(self, frames: list[bytes]) -> None:
-        routing_id = frames[0]
+    def _on_frames(self, frames: list[zmq.Frame]) -> None:
+        routing_id = frames[0].bytes
         if len(frames) != 2:
             with self.lock:
                 self.state.record_protocol_error()
             self._sock.send_multipart([routing_id, p.encode(p.Error(error=f"expected 1 frame, got {len(frames) - 1}"))])
             return
         try:
-            msg = p.decode_for_coordinator(frames[1])
+            msg = p.decode_for_coordinator(frames[1].buffer)
         except p.ProtocolError as exc:
             with self.lock:
                 self.state.record_protocol_error()
             log.warning("bad message from %r: %s", routing_id, exc)
             self._sock.send_multipart([routing_id, p.encode(p.Error(error=str(exc)))])
             return
+        if self.keyed:
+            refusal = self._identity_refusal(k.peer_id(frames[1]), msg)
+            if refusal is not None:
+                with self.lock:
+                    self.state.record_protocol_error()
+                log.warning("refused %s: %s", msg.describe(), refusal)
+                self._sock.send_multipart([routing_id, p.encode(p.Error(error=refusal,
+                                                                        in_reply_to=type(msg).__name__))])
+                return
         self.loop_stats.fact(type(msg).__name__)
         now = time.monotonic()
         try:
@@ -225,6 +264,19 @@ class Coordinator:
             self._sock.send_multipart([rid, p.encode(reply)])
         if isinstance(msg, p.PagesStored) and self.mode == "active" and self.state.hints:
             self._plan_now = True
+
+    def _identity_refusal(self, key_worker: str, msg) -> Optional[str]:
+        """Why a message may not be applied, or None: with keys, every message names the worker of the key it came
+        with. So no key can say hello as another worker (replacing a live one's URL and data endpoint and
+        wiping what it holds), nor report facts in its name. A re-hello under the worker's own key (a restart)
+        is accepted. NOTE: `kvrep keys` and the allow-list loader give each worker id exactly one key, so "another
+        key for a live worker" and "a key of another worker" are the same case."""
+        claimed = getattr(msg, "worker_id", None)
+        if not key_worker:
+            return "no worker key on this connection"
+        if claimed != key_worker:
+            return f"this connection's key belongs to worker {key_worker!r}, the message claims {claimed!r}"
+        return None
 
     def _tick(self) -> None:
         now = time.monotonic()

@@ -189,7 +189,9 @@ class ClusterState:
             AdminError: from a worker that is not the replication's target, for pages not granted, or expired.
         """
         wid = record.worker_id
-        if not msg.expires_in_s > 0:
+        # NOTE: 0 s left is a replica the worker still holds past its TTL (kept for a request queued to use it),
+        # re-reported by a resync: accepted as due now; it never extends a known expiry (below)
+        if msg.expires_in_s < 0:
             raise AdminError(f"replica {msg.replication_id!r} has expired ({msg.expires_in_s:g}s left)")
         expires_at = now_s + min(msg.expires_in_s, self.config.max_replica_ttl_s)
         num_written = msg.inserted_len // record.hello.page_size
@@ -205,7 +207,7 @@ class ClusterState:
                 raise AdminError(f"replication {rep.id!r} failed: {rep.error}")
             if rep.expires_at_s is not None:
                 expires_at = min(expires_at, rep.expires_at_s)
-            if expires_at <= now_s:
+            if expires_at <= now_s and msg.expires_in_s > 0:
                 raise AdminError(f"replica {rep.id!r} expired {now_s - expires_at:.1f}s ago")
         # else: a replication of before a coordinator restart: only pages the worker re-reported with their tokens
         self.directory.mark_replica(wid, msg.block_hashes, num_written, expires_at, msg.replication_id)

@@ -22,8 +22,8 @@ from typing import Optional
 
 from aiohttp import web
 
-from radix_sync import keys
-from radix_sync.keys import AdminTokens
+from radix_sync import secret_files as keys
+from radix_sync.secret_files import AdminTokens
 from radix_sync.router.config import RouterConfig
 
 log = logging.getLogger("kvrep.router")

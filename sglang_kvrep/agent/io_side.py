@@ -16,8 +16,10 @@ from typing import Optional
 import msgspec
 import zmq
 
+from radix_sync import keys as k
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
+from radix_sync.keys import load_dir
 from sglang_kvrep import events
 from sglang_kvrep.address import advertised_endpoint, is_wildcard, routable_host
 from sglang_kvrep.agent import mailbox as m
@@ -29,6 +31,17 @@ from sglang_kvrep.dataplane.transport import (ChunkSent, Refusal, TransferFailed
                                               TransportEvent)
 
 log = logging.getLogger("kvrep.agent")
+
+COORD_SNDHWM = 10_000
+"""Messages libzmq may hold for a live coordinator link; past that a send fails and the worker resyncs instead."""
+HELLO_RETRY_S = 0.25
+HELLO_ACK_TIMEOUT_S = 10.0
+"""A hello unanswered this long was lost (the link dropped right after it): say it again."""
+REFUSED_RETRY_S = 10.0
+"""After the coordinator refused a hello (wrong key, version): try again this much later, loudly."""
+MAX_BLOCKS_PER_MESSAGE = 4096
+"""Pages per `PagesStored`: keeps every message far below the coordinator's frame limit."""
+MAX_SEND_TARGETS = 4096
 
 
 def run_io_thread(config: KvrepConfig, info: m.WorkerInfo, mailbox: m.Mailbox) -> None:
@@ -61,10 +74,8 @@ class IoSide:
         self.free_replica_tokens = info.free_replica_tokens
         """As the scheduler side last said (`ReplicaRoom`)."""
         self.ctx = zmq.Context()
-        self.coord = self.ctx.socket(zmq.DEALER)
-        self.coord.setsockopt(zmq.LINGER, 0)
-        self.coord.setsockopt(zmq.SNDHWM, 100_000)
-        self.coord.connect(self.cfg.coordinator)
+        self.keydir = load_dir(config.keys) if config.keys else None
+        self.coord = self._coordinator_socket()
         self.poller = zmq.Poller()
         self.poller.register(self.coord, zmq.POLLIN)
         self.poller.register(mailbox.io_wake_fd, zmq.POLLIN)
@@ -79,28 +90,66 @@ class IoSide:
                                            else "")
         self.data_endpoint = advertised_endpoint(self.transport.endpoint, host, self.cfg.data_advertise_port)
         """What peers connect to (the transport binds `data_host`; a wildcard is not an address)."""
+        self.send_targets: dict[str, str] = {}
+        """Replication id -> target worker id, from `ReplicatePages` until its `StartSend` (the transport checks
+        the target's key against it)."""
         self.seq = 0
-        self.need_resync = False
         self.mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
         self.replica_blocks: dict[str, tuple[str, list[int], bool]] = {}
         self.replica_facts: dict[str, tuple[p.ReplicaStored, float]] = {}
-        """Live replicas' facts with their deadline (monotonic): a resync re-reports each with the time it has
-        left, never its first TTL again, and an expired one not at all."""
+        """Live unpromoted replicas: their fact and when they expire (monotonic s), for a resync."""
         self.last_load: Optional[p.LoadReported] = None
         self.last_sent_s = 0.0
+        # -- the coordinator link (see `send_coord`)
+        self.need_resync = True
+        """Say hello and everything held again before any other fact (start, outage, refused send)."""
+        self.next_hello_s = 0.0
+        self.awaiting_ack_since: Optional[float] = None
+        """When the last hello went out, until its `HelloAck`: a `ResyncRequested` meanwhile answers a message
+        sent before that hello, so the resync already under way covers it."""
+        self.coordinator_id = ""
+        """The coordinator instance of the last `HelloAck` (another one: it restarted; the same: a reconnect)."""
+        self.stats = {"hellos": 0, "dropped_facts": 0, "coordinator_restarts": 0, "stale_resync_requests": 0}
         mailbox.post_to_scheduler(m.IoStarted(self.data_endpoint))
 
     # ------------------------------------------------------------------------------------------ coordinator
+    def _coordinator_socket(self) -> zmq.Socket:
+        """The DEALER to the coordinator. NOTE: `IMMEDIATE`: with no live connection a send fails at once instead of
+        queueing, so an outage leaves no backlog of stale facts (which, replayed to a restarted coordinator, each
+        asked for a full resync); what happened meanwhile is in the mirror and goes out in one resync."""
+        cfg = self.cfg
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.SNDHWM, COORD_SNDHWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_control_msg_bytes)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # a coordinator host gone without a FIN is noticed in seconds
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        if self.keydir is not None:
+            k.curve_client(sock, self.keydir.pair(cfg.key_name), self.keydir.coordinator.public)
+        elif not k.is_loopback_endpoint(cfg.coordinator):
+            k.warn_insecure("--kvrep-coordinator", cfg.coordinator)
+        sock.connect(cfg.coordinator)
+        return sock
+
     def send_coord(self, msg) -> None:
+        """Send a fact, or drop it while a resync is due: the resync says what is held now, and a stale fact
+        (a hit, a load, a removal long past) is worth nothing to a coordinator that comes back later."""
+        if self.need_resync:
+            self.stats["dropped_facts"] += 1
+            return
         self.seq += 1
         msg.seq = self.seq
         try:
             self.coord.send(p.encode(msg), zmq.NOBLOCK)
             self.last_sent_s = time.monotonic()
-        except zmq.Again:
-            self.need_resync = True  # the coordinator is unreachable; say everything again once it is back
+        except zmq.Again:  # no live link (or a full one): say everything again once it is back
+            self.need_resync = True
+            self.stats["dropped_facts"] += 1
 
-    def hello(self) -> None:
+    def hello(self, now: Optional[float] = None) -> None:
+        """Say hello, then everything this worker holds (its replicas with the TTL they have left)."""
+        now = time.monotonic() if now is None else now
         info = self.info
         self.seq = 0
         msg = p.Hello(worker_id=self.cfg.worker_id, http_url=self.cfg.http_url,
@@ -112,24 +161,34 @@ class IoSide:
             self.coord.send(p.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
             self.need_resync = True
+            self.next_hello_s = now + HELLO_RETRY_S
             return
         self.need_resync = False
+        self.awaiting_ack_since = now
+        self.last_sent_s = now
+        self.stats["hellos"] += 1
         # Resync: everything this worker holds, parents before children (dict order is insertion order).
         by_ns: dict[str, list[p.BlockFact]] = {}
         for h, (parent, tokens, ns) in self.mirror.items():
             by_ns.setdefault(ns, []).append(p.BlockFact(h, parent, tokens))
         for ns, blocks in by_ns.items():
-            for i in range(0, len(blocks), 4096):
+            for i in range(0, len(blocks), MAX_BLOCKS_PER_MESSAGE):
                 self.send_coord(p.PagesStored(worker_id=self.cfg.worker_id, seq=0, namespace=ns,
-                                              blocks=blocks[i:i + 4096]))
-        now = time.monotonic()
-        for rid, (fact, deadline) in list(self.replica_facts.items()):
-            if deadline <= now:
-                del self.replica_facts[rid]
-                continue
-            self.send_coord(msgspec.structs.replace(fact, expires_in_s=deadline - now))
+                                              blocks=blocks[i:i + MAX_BLOCKS_PER_MESSAGE]))
+        # NOTE: the replicas still held (an expired one left `replica_facts` with its `ReplicaExpired`), with the
+        # TTL they have left, not the one they started with; one past its TTL but kept for a queued request that
+        # wants it is still here, due now.
+        for fact, expires_s in self.replica_facts.values():
+            self.send_coord(msgspec.structs.replace(fact, expires_in_s=max(0.0, expires_s - now)))
         if self.last_load is not None:
             self.send_coord(msgspec.structs.replace(self.last_load))
+
+    def on_hello_ack(self, ack: p.HelloAck) -> None:
+        self.awaiting_ack_since = None
+        if self.coordinator_id and ack.coordinator_id != self.coordinator_id:
+            self.stats["coordinator_restarts"] += 1
+            log.info("kvrep: coordinator restarted (%s -> %s); resynced", self.coordinator_id, ack.coordinator_id)
+        self.coordinator_id = ack.coordinator_id
 
     def on_coord(self, data: bytes) -> None:
         try:
@@ -137,20 +196,35 @@ class IoSide:
         except p.ProtocolError as exc:
             log.warning("kvrep: bad message from the coordinator: %s", exc)
             return
-        if isinstance(msg, p.ResyncRequested):
+        if isinstance(msg, p.HelloAck):
+            self.on_hello_ack(msg)
+        elif isinstance(msg, p.ResyncRequested):
+            if self.awaiting_ack_since is not None:
+                self.stats["stale_resync_requests"] += 1  # answers a fact sent before the hello now under way
+                return
             log.info("kvrep: coordinator asks for a resync (%s)", msg.reason)
             self.hello()
         elif isinstance(msg, p.ExpectReplica):
             self.expected[msg.replication_id] = (msg, time.monotonic() + msg.expires_in_s)
             self.send_coord(p.ReplicaExpected(worker_id=self.cfg.worker_id, seq=0, replication_id=msg.replication_id))
         elif isinstance(msg, p.ReplicatePages):
+            self.send_targets[msg.replication_id] = msg.target_id
+            while len(self.send_targets) > MAX_SEND_TARGETS:  # commands whose gather never started
+                del self.send_targets[next(iter(self.send_targets))]
             self.to_sched(m.Replicate(msg))
         elif isinstance(msg, p.DropReplica):
             self.to_sched(m.Drop(msg.replication_id))
         elif isinstance(msg, p.DemotePrefix):
             self.to_sched(m.Demote(msg.namespace, msg.token_ids))
         elif isinstance(msg, p.Error):
-            log.warning("kvrep: coordinator error: %s", msg.error)
+            if msg.in_reply_to == "Hello":
+                log.error("kvrep: the coordinator refused this worker's hello: %s (retrying in %.0fs)", msg.error,
+                          REFUSED_RETRY_S)
+                self.awaiting_ack_since = None
+                self.need_resync = True
+                self.next_hello_s = time.monotonic() + REFUSED_RETRY_S
+            else:
+                log.warning("kvrep: coordinator error: %s", msg.error)
 
     def to_sched(self, msg: m.ToScheduler) -> None:
         self.mailbox.post_to_scheduler(msg)
@@ -167,9 +241,9 @@ class IoSide:
                     continue
                 for h, parent, tokens in blocks:
                     self.mirror[h] = (parent, tokens, ns)
-                for i in range(0, len(blocks), 4096):  # the coordinator takes at most 16,384 per message
-                    self.send_coord(p.PagesStored(worker_id=wid, seq=0, namespace=ns, medium=medium,
-                                                  blocks=[p.BlockFact(h, par, t) for h, par, t in blocks[i:i + 4096]]))
+                for i in range(0, len(blocks), MAX_BLOCKS_PER_MESSAGE):
+                    self.send_coord(p.PagesStored(worker_id=wid, seq=0, namespace=ns, medium=medium, blocks=[
+                        p.BlockFact(h, par, t) for h, par, t in blocks[i:i + MAX_BLOCKS_PER_MESSAGE]]))
             elif isinstance(fact, events.KvRemoved):
                 if fact.medium != "GPU":
                     continue
@@ -314,24 +388,34 @@ class IoSide:
             next_wait = self.transport.progress(ready)
             now = time.monotonic()
             self.expire_grants(now)
-            if now - self.last_sent_s > 1.0:  # heartbeat, and a retry of the hello after an outage
-                if self.need_resync:
-                    self.hello()
-                elif self.last_load is not None:
-                    self.send_coord(msgspec.structs.replace(self.last_load))
+            self.keep_link(now)
+
+    def keep_link(self, now: float) -> None:
+        """Retry the hello while the coordinator is unreachable (at most one per `HELLO_RETRY_S`); otherwise a
+        heartbeat (the last load) after a second of silence."""
+        if self.awaiting_ack_since is not None and now - self.awaiting_ack_since > HELLO_ACK_TIMEOUT_S:
+            self.awaiting_ack_since = None
+            self.need_resync = True
+        if self.need_resync:
+            if now >= self.next_hello_s:
+                self.next_hello_s = now + HELLO_RETRY_S
+                self.hello(now)
+        elif now - self.last_sent_s > 1.0 and self.last_load is not None:
+            self.send_coord(msgspec.structs.replace(self.last_load))
 
     def on_message(self, msg: m.ToIo) -> None:
         if isinstance(msg, m.ToCoordinator):
             if isinstance(msg.message, p.LoadReported):
                 self.last_load = msg.message
-            elif isinstance(msg.message, p.ReplicaExpired):  # gone: a resync must not report it again
+            elif isinstance(msg.message, p.ReplicaExpired):  # gone: a resync must not bring it back
                 self.replica_facts.pop(msg.message.replication_id, None)
                 self.replica_blocks.pop(msg.message.replication_id, None)
             self.send_coord(msg.message)
         elif isinstance(msg, m.PrefixMatched):
             self.on_hit(msg)
         elif isinstance(msg, m.StartSend):
-            self.transport.send(msg.header, msg.target_endpoint)
+            target_id = self.send_targets.pop(msg.header.replication_id, "")
+            self.transport.send(msg.header, msg.target_endpoint, target_id)
         elif isinstance(msg, m.ChunkGathered):
             self.transport.push_chunk(msg.transfer_id, msg.index, msg.buffer, msg.gather_s)
         elif isinstance(msg, m.Installed):

@@ -17,6 +17,10 @@ chunk while it gathers the next and the target verifies each chunk on arrival:
       layer 0: | p0 | p1 | ... | pa ... pb | ... |   <----   | pa ... pb |   (layer 0 rows of the chunk)
       layer 1: | p0 | p1 | ... | pa ... pb | ... |   <----   | pa ... pb |   (layer 1 rows)
 
+With keys (`--kvrep-keys`, `radix_sync.keys`) both ends are CurveZMQ: the ROUTER admits only allow-listed worker
+keys and binds a header's `source_id` to its connection's key, a DEALER connects only to the target's own key;
+every socket has a frame-size limit (`--kvrep-max-data-msg-bytes`, `--kvrep-max-control-msg-bytes`).
+
 A transfer is atomic for the target: bytes are staged and handed to the scheduler thread only once every chunk
 arrived and verified.
 """

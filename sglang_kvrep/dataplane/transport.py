@@ -109,9 +109,10 @@ class Transport(Protocol):
     endpoint: str
     """This worker's data endpoint, advertised in the Hello; sources pass it to `send`."""
 
-    def send(self, header: p.TransferHeader, endpoint: str) -> None:
-        """Start a transfer to the target at `endpoint`. Its chunks follow through `push_chunk`; the transfer
-        fails (`TransferFailed(role="source")`) if it makes no progress for `config.transfer_timeout_s`."""
+    def send(self, header: p.TransferHeader, endpoint: str, peer_id: str = "") -> None:
+        """Start a transfer to the target at `endpoint`, worker `peer_id` (with keys, the transport sends only to
+        a peer that proves it holds that worker's allow-listed key). Its chunks follow through `push_chunk`; the
+        transfer fails (`TransferFailed(role="source")`) if it makes no progress for `config.transfer_timeout_s`."""
 
     def push_chunk(self, transfer_id: str, index: int, buffer: torch.Tensor, gather_s: float) -> None:
         """Queue gathered chunk `index` of `transfer_id`: a contiguous CPU tensor (layers, pages of the chunk,
@@ -146,6 +147,14 @@ class TransportSettings(Protocol):
     """Receive buffers kept for reuse between transfers."""
     send_rate_mbps: float
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
+    keys: str
+    """Key directory (`radix_sync.keys`); "" for none (loopback only)."""
+    key_name: str
+    """This worker's key pair in `keys`."""
+    max_data_msg_bytes: int
+    """Largest frame the data port accepts (ZMQ_MAXMSGSIZE)."""
+    max_control_msg_bytes: int
+    """Largest reply frame a sending socket accepts."""
 
 
 TransportFactory = Callable[[TransportSettings, Admit, OnEvent, zmq.Context, zmq.Poller], Transport]

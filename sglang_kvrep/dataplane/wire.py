@@ -11,6 +11,7 @@ import zmq
 
 from kvrep_kernels import payload_checksum
 from radix_sync import protocol as p
+from radix_sync.keys import KeyPair, curve_client
 
 
 class TokenBucket:
@@ -60,14 +61,18 @@ def split_pages(header: p.TransferHeader, payload: bytes | memoryview, index: in
 
 def send_transfer(endpoint: str, header: p.TransferHeader, payload: bytes | memoryview, *, timeout_s: float = 30.0,
                   stop_after_chunks: Optional[int] = None, corrupt_chunk: Optional[int] = None,
-                  skip_chunk: Optional[int] = None):
+                  skip_chunk: Optional[int] = None, curve: Optional[tuple[KeyPair, bytes]] = None):
     """Blocking client: send one transfer of a whole payload (in the buffer layout) and return the target's reply
     (TransferAccepted / TransferRefused), or None on timeout. Faults, for tests: `stop_after_chunks` leaves it
     unfinished (a sender dying mid-way); `corrupt_chunk` flips a payload byte of that chunk after its checksum was
-    taken (damage in transit); `skip_chunk` never sends that chunk but still ends the transfer."""
+    taken (damage in transit); `skip_chunk` never sends that chunk but still ends the transfer. `curve`: (this
+    sender's key pair, the target's public key) for a target with keys."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)  # replies only
+    if curve is not None:
+        curve_client(sock, *curve)
     sock.connect(endpoint)
     try:
         sock.send(p.encode(header))

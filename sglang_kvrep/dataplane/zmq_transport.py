@@ -1,7 +1,12 @@
 """`ZmqTransport`, the default data plane (`--kvrep-transport zmq`): a ROUTER bound on each worker's data endpoint
 receives, one DEALER per target sends; typed MessagePack control frames, zero-copy payload frames, a checksum per
 chunk, atomic staging (the wire is described in `sglang_kvrep.dataplane`). Implements
-`sglang_kvrep.dataplane.transport.Transport`; I/O thread only."""
+`sglang_kvrep.dataplane.transport.Transport`; I/O thread only.
+
+With keys (`--kvrep-keys`) both ends authenticate: the data ROUTER is a CURVE server that admits only the
+allow-listed workers' keys (a ZAP handler on the I/O thread's context) and checks that a transfer's `source_id` is
+the worker of the key it came with; a source connects only to a target whose allow-listed key the target proves
+it holds. Every socket has a frame-size limit (`ZMQ_MAXMSGSIZE`): a larger frame disconnects the peer unread."""
 from __future__ import annotations
 
 import collections
@@ -12,6 +17,7 @@ from typing import Callable, Container, Optional
 import torch
 import zmq
 
+from radix_sync import keys as k
 from radix_sync import protocol as p
 from sglang_kvrep.dataplane.staging import Incoming, Outgoing, StagingPool
 from sglang_kvrep.dataplane.transport import (Admit, ChunkSent, OnEvent, Refusal, TransferFailed, TransferReceived,
@@ -36,9 +42,18 @@ class ZmqTransport:
         self.ctx = ctx
         self.poller = poller
         self.clock = clock
+        self.keydir = k.load_dir(config.keys) if config.keys else None
+        self.auth = None
         self.data = ctx.socket(zmq.ROUTER)
         self.data.setsockopt(zmq.LINGER, 0)
         self.data.setsockopt(zmq.RCVHWM, 64)  # bound what libzmq buffers ahead of staging (TCP pushes back)
+        self.data.setsockopt(zmq.MAXMSGSIZE, config.max_data_msg_bytes)
+        if self.keydir is not None:
+            self.pair = self.keydir.pair(config.key_name)
+            self.auth = k.start_authenticator(ctx, self.keydir.allow_list())
+            k.curve_server(self.data, self.pair)
+        elif not k.is_loopback_host(config.data_host):
+            k.warn_insecure("data plane", config.data_host)
         addr = f"tcp://{config.data_host}"
         if config.data_port:
             self.data.bind(f"{addr}:{config.data_port}")
@@ -48,6 +63,8 @@ class ZmqTransport:
         self.endpoint = f"{addr}:{port}"
         poller.register(self.data, zmq.POLLIN)
         self.peers: dict[str, zmq.Socket] = {}
+        self.peer_keys: dict[str, bytes] = {}
+        """Endpoint -> the public key its DEALER expects of the target (b"" without keys)."""
         self.incoming: dict[str, Incoming] = {}
         self.staging = StagingPool(config.staging_bytes)
         self.outgoing: dict[str, Outgoing] = {}
@@ -56,15 +73,31 @@ class ZmqTransport:
         self.bucket.t = clock()
 
     # ------------------------------------------------------------------------------------------ interface
-    def send(self, header: p.TransferHeader, endpoint: str) -> None:
+    def send(self, header: p.TransferHeader, endpoint: str, peer_id: str = "") -> None:
+        server_key = b""
+        if self.keydir is not None:
+            server_key = self.keydir.public_key_of(peer_id) or b""
+            if not server_key:
+                error = f"target {peer_id!r} has no key in the allow-list: not sending it anything"
+                log.warning("kvrep: transfer %s: %s", header.transfer_id, error)
+                self.on_event(TransferFailed(header.transfer_id, header.replication_id, "source", error))
+                return
         sock = self.peers.get(endpoint)
+        if sock is not None and self.peer_keys.get(endpoint) != server_key:  # another worker on that endpoint now
+            self.poller.unregister(sock)
+            sock.close(linger=0)
+            sock = None
         if sock is None:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             # a short send queue keeps the wire honest: `send_s` then measures the link, not queueing in libzmq
             sock.setsockopt(zmq.SNDHWM, 16)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_control_msg_bytes)  # only replies come back
+            if server_key:
+                k.curve_client(sock, self.pair, server_key)  # no handshake unless the peer holds that key
             sock.connect(endpoint)
             self.peers[endpoint] = sock
+            self.peer_keys[endpoint] = server_key
             self.poller.register(sock, zmq.POLLIN)
         now = self.clock()
         self.outgoing[header.transfer_id] = Outgoing(header, endpoint, now, last_progress_s=now)
@@ -111,6 +144,9 @@ class ZmqTransport:
             except KeyError:
                 pass
             sock.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
         self.peers.clear()
         self.incoming.clear()
         self.outgoing.clear()
@@ -118,25 +154,35 @@ class ZmqTransport:
 
     # ------------------------------------------------------------------------------------------ receiving
     def _on_data(self, frames: list) -> None:
-        peer, raw = frames[0], frames[1]
+        peer, raw = frames[0].bytes, frames[1]
         try:
-            msg = p.decode_data_plane(raw.bytes if hasattr(raw, "bytes") else raw)
+            msg = p.decode_data_plane(raw.buffer)
         except p.ProtocolError as exc:
             self.data.send_multipart([peer, p.encode(p.TransferRefused(transfer_id="", error=str(exc)))])
             return
         now = self.clock()
         if isinstance(msg, p.TransferHeader):
-            refusal = self.admit(msg)
+            refusal = None
+            if self.keydir is not None and k.peer_id(raw) != msg.source_id:
+                # an allow-listed worker speaking for another: not reported (it would fail that one's replication)
+                refusal = Refusal(f"source_id {msg.source_id!r} is not the worker of this connection's key "
+                                  f"({k.peer_id(raw)!r})", tell_coordinator=False)
+            refusal = refusal or self.admit(msg)
             if refusal is None and msg.transfer_id in self.incoming:
                 refusal = Refusal("duplicate transfer id")
+            if refusal is None and msg.num_pages > 0:
+                frame_bytes = msg.num_bytes // msg.num_pages * min(msg.pages_per_chunk, msg.num_pages)
+                if frame_bytes > self.cfg.max_data_msg_bytes:
+                    refusal = Refusal(f"chunks of {frame_bytes} bytes exceed this worker's frame limit "
+                                      f"(--kvrep-max-data-msg-bytes {self.cfg.max_data_msg_bytes})")
             if refusal is not None:
                 return self._refuse(peer, msg.transfer_id, msg.replication_id, refusal.error,
                                     refusal.tell_coordinator)
             self.incoming[msg.transfer_id] = Incoming(msg, peer, self.staging.acquire(msg.num_bytes), now, now)
         elif isinstance(msg, p.TransferChunk):
             inc = self.incoming.get(msg.transfer_id)
-            if inc is None:
-                return  # refused or timed out already
+            if inc is None or inc.peer != peer:
+                return  # refused or timed out already, or another connection's transfer
             if len(frames) != 3:
                 err = "chunk without payload frame"
             else:
@@ -147,9 +193,10 @@ class ZmqTransport:
                 self.staging.release(inc.storage)
                 self._refuse(peer, msg.transfer_id, inc.header.replication_id, err)
         elif isinstance(msg, p.TransferEnd):
-            inc = self.incoming.pop(msg.transfer_id, None)
-            if inc is None:
+            inc = self.incoming.get(msg.transfer_id)
+            if inc is None or inc.peer != peer:
                 return
+            del self.incoming[msg.transfer_id]
             err = inc.finish()
             if err is not None:
                 self.staging.release(inc.storage)

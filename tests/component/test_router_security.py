@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from kvrep_dev.cluster import Coordinator, Proc, Router, free_port, local_keys
-from radix_sync.keys import read_secret
+from radix_sync.secret_files import read_secret
 from radix_sync.router.tenants import derive_namespace
 from tests.component.test_router_process import call, metric, ready, start_stub
 from tests.util import wait_until

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from kvrep_dev.cluster import Router, http_json, model_path
-from radix_sync.keys import read_secret
+from radix_sync.secret_files import read_secret
 from radix_sync.router.tenants import derive_namespace
 
 from .conftest import LOGS, PAGE_SIZE, router_keys, router_status, wait_router_synced, wait_until

@@ -34,21 +34,21 @@ def test_the_route_to_the_coordinator_names_the_interface():
 def test_a_wildcard_host_advertises_a_reachable_address():
     addrs = local_ipv4()
     coord = f"tcp://{addrs[0]}:5600" if addrs else "tcp://127.0.0.1:5600"
-    ns = parse("--enable-kv-replication", "--host", "0.0.0.0", "--port", "31000", "--kvrep-coordinator", coord)
+    ns = parse("--enable-kv-replication", "--kvrep-insecure", "--host", "0.0.0.0", "--port", "31000", "--kvrep-coordinator", coord)
     cfg = from_namespace(ns, host="0.0.0.0", port=31000)
     expected = addrs[0] if addrs else "127.0.0.1"
     assert (cfg.advertise_host, cfg.worker_id, cfg.http_url) == (expected, f"{expected}:31000",
                                                                   f"http://{expected}:31000")
     assert cfg.data_host == "0.0.0.0"  # the data plane binds what the server binds
     # the flag wins; a concrete --host is its own address; IPv6 literals go in brackets
-    ns = parse("--enable-kv-replication", "--kvrep-advertise-host", "10.1.2.3")
+    ns = parse("--enable-kv-replication", "--kvrep-insecure", "--kvrep-advertise-host", "10.1.2.3")
     cfg = from_namespace(ns, host="0.0.0.0", port=31000)
     assert (cfg.worker_id, cfg.http_url, cfg.data_host) == ("10.1.2.3:31000", "http://10.1.2.3:31000", "0.0.0.0")
     assert advertised_host("10.0.0.7", "", "tcp://10.0.0.1:5600") == "10.0.0.7"
-    cfg = from_namespace(parse("--enable-kv-replication", "--kvrep-advertise-host", "fd00::7"), host="::", port=5)
+    cfg = from_namespace(parse("--enable-kv-replication", "--kvrep-insecure", "--kvrep-advertise-host", "fd00::7"), host="::", port=5)
     assert (cfg.worker_id, cfg.http_url) == ("[fd00::7]:5", "http://[fd00::7]:5")
     with pytest.raises(ValueError, match="wildcard"):
-        from_namespace(parse("--enable-kv-replication", "--kvrep-advertise-host", "0.0.0.0"), host="::", port=5)
+        from_namespace(parse("--enable-kv-replication", "--kvrep-insecure", "--kvrep-advertise-host", "0.0.0.0"), host="::", port=5)
     with pytest.raises(ValueError, match="data-advertise-port out of range"):
         KvrepConfig(data_advertise_port=70000)
 
@@ -62,7 +62,7 @@ def test_the_advertised_data_endpoint():
 def test_a_worker_bound_to_the_wildcard_advertises_an_endpoint_peers_reach():
     ctx = zmq.Context()
     coord = FakeCoordinator(ctx)
-    w = StubAgent("w", coord.endpoint, data_host="0.0.0.0", advertise_host="127.0.0.1")
+    w = StubAgent("w", coord.endpoint, data_host="0.0.0.0", advertise_host="127.0.0.1", insecure=True)
     try:
         [hello] = coord.wait_for(p.Hello)
         bound = w.loop.transport.endpoint

@@ -17,7 +17,7 @@ def fact(rid: str, ttl_s: float) -> p.ReplicaStored:
                            insert_s=0.1)
 
 
-def test_a_resync_reports_live_replicas_with_what_is_left_and_never_expired_ones():
+def test_a_resync_reports_held_replicas_with_what_is_left_and_never_evicted_ones():
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.bind("inproc://coord")
@@ -30,6 +30,8 @@ def test_a_resync_reports_live_replicas_with_what_is_left_and_never_expired_ones
     io.coord = ctx.socket(zmq.DEALER)
     io.coord.connect("inproc://coord")
     io.seq, io.need_resync, io.mirror, io.last_load, io.last_sent_s = 0, False, {}, None, 0.0
+    io.next_hello_s, io.awaiting_ack_since, io.coordinator_id = 0.0, None, ""
+    io.stats = {"hellos": 0, "dropped_facts": 0, "coordinator_restarts": 0, "stale_resync_requests": 0}
     now = time.monotonic()
     io.replica_facts = {"live": (fact("live", 60.0), now + 30.0), "expired": (fact("expired", 60.0), now - 1.0),
                         "evicted": (fact("evicted", 60.0), now + 30.0)}
@@ -47,8 +49,11 @@ def test_a_resync_reports_live_replicas_with_what_is_left_and_never_expired_ones
     hello, *rest = got[1:]
     assert isinstance(hello, p.Hello) and hello.vocab_size == 32000
     replicas = [msg for msg in rest if isinstance(msg, p.ReplicaStored)]
-    assert [r.replication_id for r in replicas] == ["live"] and 29.0 < replicas[0].expires_in_s <= 30.0
-    assert set(io.replica_facts) == {"live"}
+    # re-reported with what is left: 0 for the one past its TTL but still held; the evicted one not at all
+    assert [r.replication_id for r in replicas] == ["live", "expired"] and 29.0 < replicas[0].expires_in_s <= 30.0
+    assert replicas[1].expires_in_s == 0.0
+    # one past its TTL stays known until its ReplicaExpired (a queued request may be keeping it)
+    assert set(io.replica_facts) == {"live", "expired"}
     io.coord.close(0)
     router.close(0)
     ctx.term()

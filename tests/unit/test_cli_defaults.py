@@ -24,6 +24,7 @@ def test_coordinator_flags_default_to_the_config():
     assert (a.admin_tokens, a.state_dir) == (c.admin_tokens, c.state_dir)
     assert (a.max_prompt_tokens, a.max_pages_per_worker, a.max_hint_ttl_s, a.hint_rate_per_s) == (
         s.max_prompt_tokens, s.max_pages_per_worker, s.max_hint_ttl_s, s.hint_rate_per_s)
+    assert (a.keys, a.insecure, a.max_msg_bytes) == (c.keys, c.insecure, c.max_msg_bytes)
     assert RuleConfig(a.rule_min_prefix_len, a.rule_min_hits, a.rule_window_s, a.rule_max_queue, a.rule_ttl_s) == r
 
 

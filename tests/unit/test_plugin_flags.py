@@ -33,9 +33,9 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_two_flags_are_enough():
-    ns = parse("--enable-kv-replication", "--kvrep-coordinator", "tcp://10.0.0.1:5600", "--port", "31000")
+    ns = parse("--enable-kv-replication", "--kvrep-coordinator", "tcp://127.0.0.2:5600", "--port", "31000")
     cfg = plugin.arrange_server_flags(ns)
-    assert cfg == KvrepConfig(coordinator="tcp://10.0.0.1:5600", worker_id="127.0.0.1:31000",
+    assert cfg == KvrepConfig(coordinator="tcp://127.0.0.2:5600", worker_id="127.0.0.1:31000",
                               http_url="http://127.0.0.1:31000", advertise_host="127.0.0.1", data_host="127.0.0.1")
     assert ns.radix_eviction_policy == "priority"
     assert json.loads(ns.kv_events_config) == {"publisher": "kvrep"}
@@ -121,11 +121,12 @@ def test_every_flag_default_is_the_dataclass_default():
             assert got == getattr(defaults, f.name) and type(got) is type(getattr(defaults, f.name)), f.name
     assert not hasattr(ns, "kvrep_load_interval_s") and not hasattr(ns, "kvrep_inner_kv_events")
     ns = parse("--enable-kv-replication", "--kvrep-data-port", "7000", "--kvrep-send-rate-mbps", "12.5",
-               "--kvrep-shadow", "--kvrep-data-host", "10.0.0.2", "--host", "10.0.0.1")
+               "--kvrep-shadow", "--kvrep-data-host", "10.0.0.2", "--host", "10.0.0.1", "--kvrep-insecure")
     cfg = plugin.arrange_server_flags(ns)
     assert (cfg.data_port, cfg.send_rate_mbps, cfg.shadow, cfg.data_host) == (7000, 12.5, True, "10.0.0.2")
     assert (cfg.worker_id, cfg.http_url) == ("10.0.0.1:30000", "http://10.0.0.1:30000")
-    assert plugin.arrange_server_flags(parse("--enable-kv-replication", "--host", "10.0.0.1")).data_host == "10.0.0.1"
+    assert plugin.arrange_server_flags(parse("--enable-kv-replication", "--host", "10.0.0.1",
+                                             "--kvrep-insecure")).data_host == "10.0.0.1"
     helps = {a.dest: a.help for a in _parser()._actions}
     assert helps["kvrep_coordinator"] == "ZMQ endpoint of the coordinator."  # the field's docstring
 

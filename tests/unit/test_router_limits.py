@@ -3,7 +3,7 @@ prompts, batches and chats capped, and the per-tenant token bucket of hints, wit
 import pytest
 
 from radix_sync.router.auth import READ, WRITE, admin_level, bearer
-from radix_sync.keys import AdminTokens
+from radix_sync.secret_files import AdminTokens
 from radix_sync.router.limits import PromptBounds, TokenBuckets, TooLarge, check_request
 from radix_sync.router.tokenize import BadRequest
 

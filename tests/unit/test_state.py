@@ -1,6 +1,7 @@
 import dataclasses
 import json
 
+import msgspec
 import pytest
 
 from radix_sync import api
@@ -89,6 +90,25 @@ def test_replication_lifecycle(st):
     assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}
     st.handle(b"B", p.ReplicaExpired(worker_id="b", seq=4, replication_id=rep.id, num_evicted_tokens=8), 40.0)
     assert st.lookup(toks, "") == {"a": 8, "b": 0}
+    st.check_integrity()
+
+
+def test_a_replica_held_past_its_ttl_is_re_reported_due_never_extended(st):
+    toks = list(range(8))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    rep, _, _ = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0)
+    st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=1, replication_id=rep.id), 2.05)
+    landed = p.ReplicaStored(worker_id="b", seq=2, replication_id=rep.id, namespace="",
+                             block_hashes=page_hashes(toks, PS), inserted_len=8, expires_in_s=30.0,
+                             num_bytes=64, receive_s=0.1, scatter_s=0.1, insert_s=0.1)
+    st.handle(b"B", landed, 2.5)
+    # at 40 s (past 32.5) the worker still holds it for a queued request, and a resync re-reports it, 0 s left
+    assert st.handle(b"B", msgspec.structs.replace(landed, seq=3, expires_in_s=0.0), 40.0) == []
+    assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}  # not extended
+    # a re-report claiming time left after the expiry is a resurrection: refused
+    [(_, err)] = st.handle(b"B", msgspec.structs.replace(landed, seq=4, expires_in_s=30.0), 41.0)
+    assert isinstance(err, p.Error) and "expired" in err.error
+    assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}
     st.check_integrity()
 
 

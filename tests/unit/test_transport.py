@@ -6,6 +6,7 @@ import select
 import threading
 import time
 
+import msgspec
 import pytest
 import torch
 import zmq
@@ -21,6 +22,7 @@ from sglang_kvrep.dataplane.transport import (ChunkSent, Refusal, TransferFailed
                                               Transport)
 from sglang_kvrep.dataplane.wire import send_transfer, split_pages
 from sglang_kvrep.dataplane.zmq_transport import ZmqTransport
+from tests.util import wait_until
 
 GEO = LocalGeometry("fp", 4, "torch.bfloat16", "NHD", (2, 4, 2, 8), num_layers=3, itemsize=2)  # 768 B per page
 
@@ -72,10 +74,15 @@ def pump(sides, until, timeout_s: float = 20.0) -> None:
             s.step()
 
 
+OWN_CONTEXTS: list = []
+
+
 @pytest.fixture
 def ctx():
     c = zmq.Context()
     yield c
+    while OWN_CONTEXTS:
+        OWN_CONTEXTS.pop().destroy(linger=0)
     c.destroy(linger=0)
 
 
@@ -262,9 +269,15 @@ class StubAgent:
 
 
 class FakeCoordinator:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, keydir=None) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.auth = None
+        if keydir is not None:  # as the real one: CURVE server, allow-listed workers only
+            from radix_sync.keys import curve_server, start_authenticator
+
+            self.auth = start_authenticator(ctx, keydir.allow_list())
+            curve_server(self.sock, keydir.pair("coordinator"))
         self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
         self.ids: dict[str, bytes] = {}
         self.got: list = []
@@ -283,7 +296,7 @@ class FakeCoordinator:
 
     def grant(self, worker_id: str, h: p.TransferHeader) -> None:
         self.sock.send_multipart([self.ids[worker_id], p.encode(p.ExpectReplica(
-            replication_id=h.replication_id, source_id="a", namespace="", page_size=4,
+            replication_id=h.replication_id, source_id=h.source_id, namespace="", page_size=4,
             block_hashes=page_hashes(h.token_ids, 4, ""), auth_token="good", expires_in_s=60.0))])
 
 
@@ -331,3 +344,218 @@ def test_io_side_replicates_through_the_transport_and_reports_failures(ctx):
         b.close()
         coord.sock.close()
     assert not b.loop.expected and b.loop.transport.staging.cached_bytes() == h.num_bytes  # one buffer, reused
+
+
+# ------------------------------------------------------------------------------------- with keys (CurveZMQ)
+@pytest.fixture(scope="module")
+def keydir(tmp_path_factory):
+    from radix_sync.keys import create_dir
+
+    return create_dir(tmp_path_factory.mktemp("keys") / "k", 3, 0)
+
+
+def keyed_side(ctx, keydir, i: int, **cfg) -> Side:
+    """Worker i's transport, in a context of its own (as each worker has: one ZAP handler per context)."""
+    own = zmq.Context()
+    OWN_CONTEXTS.append(own)
+    return Side(own, keys=str(keydir.path), key_name=f"worker-{i}", **cfg)
+
+
+HANDSHAKE_OUTCOMES = (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                      zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def handshake_outcome(sock, mon, sides) -> int:
+    """The first handshake outcome `mon` (a monitor set up on `sock` before it connected) reports, pumping
+    `sides` meanwhile; the monitor is then closed."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for side in sides:
+                side.step(1)
+            if mon.poll(10):
+                ev = recv_monitor_message(mon)["event"]
+                if ev in HANDSHAKE_OUTCOMES:
+                    return ev
+        raise AssertionError("no handshake outcome")
+    finally:
+        sock.disable_monitor()
+        mon.close(0)
+
+
+def test_keyed_transfer_lands_between_allow_listed_workers(ctx, keydir):
+    src, dst = keyed_side(ctx, keydir, 0), keyed_side(ctx, keydir, 1)
+    h = header(source_id="worker-0")
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint, "worker-1")
+    for i in range(h.num_chunks):
+        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
+    pump([src, dst], lambda: dst.of(TransferReceived))
+    assert torch.equal(dst.of(TransferReceived)[0].incoming.buffer, payload)
+    src.t.close()
+    dst.t.close()
+
+
+def test_keyed_data_port_admits_no_stranger_and_no_impersonation(ctx, keydir):
+    from radix_sync.keys import KeyPair, curve_client
+
+    dst = keyed_side(ctx, keydir, 1)
+    server_key = keydir.workers["worker-1"].public
+    # no CURVE, or a key outside the allow-list: the handshake fails, admit is never even asked
+    for curve in (None, (KeyPair("stranger", *zmq.curve_keypair()), server_key)):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if curve:
+            curve_client(sock, *curve)
+        mon = sock.get_monitor_socket()
+        sock.connect(dst.t.endpoint)
+        sock.send(p.encode(header(source_id="worker-0")))
+        assert handshake_outcome(sock, mon, [dst]) != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        sock.close(0)
+    assert not dst.events and not dst.t.incoming
+    # worker-2's genuine key, speaking for worker-0: refused before admit, not reported (it would fail worker-0's)
+    replies = []
+    sender = threading.Thread(target=lambda: replies.append(send_transfer(
+        dst.t.endpoint, header(source_id="worker-0"), payload_of(header()).numpy().tobytes(),
+        curve=(keydir.pair("worker-2"), server_key))))
+    sender.start()
+    pump([dst], lambda: dst.of(TransferFailed))
+    sender.join(20)
+    err = "source_id 'worker-0' is not the worker of this connection's key ('worker-2')"
+    assert dst.of(TransferFailed) == [TransferFailed("t1", "r1", "target", err, tell_coordinator=False)]
+    assert isinstance(replies[0], p.TransferRefused) and replies[0].error == err
+    assert not dst.t.incoming and dst.t.staging.cached_bytes() == 0
+    dst.t.close()
+
+
+def test_keyed_source_sends_only_to_the_targets_own_key(ctx, keydir):
+    src, dst = keyed_side(ctx, keydir, 0), keyed_side(ctx, keydir, 1)
+    # a target id with no allow-listed key: failed at once, nothing connected
+    src.t.send(header(), dst.t.endpoint, "worker-9")
+    assert src.of(TransferFailed) == [TransferFailed(
+        "t1", "r1", "source", "target 'worker-9' has no key in the allow-list: not sending it anything")]
+    assert not src.t.peers and not src.t.outgoing
+    # worker-1's endpoint named as worker-2's: worker-1 cannot prove it holds worker-2's key, no handshake
+    src.t.send(header(tid="t2", source_id="worker-0"), dst.t.endpoint, "worker-2")
+    sock = src.t.peers[dst.t.endpoint]
+    result = [handshake_outcome(sock, sock.get_monitor_socket(), [src, dst])]
+    assert result[0] != zmq.EVENT_HANDSHAKE_SUCCEEDED and not dst.events and not dst.t.incoming
+    src.t.close()
+    dst.t.close()
+
+
+def test_chunks_count_only_from_the_connection_that_opened_the_transfer(ctx):
+    dst = Side(ctx)
+    h = header()
+    payload = payload_of(h)
+    owner, other = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    for s in (owner, other):
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(dst.t.endpoint)
+    from sglang_kvrep.dataplane.wire import chunk_frames
+
+    owner.send(p.encode(h))
+    pump([dst], lambda: "t1" in dst.t.incoming)
+    other.send_multipart(chunk_frames(h, 0, chunk(h, torch.zeros_like(payload), 0)))
+    other.send(p.encode(p.TransferEnd(transfer_id="t1")))
+    for i in range(h.num_chunks):
+        owner.send_multipart(chunk_frames(h, i, chunk(h, payload, i)))
+    owner.send(p.encode(p.TransferEnd(transfer_id="t1")))
+    pump([dst], lambda: dst.of(TransferReceived))
+    assert torch.equal(dst.of(TransferReceived)[0].incoming.buffer, payload) and not dst.of(TransferFailed)
+    for s in (owner, other):
+        s.close(0)
+    dst.t.close()
+
+
+def test_one_resync_however_many_facts_a_restarted_coordinator_turns_down(ctx):
+    """A coordinator that restarted answers every fact sent before the worker noticed with `ResyncRequested`;
+    the worker resyncs once (the requests that answer facts from before its new hello are stale)."""
+    coord = FakeCoordinator(ctx)
+    agent = StubAgent("a", coord.endpoint)
+    try:
+        [first] = coord.wait_for(p.Hello)
+        coord.sock.send_multipart([coord.ids["a"], p.encode(p.HelloAck(coordinator_id="one"))])
+        load = p.LoadReported(worker_id="a", seq=0, num_running_reqs=0, num_waiting_reqs=0, num_waiting_tokens=0,
+                              available_tokens=1, evictable_tokens=0, replica_tokens=0)
+        for _ in range(20):
+            agent.to_io(m.ToCoordinator(msgspec.structs.replace(load)))
+        facts = coord.wait_for(p.LoadReported, 20)
+        # the restarted coordinator turns down all 20, then acks the one hello that comes
+        for _ in facts:
+            coord.sock.send_multipart([coord.ids["a"], p.encode(p.ResyncRequested(reason="unknown worker"))])
+        coord.wait_for(p.Hello, 2)
+        coord.sock.send_multipart([coord.ids["a"], p.encode(p.HelloAck(coordinator_id="two"))])
+        agent.to_io(m.ToCoordinator(msgspec.structs.replace(load)))
+        coord.wait_for(p.LoadReported, 22)  # the resync's load, then this one: the link is live again
+        stats = agent.loop.stats
+        # the ack and the load reach the I/O loop on two sockets: the ack may be read after the load went out
+        wait_until(lambda: stats["coordinator_restarts"] == 1, 10, what="the second HelloAck read")
+        assert (stats["hellos"], stats["stale_resync_requests"], stats["coordinator_restarts"]) == (2, 19, 1)
+        assert len([x for x in coord.got if isinstance(x, p.Hello)]) == 2
+    finally:
+        agent.close()
+        coord.sock.close()
+
+
+def test_keyed_io_sides_replicate_through_curve_planes(keydir):
+    """The whole worker side with keys: both I/O sides reach a CURVE coordinator with their own keys, the source
+    learns the target's id from `ReplicatePages` and sends only to that worker's key, and the pages land."""
+    ctx = zmq.Context()
+    coord = FakeCoordinator(ctx, keydir)
+    kw = {"keys": str(keydir.path)}
+    a = StubAgent("worker-0", coord.endpoint, key_name="worker-0", **kw)
+    b = StubAgent("worker-1", coord.endpoint, key_name="worker-1", **kw)
+    try:
+        coord.wait_for(p.Hello, 2)
+        h = header(source_id="worker-0")
+        payload = payload_of(h)
+        coord.grant("worker-1", h)
+        coord.wait_for(p.ReplicaExpected)
+        coord.sock.send_multipart([coord.ids["worker-0"], p.encode(p.ReplicatePages(
+            replication_id="r1", auth_token="good", token_ids=h.token_ids, namespace="", target_id="worker-1",
+            target_endpoint=b.data_endpoint, target_fingerprint="fp", ttl_s=5.0))])
+        a.wait_for(m.Replicate)  # what the scheduler side gets; it gathers and starts the send
+        a.to_io(m.StartSend(h, b.data_endpoint))
+        for i in range(h.num_chunks):
+            a.to_io(m.ChunkGathered(h.transfer_id, i, chunk(h, payload, i), 0.0))
+        [install] = b.wait_for(m.Install)
+        assert torch.equal(install.incoming.buffer, payload)
+        assert not a.loop.send_targets  # consumed by the send
+    finally:
+        a.close()
+        b.close()
+        coord.sock.close()
+        coord.auth.stop()
+        ctx.destroy(linger=0)
+
+
+def test_a_resync_announces_held_replicas_with_the_ttl_left_and_never_an_expired_one(ctx):
+    coord = FakeCoordinator(ctx)
+    info = m.WorkerInfo(fingerprint="fp", fingerprint_fields={}, page_size=4, pool_capacity_tokens=1000,
+                        replica_budget_tokens=100, free_replica_tokens=100, geometry=GEO)
+    io = IoSide(KvrepConfig(coordinator=coord.endpoint, worker_id="w"), info, m.Mailbox())
+    try:
+        now = time.monotonic()
+        for rid, left_s in (("gone", 50.0), ("live", 20.0), ("overdue", -3.0)):
+            fact = p.ReplicaStored(worker_id="w", seq=0, replication_id=rid, namespace="", block_hashes=[1],
+                                   inserted_len=4, expires_in_s=60.0, num_bytes=1, receive_s=0.0, scatter_s=0.0,
+                                   insert_s=0.0)
+            io.replica_facts[rid] = (fact, now + left_s)
+        io.on_message(m.ToCoordinator(p.ReplicaExpired(worker_id="w", seq=0, replication_id="gone",
+                                                        num_evicted_tokens=4)))
+        deadline = time.monotonic() + 20
+        while io.need_resync:  # the first hello goes once the link is up (IMMEDIATE: no queue before that)
+            assert time.monotonic() < deadline
+            io.keep_link(time.monotonic())
+            time.sleep(0.01)
+        stored = {f.replication_id: f.expires_in_s for f in coord.wait_for(p.ReplicaStored, 2)}
+        assert stored.keys() == {"live", "overdue"}  # "overdue": past its TTL but still held (a queued request)
+        assert 0 < stored["live"] <= 20.0 and stored["overdue"] == 0.0
+    finally:
+        io.transport.close()
+        io.coord.close(0)
+        io.ctx.term()
+        coord.sock.close()
