@@ -3,7 +3,14 @@
 For a candidate (prefix p, target w, depth d) at `now` on a snapshot:
 
     gain = E[requests extending p within the horizon] x [TTFT_without(p) - TTFT_with_replica(p, w, d)]
-           - copy_cost(bytes, link load) - memory_cost(w, bytes)
+           - copy_cost(bytes, link load) - memory_cost(w, bytes) - delay imposed on the pulls behind it
+
+The gate (`radix_sync.policy.gate`, issue 16's "never worse"): a copy starts when both links are free of what is
+booked, what is decided and not booked yet, and what this pass planned (and not at all if that is more than
+`max_link_backlog_s` ahead); it pays the delay it imposes on the critical-path pulls that want those links
+meanwhile; it may not land where it would evict a page that is wanted (requests routed there wait for it, or the
+planner predicts demand for that replica), after the copies still coming in and the queued prompts have taken
+their memory. When no copy clears `min_gain_s` net of all that, nothing is copied.
 
 TTFT_without is the best of waiting at a holder, copying on the critical path (if the router may pull) and
 recomputing elsewhere, with queue waits taken from a per-worker forecast at the predicted arrival time (the
