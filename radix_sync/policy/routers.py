@@ -138,7 +138,18 @@ def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[Work
 class ExpectedTtftRouter(RouterPolicy):
     """Ours (`kvrep` and `oracle`): the worker with the lowest expected TTFT = queue wait + prefill of the
     uncached part, counting copies in flight with their arrival time and, when `allow_pull`, a copy on the
-    critical path from the best holder (as Mooncake does). Ties: fewer outstanding requests, then lower id."""
+    critical path from the best holder (as Mooncake does). Ties: fewer outstanding requests, then lower id.
+
+    A request that waits for a copy (in flight, or its own pull) cannot start before the copy lands, and neither can
+    the requests this router sent there earlier to wait for a copy: their prefill is not work the worker does while
+    the copy travels. So an option that waits for a copy landing at `eta` starts at
+
+        max(wait - gated, eta - now) + gated_before
+
+    where `gated` is the prefill of this router's requests at the worker still waiting for a copy, and
+    `gated_before` that of those whose copy lands no later than this one (they are ahead in the queue). Without
+    it, a fan-out's branches all pile onto the first worker a replica is coming to (each one's wait hides under
+    `max(wait, eta)`). State: its own decisions, dropped at the first token (`on_first_token`, `on_finished`)."""
 
     uses_cached_len = True
 
@@ -146,6 +157,20 @@ class ExpectedTtftRouter(RouterPolicy):
         self.cost = cost
         self.kv_bytes_per_token = kv_bytes_per_token
         self.allow_pull = allow_pull
+        self._gated: dict[int, dict[int, tuple[float, float]]] = {}
+        """Worker -> request id -> (when its copy lands, its prefill time, s): requests sent to wait for a copy."""
+
+    def _start_s(self, i: int, wait: float, eta: float, now: float) -> float:
+        """Seconds from `now` until a request waiting at worker `i` for a copy landing at `eta` can start."""
+        gated = self._gated.get(i)
+        if not gated:
+            return max(wait, eta - now)
+        total = before = 0.0
+        for g_eta, work in gated.values():
+            total += work
+            if g_eta <= eta:
+                before += work
+        return max(wait - total, eta - now, 0.0) + before
 
     def _scan(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[tuple]:
         """Returns per worker (expected TTFT, worker id, kind, pull source, pull length); kind 0: as is, 1: wait
@@ -169,24 +194,26 @@ class ExpectedTtftRouter(RouterPolicy):
             if p is None:
                 p = prefill[local] = cost.prefill_s(prompt_len - local, local)
             t_best, kind = wait + p, 0
+            gate_eta, gate_work = 0.0, 0.0
             if i in inflight and inflight[i][0] > local:
                 depth, eta = inflight[i]
-                t = max(wait, eta - now) + cost.prefill_s(prompt_len - depth, depth)
+                svc = cost.prefill_s(prompt_len - depth, depth)
+                t = self._start_s(i, wait, eta, now) + svc
                 if t < t_best:
-                    t_best, kind = t, 1
+                    t_best, kind, gate_eta, gate_work = t, 1, eta, svc
             if self.allow_pull and best_len > local and i != best_src and w.nic_bandwidth_bytes_per_s > 0:
                 eta = _pull_eta_s(workers[best_src], w, (best_len - local) * pull_bytes, cost, now)
                 p = prefill.get(best_len)
                 if p is None:
                     p = prefill[best_len] = cost.prefill_s(prompt_len - best_len, best_len)
-                t = max(wait, eta - now) + p
+                t = self._start_s(i, wait, eta, now) + p
                 if t < t_best:
-                    t_best, kind = t, 2
-            out.append((t_best, i, kind, best_src, best_len))
+                    t_best, kind, gate_eta, gate_work = t, 2, eta, p
+            out.append((t_best, i, kind, best_src, best_len, gate_eta, gate_work))
         return out
 
     @staticmethod
-    def _route(t: float, i: int, kind: int, src: int, length: int) -> Route:
+    def _route(t: float, i: int, kind: int, src: int, length: int, *_: float) -> Route:
         if kind == 1:
             return Route(i, wait_inflight=True, expected_ttft_s=t)
         if kind == 2:
@@ -203,7 +230,17 @@ class ExpectedTtftRouter(RouterPolicy):
         opts = self._scan(req, workers, now)
         near = min(o[0] for o in opts) + 2e-9
         best = min((o for o in opts if o[0] <= near), key=lambda o: ttft_rank_key(o[0], o[1], workers))
+        if best[2]:  # waits for a copy: its prefill is gated until it lands
+            self._gated.setdefault(best[1], {})[req.request_id] = (best[5], best[6])
         return self._route(*best)
+
+    def on_first_token(self, worker_id: int, request_id: int, now: float) -> None:
+        gated = self._gated.get(worker_id)
+        if gated:
+            gated.pop(request_id, None)
+
+    def on_finished(self, worker_id: int, request_id: int, now: float) -> None:
+        self.on_first_token(worker_id, request_id, now)
 
 
 def make_router(name: str, *, cost: Optional[CostModel] = None, page_len: int = 1, kv_bytes_per_token: int = 0,

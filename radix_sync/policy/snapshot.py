@@ -58,6 +58,23 @@ class WorkerView(NamedTuple):
     page; -1: not reported (then the planner does not check what a copy would displace)."""
     demoted_tokens: int = 0
     """KV tokens of demoted chains (evicted before the replicas); 0 where not reported."""
+    # ---- the planner's gate (`radix_sync.policy.gate`); control-plane knowledge, 0 where not known ----
+    egress_pending_bytes: int = 0
+    """Bytes of copies already decided out of this worker that are not booked on its link yet (a chained copy
+    whose source gets the pages later): they will queue on its egress (`egress_busy_until_s` counts booked ones)."""
+    ingress_pending_bytes: int = 0
+    """The same for copies into this worker (its ingress)."""
+    incoming_tokens: int = 0
+    """KV tokens of every copy to this worker not landed yet (booked or pending, speculative or on a request's
+    path): memory they take when they land, before a new copy does."""
+    waited_evict_first_tokens: int = 0
+    """KV tokens of evict-first pages (replicas, demoted chains) on this worker that requests routed to it and not
+    yet admitted will use (the router knows its own sends): a copy landing must not evict them."""
+    egress_pull_rate_per_s: float = 0.0
+    """Copies on a request's critical path (pulls) leaving this worker's link per second, recently: the requests a
+    speculative copy on its egress delays."""
+    ingress_pull_rate_per_s: float = 0.0
+    """The same for pulls into this worker."""
 
 
 @dataclass(frozen=True, slots=True)

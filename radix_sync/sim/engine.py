@@ -8,6 +8,7 @@ The engine plays the coordinator and router of the real system: it builds `Reque
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from typing import Callable, Optional
 
 from radix_sync.policy.cost import CostProfile
@@ -19,7 +20,7 @@ from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.views import LoadViews, hint_error, prefix_views
+from radix_sync.sim.views import LoadViews, gate_fields, hint_error, prefix_views
 from radix_sync.sim.worker import IDLE, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload, request_key
 
@@ -65,6 +66,8 @@ class Engine:
         self._no_views = (None,) * cfg.num_workers
         self.loads = LoadViews(self)
         self._num_events = 0
+        self.pull_log: deque = deque()
+        """(start, source, target) of the critical-path pulls, oldest first (trimmed by `views.gate_fields`)."""
         """Events in the heap other than the periodic ones (ticks, load reports): the run ends when none is left."""
 
     # ---- events ----
@@ -143,6 +146,8 @@ class Engine:
         workers = self.workers
         cached: tuple = ()
         inflight: tuple = ()
+        if self.pending:
+            self._reestimate_pending(now)
         if self._needs_cached:
             page = self.page_len
             if self.policy.oracle:
@@ -199,6 +204,8 @@ class Engine:
             lo = w.cache.match_len(req.pages)
             if hi > lo:
                 x = self._start_transfer("pull", route.pull_from, route.worker_id, req.pages, lo, hi, now)
+                if self.policy.planner is not None:
+                    self.pull_log.append((now, route.pull_from, route.worker_id))
                 req.ready_s = x.end_s
                 req.est_cached = hi * self.page_len
         elif route.wait_inflight:
@@ -342,6 +349,23 @@ class Engine:
         self.inflight.append(x)
         self.pending.append(x)
 
+    def _reestimate_pending(self, now: float) -> None:
+        """Moves the estimated arrival of every pending copy to what the links, the pending copies before it on the
+        same links and its source's own copy (or prefill) now say (at every arrival and planning pass: an estimate
+        made when it was planned goes stale as other copies are booked and its source's copy slips)."""
+        if not self.pending:
+            return
+        net = self.net
+        egress, ingress = list(net.egress_free_s), list(net.ingress_free_s)  # pending copies queue on them too
+        for x in self.pending:  # parents were planned before their children: their estimates are fresh here
+            if x.parent is not None:
+                ready = x.parent.end_s
+            else:
+                node = self.tracker.nodes.get(x.node_id)
+                ready = node.owner_eta_s if node is not None and node.owner == x.src else now
+            start = max(now, ready, egress[x.src], ingress[x.dst])
+            x.end_s = egress[x.src] = ingress[x.dst] = start + net.latency_s + x.num_bytes / net.bw
+
     def _start_pending(self, worker: int, now: float) -> None:
         """`worker` got new pages: books the pending copies from it whose pages it now holds."""
         cache = self.workers[worker].cache
@@ -426,7 +450,8 @@ class Engine:
                 self._demote_on(self.directory.holders.get(last, 0), last)
         if not self.tracker.nodes:
             return
-        views = self.worker_views(now)
+        self._reestimate_pending(now)
+        views = gate_fields(self, self.worker_views(now), now)
         snap = ClusterSnapshot(views, prefix_views(self, views, now), (), self.page_len,
                                self.p.kv_bytes_per_token)
         for d in self.policy.planner.plan(snap, now):

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from radix_sync.sim.workload import SimRequest
 
 _new = tuple.__new__
+_NO_GATE = (0, 0, 0, 0, 0.0, 0.0)
+"""The gate's fields of a `WorkerView` (pending link bytes, incoming and waited-for tokens, pull rates), zero in the
+views routers get at every arrival; `gate_fields` fills them for the planner's snapshot."""
+PULL_RATE_WINDOW_S = 30.0
+"""Critical-path pulls are counted over this window for the gate's pull rates, s."""
 
 
 class LoadViews:
@@ -70,7 +75,7 @@ class LoadViews:
             w.waiting_attn_pairs, w.sum_ctx, busy,
             c.capacity_tokens - len(tree.nodes) * page - c.reserved_tokens,
             budget if budget > 0 else 0, net.egress_free_s[i], net.ingress_free_s[i], bw, 0.0,
-            tree.num_replica_pages * page, tree.num_stale_pages * page))
+            tree.num_replica_pages * page, tree.num_stale_pages * page) + _NO_GATE)
 
     def _consts(self) -> tuple[int, int, float]:
         eng = self.eng
@@ -93,13 +98,13 @@ class LoadViews:
             r = self.reports[i]
             if r is None:
                 r = self.reports[i] = _new(WorkerView, (i, "", 0, 0, 0, 0, 0.0, 0, 0.0, w.cache.capacity_tokens,
-                                                        cap, 0.0, 0.0, bw, 0.0, 0, 0))
+                                                        cap, 0.0, 0.0, bw, 0.0, 0, 0) + _NO_GATE)
             # NOTE: as `with_local_load`: what this router sent and has not seen finish bounds the queue from below
             waiting = max(r[3], self.outstanding[i] - r[2])
             out.append(_new(WorkerView, (
                 i, r[1], r[2], waiting, max(r[4], self.queued_tokens[i]), max(r[5], self.queued_cached[i]),
                 max(r[6], self.queued_pairs[i]), r[7], r[8], r[9], r[10], net.egress_free_s[i],
-                net.ingress_free_s[i], r[13], r[14], r[15], r[16])))
+                net.ingress_free_s[i], r[13], r[14], r[15], r[16]) + _NO_GATE))
         return tuple(out)
 
     # ---- the router's own counts ----
@@ -130,6 +135,53 @@ class LoadViews:
             return
         self.on_started(req)
         self.outstanding[req.worker] -= 1
+
+
+def gate_fields(eng, views: tuple[WorkerView, ...], now: float) -> tuple[WorkerView, ...]:
+    """The planner's views with the gate's fields (`radix_sync.policy.gate`), as the control plane knows them: it
+    books the copies itself (pending link bytes, tokens still coming in, pulls per link over the last
+    `PULL_RATE_WINDOW_S`) and the router knows its own sends (the evict-first pages that requests routed to a worker
+    and not yet admitted will use).
+
+    Args:
+        eng: the `radix_sync.sim.engine.Engine` (`pending`, `inflight`, `pull_log`, workers' queues and caches).
+        views: the workers' views (`LoadViews.views`).
+        now: current time, s.
+    Returns:
+        the views with `egress_pending_bytes`, `ingress_pending_bytes`, `incoming_tokens`,
+        `waited_evict_first_tokens`, `egress_pull_rate_per_s`, `ingress_pull_rate_per_s` filled in.
+    """
+    n, page = len(views), eng.page_len
+    eg, ig, inc, waited = [0] * n, [0] * n, [0] * n, [0] * n
+    for x in eng.pending:
+        eg[x.src] += x.num_bytes
+        ig[x.dst] += x.num_bytes
+    for x in eng.inflight:
+        inc[x.dst] += (x.hi - x.lo) * page
+    for w in eng.workers:
+        seen = set()
+        nodes = w.cache.tree.nodes
+        for req in w.waiting:
+            m = req.est_cached // page
+            if req.admitted or m <= 0 or m > len(req.pages):
+                continue
+            last = req.pages[m - 1]
+            if last in seen:
+                continue
+            seen.add(last)
+            node = nodes.get(last)
+            if node is not None and (node.replica or node.stale):
+                waited[w.wid] += m * page
+    log = eng.pull_log
+    while log and log[0][0] < now - PULL_RATE_WINDOW_S:
+        log.popleft()
+    out_rate, in_rate = [0.0] * n, [0.0] * n
+    for _, src, dst in log:
+        out_rate[src] += 1.0 / PULL_RATE_WINDOW_S
+        in_rate[dst] += 1.0 / PULL_RATE_WINDOW_S
+    return tuple(v._replace(egress_pending_bytes=eg[i], ingress_pending_bytes=ig[i], incoming_tokens=inc[i],
+                            waited_evict_first_tokens=waited[i], egress_pull_rate_per_s=out_rate[i],
+                            ingress_pull_rate_per_s=in_rate[i]) for i, v in enumerate(views))
 
 
 def prefix_views(eng, views: tuple[WorkerView, ...], now: float) -> tuple[PrefixView, ...]:

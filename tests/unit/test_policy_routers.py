@@ -275,3 +275,23 @@ def test_ttft_rank_key_orders_by_rounded_ttft_then_load_then_id():
     opts = r.options(q, ws, 0.0)
     best = min(opts, key=lambda o: ttft_rank_key(o.expected_ttft_s, o.worker_id, ws))
     assert r.route(q, ws, 0.0) == best and best.worker_id == 2
+
+
+def test_expected_ttft_queues_behind_its_own_requests_waiting_for_the_same_copy():
+    # a replica lands on w1 at 0.5 s; w0 (the holder) has 10 s of queue. The first request waits for it: 0.5 + 0.1
+    r = router("expected_ttft", allow_pull=False)
+    ws = workers(2, w0=dict(num_waiting=1, waiting_new_tokens=1000))
+    inflight = (HolderView(1, REPLICA, 100, None, 0.5),)
+    first = r.route(req(110, cached=(100, 0), inflight=inflight, rid=1), ws, 0.0)
+    assert (first.worker_id, first.wait_inflight, first.expected_ttft_s) == (1, True, pytest.approx(0.6))
+    # the second sees w1's queue raised by the first (0.1 s of prefill), which cannot run before the copy lands
+    # either: it starts at max(0.1 - 0.1, 0.5) + 0.1 = 0.6 and is served at 0.7 (not max(0.1, 0.5) + 0.1 = 0.6)
+    ws = workers(2, w0=dict(num_waiting=1, waiting_new_tokens=1000), w1=dict(num_waiting=1, waiting_new_tokens=10))
+    second = r.route(req(110, cached=(100, 0), inflight=inflight, rid=2), ws, 0.0)
+    assert second.expected_ttft_s == pytest.approx(0.7)
+    # once the first has its first token it gates nothing; a router that sent nothing sees the plain max
+    r.on_first_token(1, 1, 0.6)
+    r.on_first_token(1, 2, 0.7)
+    assert r.route(req(110, cached=(100, 0), inflight=inflight, rid=3), ws, 0.0).expected_ttft_s == pytest.approx(0.6)
+    fresh = router("expected_ttft", allow_pull=False)
+    assert fresh.route(req(110, cached=(100, 0), inflight=inflight), ws, 0.0).expected_ttft_s == pytest.approx(0.6)

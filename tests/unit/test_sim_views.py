@@ -92,3 +92,52 @@ def test_hint_jitter_changes_the_hints_the_planner_gets():
         eng.run()
     assert seen[0.0] and set(seen[0.0]) == {8}
     assert len(seen[0.5]) == len(seen[0.0]) and set(seen[0.5]) != {8}
+
+
+def test_gate_fields_are_what_the_control_plane_booked_and_sent():
+    from radix_sync.sim.network import Transfer
+    from radix_sync.sim.views import PULL_RATE_WINDOW_S, gate_fields
+
+    eng = engine(0.2, policy="kvrep")
+    page = eng.page_len
+    # worker 1 holds a 3-page replica that a queued (not admitted) request was routed to use, and an ordinary
+    # 2-page prefix another queued request uses (not evict-first: not counted)
+    eng.workers[1].cache.insert([11, 12, 13], 3, 0.0, replica=True)
+    eng.workers[1].cache.insert([21, 22], 2, 0.0)
+    for rid, pages in ((5, [11, 12, 13]), (6, [11, 12, 13]), (7, [21, 22])):
+        r = SimRequest(rid, len(pages) * page + 10, 1, pages)
+        r.est_cached = len(pages) * page
+        eng.workers[1].waiting.append(r)
+    # a copy 0 -> 2 decided but waiting for its source's pages (2 pages), and one booked 3 -> 2 (1 page)
+    pend = Transfer("replica", 0, 2, [31, 32], 0, 2, 2 * page * PROFILE.kv_bytes_per_token, 0.0, 0.0, pending=True)
+    eng.pending.append(pend)
+    eng.inflight.append(pend)
+    eng.workers[3].cache.insert([41], 1, 0.0)
+    eng._start_transfer("replica", 3, 2, [41], 0, 1, 0.0)
+    eng.pull_log.extend([(-100.0, 0, 3), (0.5, 3, 1)])  # the first is older than the window
+    v = gate_fields(eng, eng.worker_views(1.0), 1.0)
+    assert (v[0].egress_pending_bytes, v[2].ingress_pending_bytes) == (pend.num_bytes, pend.num_bytes)
+    assert v[1].egress_pending_bytes == v[3].ingress_pending_bytes == 0
+    assert v[2].incoming_tokens == 3 * page and v[1].incoming_tokens == 0
+    assert v[1].waited_evict_first_tokens == 3 * page  # counted once for the two requests, the ordinary one not
+    assert v[3].egress_pull_rate_per_s == v[1].ingress_pull_rate_per_s == pytest.approx(1 / PULL_RATE_WINDOW_S)
+    assert v[0].egress_pull_rate_per_s == v[3].ingress_pull_rate_per_s == 0.0
+    assert len(eng.pull_log) == 1
+    # the routers' views at an arrival carry none of it
+    assert eng.worker_views(1.0)[2].incoming_tokens == 0
+
+
+def test_pending_copies_are_re_estimated_in_line_on_their_links():
+    from radix_sync.sim.network import Transfer
+
+    eng = engine(0.2, policy="kvrep")
+    nbytes = 10 ** 9
+    xfer = PROFILE.transfer_latency_s + nbytes / PROFILE.nic_bandwidth_bytes_per_s
+    eng.net.book(0, 3, nbytes, 0.0)  # egress 0 busy until xfer
+    a = Transfer("replica", 0, 1, [1], 0, 1, nbytes, 0.0, 0.0, pending=True)  # planned estimates: stale (0)
+    b = Transfer("replica", 0, 2, [1], 0, 1, nbytes, 0.0, 0.0, pending=True)
+    c = Transfer("replica", 1, 2, [1], 0, 1, nbytes, 0.0, 0.0, pending=True, parent=a)  # chained on a
+    eng.pending.extend([a, b, c])
+    eng._reestimate_pending(0.0)
+    # a queues behind the booked copy on egress 0, b behind a; c starts when a has landed on 1 and b left ingress 2
+    assert (a.end_s, b.end_s, c.end_s) == pytest.approx((2 * xfer, 3 * xfer, 4 * xfer))

@@ -1,0 +1,149 @@
+"""The planner's gate (`radix_sync.policy.gate`), each term hand-computed, and each term refusing or shrinking a copy
+in the planner (issue 16, item 7: a copy's gain is net of the harm it does to the others)."""
+
+import pytest
+
+from radix_sync.policy.cost import CostModel, CostProfile
+from radix_sync.policy.gate import UNLIMITED, landing_room_tokens, link_free_s, pull_delay_s
+from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
+from radix_sync.policy.predictor import DemandPredictor
+from radix_sync.policy.snapshot import REPLICA, ClusterSnapshot, HolderView, PrefixView, WorkerView
+
+# as tests/unit/test_policy_planner.py: 10 ms per prompt token, 1000 B/s links, 1 byte of KV per token
+PROFILE = CostProfile(name="t", kv_bytes_per_token=1, kv_capacity_tokens=10_000, max_context_len=10_000,
+                      chunked_prefill_len=10_000, max_running_requests=64, prefill_overhead_s=0.0,
+                      prefill_s_per_token=0.01, prefill_s_per_token_pair=0.0, decode_step_s=0.01,
+                      decode_s_per_request=0.0, decode_s_per_ctx_token=0.0, nic_bandwidth_bytes_per_s=1000.0,
+                      transfer_latency_s=0.0)
+
+
+def snapshot():
+    """Holder w0 has 20 s of queue; node 7 (100 tokens) has one hinted request at t=1 adding 10 tokens."""
+    ws = tuple(WorkerView(i, free_tokens=10_000, replica_budget_tokens=10_000, nic_bandwidth_bytes_per_s=1000.0)
+               for i in range(2))
+    ws = (ws[0]._replace(num_waiting=1, waiting_new_tokens=2000),) + ws[1:]
+    node = PrefixView(node_id=7, token_len=100, holders=(HolderView(0, depth_len=100),), expected_new_len=10,
+                      fanout_hint=1, hint_at_s=1.0)
+    return ClusterSnapshot(ws, (node,), (), page_len=1, kv_bytes_per_token=1)
+
+
+def planner(**kw):
+    return KvrepPlanner(CostModel(PROFILE), DemandPredictor(), PlannerConfig(**kw))
+
+
+def refused(snap, reason):
+    """Plans without pull; returns whether nothing was copied and node 7's outcome names `reason`."""
+    p = planner(allow_pull=False)
+    return p.plan(snap, 0.0) == [] and reason in p.outcomes[7]
+
+
+def test_a_link_is_free_after_what_is_booked_and_what_is_decided():
+    # booked until 2.0; 500 B decided but not booked at 1000 B/s: 0.5 s more
+    assert link_free_s(2.0, 500, 1000.0, 1.0) == pytest.approx(2.5)
+    # booked in the past: from now
+    assert link_free_s(0.5, 500, 1000.0, 1.0) == pytest.approx(1.5)
+    # no bandwidth: nothing can be booked; pending bytes do not count
+    assert link_free_s(0.5, 500, 0.0, 1.0) == pytest.approx(1.0)
+
+
+def test_pull_delay_is_rate_times_hold_times_wait():
+    # 0.5 pulls/s; the copy starts at 3 (now 1) and holds the link 2 s: pulls arriving in [1, 3) wait 2 s each
+    # (0.5 x 2 x 2 = 2), those in [3, 5) wait 1 s on average (0.5 x 2 x 1 = 1)
+    assert pull_delay_s(0.5, 3.0, 2.0, 1.0) == pytest.approx(3.0)
+    assert pull_delay_s(0.5, 0.5, 2.0, 1.0) == pytest.approx(1.0)  # started already: only the hold counts
+    assert pull_delay_s(0.0, 3.0, 2.0, 1.0) == 0.0
+
+
+def test_landing_room_ends_where_wanted_pages_would_be_evicted():
+    w = WorkerView(0, free_tokens=100, waiting_new_tokens=30, incoming_tokens=20, demoted_tokens=10,
+                   replica_tokens=200, waited_evict_first_tokens=50)
+    # free at landing 100 - 30 - 20 = 50; evict-first 10 + 200 = 210, of which 50 + 40 wanted: 120 unwanted
+    assert landing_room_tokens(w, 40) == 170
+    # more wanted than evict-first: only what is free at landing
+    assert landing_room_tokens(w, 400) == 50
+    # the queue and the copies coming in fill more than is free: nothing
+    assert landing_room_tokens(w._replace(waiting_new_tokens=500), 400) == 0
+
+
+def test_landing_room_is_unlimited_when_nothing_wanted_can_go():
+    w = WorkerView(0, free_tokens=0, replica_tokens=500)
+    assert landing_room_tokens(w) == UNLIMITED  # only unwanted replicas and ordinary pages are evicted
+    assert landing_room_tokens(w._replace(replica_tokens=-1, waited_evict_first_tokens=9)) == UNLIMITED  # unreported
+
+
+WANTED = "would evict a wanted page"
+
+
+# ---- each term in the planner (the base case: tests/unit/test_policy_planner.py, without pull the copy saves the
+# 1.1 s recompute: gain 1.1 - 0.1 (landing) - 0.005 (link) = 0.995 s) ----
+
+def with_worker(snap, i, **fields):
+    ws = list(snap.workers)
+    ws[i] = ws[i]._replace(**fields)
+    return snap.__class__(tuple(ws), snap.prefixes, snap.links, snap.page_len, snap.kv_bytes_per_token)
+
+
+def test_bytes_decided_for_the_sources_link_delay_the_landing():
+    # 1000 B pending on w0's egress: the copy starts at 1.0, lands at 1.1; the request (t=1) waits 0.1 s for it:
+    # 0.1 + 0.1 prefill = 0.2 s instead of 0.1: gain 1.1 - 0.2 - 0.005 = 0.895
+    # (the link cap raised to 2 s: by default a link promised 1 s ahead takes no speculative copy at all)
+    out = planner(allow_pull=False, max_link_backlog_s=2.0).plan(with_worker(snapshot(), 0, egress_pending_bytes=1000),
+                                                                 0.0)
+    assert out[0].gain_s == pytest.approx(0.895)
+    # with a pull on the request's path available (0.2 s), a copy landing then saves nothing: none
+    assert planner(allow_pull=True, max_link_backlog_s=2.0).plan(
+        with_worker(snapshot(), 0, egress_pending_bytes=1000), 0.0) == []
+    # the default cap (0.5 s): the source's link is promised too far ahead
+    p = planner(allow_pull=False)
+    assert p.plan(with_worker(snapshot(), 0, egress_pending_bytes=1000), 0.0) == []
+    assert "every source's link is booked" in p.outcomes[7]
+
+
+def test_bytes_decided_for_the_targets_link_count_too():
+    out = planner(allow_pull=False, max_link_backlog_s=2.0).plan(
+        with_worker(snapshot(), 1, ingress_pending_bytes=1000), 0.0)
+    assert out[0].gain_s == pytest.approx(0.895)
+    p = planner(allow_pull=False)
+    assert p.plan(with_worker(snapshot(), 1, ingress_pending_bytes=1000), 0.0) == []
+    assert "target link booked" in p.outcomes[7]
+
+
+def test_the_delay_imposed_on_pulls_behind_the_copy_is_charged():
+    # 2 pulls/s out of w0 and 1/s into w1; the copy holds both links 0.1 s from 0: 2 x 0.1 x 0.05 + 1 x 0.1 x 0.05
+    snap = with_worker(with_worker(snapshot(), 0, egress_pull_rate_per_s=2.0), 1, ingress_pull_rate_per_s=1.0)
+    out = planner(allow_pull=False).plan(snap, 0.0)
+    assert out[0].gain_s == pytest.approx(0.995 - 0.015)
+
+
+def test_no_copy_that_would_evict_a_replica_requests_wait_for():
+    # w1 is full: 500 replica tokens, 460 of them waited for by requests routed there; the 100-token copy (or the
+    # 50-token half) would need 100 (50) evicted, only 40 are unwanted: refused
+    full = dict(free_tokens=0, replica_tokens=500, demoted_tokens=0)
+    assert refused(with_worker(snapshot(), 1, waited_evict_first_tokens=460, **full), WANTED)
+    # 400 waited for: 100 unwanted, the copy fits; it still pays for the ordinary memory it displaces:
+    # 0.3 x prefill(100) = 0.3 s -> 0.995 - 0.3
+    out = planner(allow_pull=False).plan(with_worker(snapshot(), 1, waited_evict_first_tokens=400, **full), 0.0)
+    assert out[0].gain_s == pytest.approx(0.695)
+
+
+def test_no_copy_that_would_evict_a_replica_the_planner_predicts_demand_for():
+    # node 8's replica on w1 (460 tokens) has a hinted request coming; w1 is full with 500 replica tokens
+    snap = with_worker(snapshot(), 1, free_tokens=0, replica_tokens=500, demoted_tokens=0)
+    other = PrefixView(node_id=8, token_len=460, holders=(HolderView(1, REPLICA, 460),), fanout_hint=1, hint_at_s=1.0)
+    snap = snap.__class__(snap.workers, snap.prefixes + (other,), (), 1, 1)
+    assert refused(snap, WANTED)
+
+
+def test_copies_still_coming_in_and_the_queue_take_the_room_first():
+    # w1: 150 free; 10 demoted tokens a queued request will use (so something there is wanted)
+    base = dict(free_tokens=150, replica_tokens=0, demoted_tokens=10, waited_evict_first_tokens=10)
+    assert len(planner(allow_pull=False).plan(with_worker(snapshot(), 1, **base), 0.0)) == 1
+    # 100 tokens of another copy still landing: 50 left: only the half-depth copy fits (it lands at 0.05 s, the
+    # request prefills 60 tokens: 0.6 s; gain 1.1 - 0.6 - 0.05 x 0.05)
+    p = planner(allow_pull=False)
+    out = p.plan(with_worker(snapshot(), 1, incoming_tokens=100, **base), 0.0)
+    assert [(d.depth_len, round(d.gain_s, 6)) for d in out] == [(50, 0.4975)] and WANTED in p.outcomes[7]
+    # 110 still landing: 40 left, nothing fits
+    assert refused(with_worker(snapshot(), 1, incoming_tokens=110, **base), WANTED)
+    # the same with 110 queued prompt tokens (admitted before it lands)
+    assert refused(with_worker(snapshot(), 1, waiting_new_tokens=110, **base), WANTED)
