@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.forecast import queue_wait_s
+from radix_sync.policy.pull import best_holder, pull_eta_s, pull_ttft_s
 from radix_sync.policy.registry import Registry
 from radix_sync.policy.snapshot import RequestView, Route, WorkerView
 
@@ -111,10 +112,7 @@ class CacheAwareConfig:
                              f"{self.eviction_interval_s!r} must be > 0")
 
 
-def _pull_eta_s(w_src: WorkerView, w_dst: WorkerView, num_bytes: float, cost: CostModel, now: float) -> float:
-    bw = min(w_src.nic_bandwidth_bytes_per_s, w_dst.nic_bandwidth_bytes_per_s)
-    start = max(now, w_src.egress_busy_until_s, w_dst.ingress_busy_until_s)
-    return start + cost.transfer_s(num_bytes, bw)
+_pull_eta_s = pull_eta_s  # (the name the baselines import)
 
 
 def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[WorkerView]) -> tuple[float, int, int]:
@@ -138,27 +136,33 @@ def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[Work
 class ExpectedTtftRouter(RouterPolicy):
     """Ours (`kvrep` and `oracle`): the worker with the lowest expected TTFT = queue wait + prefill of the
     uncached part, counting copies in flight with their arrival time and, when `allow_pull`, a copy on the
-    critical path from the best holder (as Mooncake does). Ties: fewer outstanding requests, then lower id."""
+    critical path from the best holder (as Mooncake does; priced by `radix_sync.policy.pull`, the rule the live
+    router's `--pull` runs too). Ties: fewer outstanding requests, then lower id.
+
+    `endpoint_wait`: a pull also waits for the iteration in progress at both ends (the live agents copy between
+    scheduler iterations; off in the simulator, whose executor does not)."""
 
     uses_cached_len = True
 
-    def __init__(self, cost: CostModel, kv_bytes_per_token: int, allow_pull: bool = True, **_: object) -> None:
+    def __init__(self, cost: CostModel, kv_bytes_per_token: int, allow_pull: bool = True,
+                 endpoint_wait: bool = False, **_: object) -> None:
         self.cost = cost
         self.kv_bytes_per_token = kv_bytes_per_token
         self.allow_pull = allow_pull
+        self.endpoint_wait = endpoint_wait
 
     def _scan(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[tuple]:
-        """Returns per worker (expected TTFT, worker id, kind, pull source, pull length); kind 0: as is, 1: wait
-        for a copy in flight, 2: pull. Routes are built by the callers (only the winner's, in `route`)."""
+        """Returns per worker (expected TTFT, worker id, kind, pull source, pull length, pull arrival); kind 0: as
+        is, 1: wait for a copy in flight, 2: pull. Routes are built by the callers (only the winner's, in
+        `route`)."""
         cached = req.cached_len
-        best_src = max(range(len(workers)), key=lambda i: (cached[i], -i))
-        best_len = cached[best_src]
+        best_src, best_len = best_holder(cached)
         inflight: dict[int, tuple[int, float]] = {}
         for h in req.inflight:
             if h.eta_s is not None and h.depth_len > inflight.get(h.worker_id, (0, 0.0))[0]:
                 inflight[h.worker_id] = (h.depth_len, h.eta_s)
         cost, prompt_len = self.cost, req.prompt_len
-        pull_bytes = self.kv_bytes_per_token
+        pull_bytes, endpoint_wait = self.kv_bytes_per_token, self.endpoint_wait
         prefill: dict[int, float] = {}  # cached length -> prefill time: workers mostly share a few lengths
         out = []
         for w in workers:
@@ -168,29 +172,29 @@ class ExpectedTtftRouter(RouterPolicy):
             p = prefill.get(local)
             if p is None:
                 p = prefill[local] = cost.prefill_s(prompt_len - local, local)
-            t_best, kind = wait + p, 0
+            t_best, kind, pull_eta = wait + p, 0, None
             if i in inflight and inflight[i][0] > local:
                 depth, eta = inflight[i]
                 t = max(wait, eta - now) + cost.prefill_s(prompt_len - depth, depth)
                 if t < t_best:
                     t_best, kind = t, 1
-            if self.allow_pull and best_len > local and i != best_src and w.nic_bandwidth_bytes_per_s > 0:
-                eta = _pull_eta_s(workers[best_src], w, (best_len - local) * pull_bytes, cost, now)
+            if self.allow_pull and best_len > local:
                 p = prefill.get(best_len)
                 if p is None:
                     p = prefill[best_len] = cost.prefill_s(prompt_len - best_len, best_len)
-                t = max(wait, eta - now) + p
-                if t < t_best:
-                    t_best, kind = t, 2
-            out.append((t_best, i, kind, best_src, best_len))
+                pulled = pull_ttft_s(cost, pull_bytes, workers, i, best_src, best_len, local, wait, p, now,
+                                     endpoint_wait)
+                if pulled is not None and pulled[0] < t_best:
+                    (t_best, pull_eta), kind = pulled, 2
+            out.append((t_best, i, kind, best_src, best_len, pull_eta))
         return out
 
     @staticmethod
-    def _route(t: float, i: int, kind: int, src: int, length: int) -> Route:
+    def _route(t: float, i: int, kind: int, src: int, length: int, eta: Optional[float]) -> Route:
         if kind == 1:
             return Route(i, wait_inflight=True, expected_ttft_s=t)
         if kind == 2:
-            return Route(i, pull_from=src, pull_len=length, expected_ttft_s=t)
+            return Route(i, pull_from=src, pull_len=length, expected_ttft_s=t, pull_eta_s=eta)
         return Route(i, expected_ttft_s=t)
 
     def options(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[Route]:
