@@ -44,6 +44,8 @@ def run_up(args) -> int:
                 "--profile", args.profile]
         if args.tenants:
             argv += ["--tenants", args.tenants]
+        if getattr(args, "pull", False):
+            argv.append("--pull")
         router = Proc("router", argv, logs / "router.log")
         procs.append(router)
         router_url = f"http://127.0.0.1:{router_port}"
