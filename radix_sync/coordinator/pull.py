@@ -11,6 +11,7 @@ API (`admin.py`), under `coord.lock` for every read of the state.
 from __future__ import annotations
 
 import asyncio
+
 from radix_sync import api
 from radix_sync.api import AdminError
 
