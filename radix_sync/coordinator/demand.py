@@ -146,6 +146,12 @@ class DemandLog:
         for log in (self.hits, self.arrivals, self.finishes):
             while log and now_s - log[0].time_s > window_s:
                 log.popleft()
+        # NOTE: the planner drains `events` every tick; with a policy that never reads them (rules, none) they
+        # piled up to `max_events`, each with its prompt's page hashes (the soak saw the coordinator grow by
+        # ~10 MB a minute under the rules policy)
+        events = self.events
+        while events and now_s - events[0][1].time_s > window_s:
+            events.popleft()
         if any(now_s - h.time_s > max(h.ttl_s, window_s) for h in self.hints):
             kept = deque(h for h in self.hints if now_s - h.time_s <= max(h.ttl_s, window_s))
             self.hints = kept

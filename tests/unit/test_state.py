@@ -186,6 +186,20 @@ def test_a_rehello_with_new_weights_fails_its_copies_in_flight_at_once(st):
     st.check_integrity()
 
 
+def test_demand_events_nobody_reads_are_forgotten_after_the_hit_window(st):
+    """The rules and none policies never drain the planner's demand events: they must not pile up."""
+    toks = list(range(40))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    for i in range(50):
+        st.record_arrival(arrival(input_ids=toks + [100 + i] * 8, worker="a"), 2.0 + i)
+    assert len(st.demand_events) == 50
+    st.tick(2.0 + 49 + st.config.hit_window_s - 10)  # the first ~10 are older than the window now
+    assert 8 <= len(st.demand_events) < 50
+    st.tick(2.0 + 49 + st.config.hit_window_s + 1)
+    assert len(st.demand_events) == 0
+    st.check_integrity()
+
+
 def test_an_arrival_counts_for_the_prefix_it_reuses(st):
     trunk = list(range(12))
     # nothing holds it yet: the arrival shows no reuse (a one-off prompt must not look popular)
