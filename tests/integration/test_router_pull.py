@@ -9,14 +9,13 @@ as cached tokens. With the coordinator in shadow mode, the same kind of request 
 answered (the fallback: the best option without a copy).
 """
 import json
-import sys
 import threading
 
 import pytest
 
-from kvrep_dev.cluster import Proc, free_port, http_json
+from kvrep_dev.cluster import Router, http_json
 
-from .conftest import LOGS, PAGE_SIZE, prompt, wait_router_synced, wait_until
+from .conftest import LOGS, PAGE_SIZE, prompt, router_keys, router_status, wait_router_synced, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -33,12 +32,10 @@ PREFIX_LEN = 1024
 def router(cluster):
     LOGS.mkdir(parents=True, exist_ok=True)
     (LOGS / "pull-profile.json").write_text(json.dumps(PROFILE))
-    port = free_port()
-    proc = Proc("router-pull", [sys.executable, "-m", "radix_sync.cli", "router", "--port", str(port),
-                                "--coordinator", cluster.coord.admin, "--tokenizer", "none", "--pull",
-                                "--profile", str(LOGS / "pull-profile.json"), "--pull-max-wait-s", "20",
-                                "--pull-min-wait-s", "20"], LOGS / "router-pull.log")
-    url = f"http://127.0.0.1:{port}"
+    proc = Router(LOGS, router_keys(), coordinator=cluster.coord, name="router-pull",
+                  extra_args=("--pull", "--profile", str(LOGS / "pull-profile.json"), "--pull-max-wait-s", "20",
+                              "--pull-min-wait-s", "20"))
+    url = proc.url
 
     def up():
         try:
@@ -89,7 +86,7 @@ class Busy:
 
 
 def decisions(router):
-    return http_json(router + "/kvrep/status")[1]["last_decisions"]
+    return router_status(router)["last_decisions"]
 
 
 def test_a_busy_holders_prefix_is_pulled_to_the_idle_worker_and_used_there(cluster, router):
