@@ -51,7 +51,7 @@ def test_the_ledger_holds_each_admission_against_the_others():
 def test_concurrent_grants_never_stage_more_than_the_replica_budget(ctx):
     coord = FakeCoordinator(ctx)
     # 30 tokens of budget; each transfer is 12 tokens (3 pages of 4): two fit at once, not five
-    b = StubAgent("b", coord.endpoint, free_tokens=30, transfer_timeout_s=1.0)
+    b = StubAgent("b", coord.endpoint, free_tokens=30, transfer_timeout_s=2.0)
     try:
         coord.wait_for(p.Hello)
         heads = [header(tid=f"t{i}", rid=f"r{i}") for i in range(5)]
@@ -76,6 +76,8 @@ def test_concurrent_grants_never_stage_more_than_the_replica_budget(ctx):
         coord.wait_for(p.ReplicaExpected, 6)
         src = StubAgent("a", coord.endpoint)
         try:
+            # its link to the coordinator is up before it sends (a fact sent before is dropped for the resync)
+            coord.wait_for(p.Hello, 2)
             src.to_io(m.StartSend(h, b.data_endpoint))
             for i in range(h.num_chunks):  # a broken clock: NaN seconds of gathering
                 src.to_io(m.ChunkGathered(h.transfer_id, i, chunk(h, payload_of(h), i), math.nan))
