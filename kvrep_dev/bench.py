@@ -4,7 +4,10 @@
 Arms:
 - `shadow`: our router, the coordinator's predictive planner in shadow mode (it decides and records, copies
   nothing): today's cache-aware routing from an exact directory.
-- `active`: our router, the planner in active mode (copies prefixes ahead of demand, routes to them).
+- `pull`: our router with `--pull` (copies a missing prefix on the request's critical path when that gives the
+  lowest expected TTFT), the coordinator's planner off (`--policy none`, active mode): reactive copies only.
+- `active`: our router with `--pull`, the planner in active mode (copies prefixes ahead of demand, routes to
+  them): predictive + reactive.
 - `sgl-rr` / `sgl-ca`: `sglang-router` from PyPI (`python -m sglang_router.launch_router`) with `round_robin` /
   `cache_aware` and its defaults, in front of the same workers (the coordinator in shadow mode, so no copies).
 
@@ -41,8 +44,13 @@ from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_por
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "active", "sgl-rr", "sgl-ca")
-SIM_POLICY = {"shadow": "kvrep_shadow", "active": "kvrep", "sgl-rr": "round_robin", "sgl-ca": "cache_aware_v03"}
+ARMS = ("shadow", "pull", "active", "sgl-rr", "sgl-ca")
+SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "active": "kvrep", "sgl-rr": "round_robin",
+              "sgl-ca": "cache_aware_v03"}
+COORDINATOR_ARM = {"pull": ("none", "active"), "active": ("kvrep", "active")}
+"""Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
+PULL_ARMS = ("pull", "active")
+"""The arms served by the router started with `--pull` (the others by the one without)."""
 WORKLOADS = ("agent", "fanout", "shared", "unique")
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "claude_code_sample"
 
@@ -479,7 +487,17 @@ def run_bench(args) -> int:
                         coordinator_tokens=getattr(coord, "tokens_path", None))  # the coordinator's own, if it has
         procs.append(router)
         router_url = router.url
+        routers: dict[str, Router] = {}
+        pull_router = None
+        if any(a in PULL_ARMS for a in arms):  # the same router with --pull, for the arms that copy on the path
+            pull_router = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name="router-pull",
+                                 extra_args=("--profile", args.profile, "--pull"))
+            procs.append(pull_router)
+            routers = {a: pull_router for a in PULL_ARMS}
+        router_urls = {a: r.url for a, r in routers.items()}
         router.wait_http(router_url + "/health", 120)
+        if pull_router is not None:
+            pull_router.wait_http(router_urls["pull"] + "/health", 120)
         _say(f"cluster up in {time.monotonic() - t_start:.0f} s; warming up every worker")
         for w in workers:  # first-call code paths (both short and long prompts) before anything is measured
             w.generate(list(range(100, 1100)), 4)
@@ -497,15 +515,16 @@ def run_bench(args) -> int:
                 for k, arm in enumerate(arms):
                     label = f"{wname}/{arm}" + (f" #{rnd + 1}" if args.repeats > 1 else "")
                     sgl = None
-                    mode = "active" if arm == "active" else "shadow"
-                    status, answer = coord.post("/policy", {"policy": "kvrep", "mode": mode, "reset_demand": True})
+                    policy, mode = COORDINATOR_ARM.get(arm, ("kvrep", "shadow"))
+                    status, answer = coord.post("/policy", {"policy": policy, "mode": mode, "reset_demand": True})
                     if status != 200:
                         raise RuntimeError(f"coordinator refused /policy: {answer}")
                     # the previous arm's replicas go too: they would hold replica budget (a session copy may live
                     # minutes) that this arm's copies need
                     coord.post("/replicas/drop", {})
                     _wait_no_replicas(coord)
-                    url, hints = router_url, router_url + "/kvrep/hints"
+                    ours = router_urls.get(arm, router_url)
+                    url, hints = ours, ours + "/kvrep/hints"
                     if arm.startswith("sgl-"):
                         sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",
                                            [w.url for w in workers], logs, workers[0].api_key)
@@ -532,7 +551,7 @@ def run_bench(args) -> int:
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
                                          "key": r.key, "error": r.error} for r in results]}
                     if not arm.startswith("sgl-"):
-                        row["router_decisions"] = router.status().get("last_decisions")
+                        row["router_decisions"] = routers.get(arm, router).status().get("last_decisions")
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
                         row["sessions"] = st.get("sessions")

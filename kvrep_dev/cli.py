@@ -59,6 +59,8 @@ def _add_up(sub) -> None:
     p.add_argument("--workers", type=int, default=testbed.default_workers(), help="default: one per core, pinned")
     p.add_argument("--model", default=testbed.MODEL, help="tiny | small | wide (the testbed's) | a model directory")
     p.add_argument("--router-port", type=int, default=0, help="0: any free port")
+    p.add_argument("--pull", action="store_true",
+                   help="the router copies a missing prefix on the request's path when that is fastest")
     p.add_argument("--admin-port", type=int, default=0, help="coordinator admin port (0: any free port)")
     p.add_argument("--policy", default="kvrep", choices=["kvrep", "rules", "none"])
     p.add_argument("--mode", default="active", choices=["active", "shadow"])

@@ -51,6 +51,8 @@ def run_up(args) -> int:
         extra = ("--page-size", str(args.page_size), "--profile", args.profile)
         if args.tenants:
             extra += ("--tenants", args.tenants)
+        if getattr(args, "pull", False):
+            extra += ("--pull",)
         router = Router(logs, keys, coordinator=coord.admin, tokenizer=model_path(args.model),
                         port=args.router_port or None, extra_args=extra,
                         coordinator_tokens=getattr(coord, "tokens_path", None))  # the coordinator's own, if it has

@@ -21,6 +21,7 @@ Endpoints (all JSON; errors are `{"error": ...}` with 400, or 404 for an unknown
     POST /arrivals               DemandBatch        -> DemandRecorded
     POST /hints                  HintRequest        -> HintRecorded
     POST /replicate              ReplicateRequest   -> ReplicationInfo
+    POST /replications/wait      ReplicationWaitRequest -> ReplicationInfo
     POST /replicas/drop          DropReplicasRequest -> ReplicasDropped
     POST /demote                 DemoteRequest      -> Demoted
     POST /policy                 PolicyRequest      -> PolicySet
@@ -138,13 +139,24 @@ class HintRequest(_Body):
 
 class ReplicateRequest(_Body):
     """`POST /replicate`: copy the pages of this prefix from `source` to `target` (`ttl_s` absent: the rule
-    policy's TTL)."""
+    policy's TTL). `critical`: a copy on a waiting request's path (the router's pull): refused (409) unless the
+    coordinator is in active mode, the source holds the whole prefix now and the target's replica budget has room
+    for it (`radix_sync.coordinator.pull`)."""
 
     source: WorkerName
     target: WorkerName
     input_ids: TokenIds
     cache_salt: Optional[CacheSalt] = None
     ttl_s: Union[Annotated[float, Meta(gt=0, le=MAX_TTL_S)], UnsetType] = UNSET
+    critical: bool = False
+
+
+class ReplicationWaitRequest(_Body):
+    """`POST /replications/wait`: answer the replication `id` once it is done or failed, or after `wait_s` (long
+    poll; the answer's `state` says which)."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=64)]
+    wait_s: Annotated[float, Meta(ge=0, le=30)] = 1.0
 
 
 class DropReplicasRequest(_Body):

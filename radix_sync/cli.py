@@ -90,6 +90,7 @@ def _run_coordinator(args) -> int:
 
 def _add_router(sub) -> None:
     # every default comes from the config dataclasses (written once, there)
+    from radix_sync.policy.pull import PullConfig as P
     from radix_sync.router.config import RouterConfig as C
     from radix_sync.router.policy import RouterCosts as K
 
@@ -113,6 +114,12 @@ def _add_router(sub) -> None:
     p.add_argument("--directory-feed", action=argparse.BooleanOptionalAction, default=C.directory_feed,
                    help="mirror the coordinator's directory from its change feed and match prompts locally "
                         "(--no-directory-feed: one lookup call to the coordinator per request)")
+    p.add_argument("--pull", action=argparse.BooleanOptionalAction, default=C.pull,
+                   help="copy a prompt's missing prefix from its best holder on the request's path when that gives "
+                        "the lowest expected TTFT (the coordinator copies; the request waits, then falls back)")
+    p.add_argument("--pull-min-wait-s", type=float, default=P.min_wait_s, help="shortest deadline of a pull, s")
+    p.add_argument("--pull-max-wait-s", type=float, default=P.max_wait_s, help="longest deadline of a pull, s")
+    p.add_argument("--pull-ttl-s", type=float, default=P.ttl_s, help="TTL of a pulled replica, s")
     p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
     p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
     p.add_argument("--shutdown-timeout-s", type=float, default=C.shutdown_timeout_s)
@@ -147,6 +154,7 @@ def _add_router(sub) -> None:
 def _run_router(args) -> int:
     import asyncio
 
+    from radix_sync.policy.pull import PullConfig
     from radix_sync.router.config import RouterConfig
     from radix_sync.router.policy import RouterCosts
     from radix_sync.router.app import serve
@@ -171,7 +179,9 @@ def _run_router(args) -> int:
                               max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                               max_prompt_chars=args.max_prompt_chars, max_batch_prompts=args.max_batch_prompts,
                               max_messages=args.max_messages, tokenize_threads=args.tokenize_threads,
-                              hints_per_s=args.hints_per_s, hints_burst=args.hints_burst)
+                              hints_per_s=args.hints_per_s, hints_burst=args.hints_burst,
+                              pull=args.pull, pull_policy=PullConfig(args.pull_min_wait_s, args.pull_max_wait_s,
+                                                                     args.pull_ttl_s))
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile

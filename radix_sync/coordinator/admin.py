@@ -30,6 +30,7 @@ from radix_sync.admin_auth import AdminTokens, bearer_middleware, ensure_tokens,
 from radix_sync.api import AdminError
 from radix_sync.coordinator.replications import check_token_ids
 from radix_sync.coordinator.state import hash_prompt
+from radix_sync.coordinator.pull import wait_replication
 from radix_sync.integrity import IntegrityError
 
 log = logging.getLogger("kvrep.coordinator")
@@ -115,6 +116,7 @@ class AdminServer:
             ("POST", "/arrivals", self.arrivals),
             ("POST", "/hints", self.hints),
             ("POST", "/replicate", self.replicate),
+            ("POST", "/replications/wait", self.replication_wait),
             ("POST", "/replicas/drop", self.drop_replicas),
             ("POST", "/demote", self.demote),
             ("POST", "/policy", self.policy),
@@ -268,6 +270,10 @@ class AdminServer:
     # ------------------------------------------------------------------------------------------------ acting
     async def replicate(self, request: web.Request) -> web.Response:
         return _json(self.coord.admin_replicate(await _body(request, api.ReplicateRequest)))
+
+    async def replication_wait(self, request: web.Request) -> web.Response:
+        """`POST /replications/wait` (`api.ReplicationWaitRequest`): a long poll (`pull.wait_replication`)."""
+        return _json(await wait_replication(self.coord, await _body(request, api.ReplicationWaitRequest)))
 
     async def drop_replicas(self, request: web.Request) -> web.Response:
         req = await _body(request, api.DropReplicasRequest)

@@ -24,6 +24,7 @@ from radix_sync.api import AdminError
 from radix_sync.coordinator.admin import AdminServer
 from radix_sync.coordinator.metrics import CoordinatorMetrics
 from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
+from radix_sync.coordinator.pull import check_critical
 from radix_sync.coordinator.state import ClusterState, StateConfig
 from radix_sync.policy.rules import RuleConfig
 
@@ -342,12 +343,16 @@ class Coordinator:
         return len(todo)
 
     def admin_replicate(self, req: api.ReplicateRequest) -> api.ReplicationInfo:
-        """`POST /replicate`: copy a prefix from `req.source` to `req.target` (the target is told first)."""
+        """`POST /replicate`: copy a prefix from `req.source` to `req.target` (the target is told first); a
+        `critical` one (a router's pull) is checked first (`pull.check_critical`) and recorded with origin `pull`."""
         ttl_s = self.config.rules.ttl_s if req.ttl_s is api.UNSET else req.ttl_s
         now = time.monotonic()
         with self.lock:
+            if req.critical:
+                check_critical(self.state, req, self.mode)
             rep, target_rid, expect = self.state.request_replication(
-                req.source, req.target, req.input_ids, api.namespace_of(req.cache_salt), ttl_s, now)
+                req.source, req.target, req.input_ids, api.namespace_of(req.cache_salt), ttl_s, now,
+                origin="pull" if req.critical else "admin")
             out = rep.to_info()
         self.send(target_rid, expect)
         return out

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.forecast import queue_wait_s
+from radix_sync.policy.pull import best_holder, pull_eta_s, pull_ttft_s
 from radix_sync.policy.registry import Registry
 from radix_sync.policy.snapshot import RequestView, Route, WorkerView
 
@@ -111,10 +112,7 @@ class CacheAwareConfig:
                              f"{self.eviction_interval_s!r} must be > 0")
 
 
-def _pull_eta_s(w_src: WorkerView, w_dst: WorkerView, num_bytes: float, cost: CostModel, now: float) -> float:
-    bw = min(w_src.nic_bandwidth_bytes_per_s, w_dst.nic_bandwidth_bytes_per_s)
-    start = max(now, w_src.egress_busy_until_s, w_dst.ingress_busy_until_s)
-    return start + cost.transfer_s(num_bytes, bw)
+_pull_eta_s = pull_eta_s  # (the name the baselines import)
 
 
 def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[WorkerView]) -> tuple[float, int, int]:
@@ -149,14 +147,20 @@ class ExpectedTtftRouter(RouterPolicy):
     where `gated` is the prefill of this router's requests at the worker still waiting for a copy, and
     `gated_before` that of those whose copy lands no later than this one (they are ahead in the queue). Without
     it, a fan-out's branches all pile onto the first worker a replica is coming to (each one's wait hides under
-    `max(wait, eta)`). State: its own decisions, dropped at the first token (`on_first_token`, `on_finished`)."""
+    `max(wait, eta)`). State: its own decisions, dropped at the first token (`on_first_token`, `on_finished`).
+
+    Pulls are priced by `radix_sync.policy.pull`, the rule the live router's `--pull` runs too. `endpoint_wait`:
+    a pull also waits for the iteration in progress at both ends (the live agents copy between scheduler
+    iterations; off in the simulator, whose executor does not)."""
 
     uses_cached_len = True
 
-    def __init__(self, cost: CostModel, kv_bytes_per_token: int, allow_pull: bool = True, **_: object) -> None:
+    def __init__(self, cost: CostModel, kv_bytes_per_token: int, allow_pull: bool = True,
+                 endpoint_wait: bool = False, **_: object) -> None:
         self.cost = cost
         self.kv_bytes_per_token = kv_bytes_per_token
         self.allow_pull = allow_pull
+        self.endpoint_wait = endpoint_wait
         self._gated: dict[int, dict[int, tuple[float, float]]] = {}
         """Worker -> request id -> (when its copy lands, its prefill time, s): requests sent to wait for a copy."""
 
@@ -173,17 +177,17 @@ class ExpectedTtftRouter(RouterPolicy):
         return max(wait - total, eta - now, 0.0) + before
 
     def _scan(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[tuple]:
-        """Returns per worker (expected TTFT, worker id, kind, pull source, pull length); kind 0: as is, 1: wait
-        for a copy in flight, 2: pull. Routes are built by the callers (only the winner's, in `route`)."""
+        """Returns per worker (expected TTFT, worker id, kind, pull source, pull length, pull arrival); kind 0: as
+        is, 1: wait for a copy in flight, 2: pull. Routes are built by the callers (only the winner's, in
+        `route`)."""
         cached = req.cached_len
-        best_src = max(range(len(workers)), key=lambda i: (cached[i], -i))
-        best_len = cached[best_src]
+        best_src, best_len = best_holder(cached)
         inflight: dict[int, tuple[int, float]] = {}
         for h in req.inflight:
             if h.eta_s is not None and h.depth_len > inflight.get(h.worker_id, (0, 0.0))[0]:
                 inflight[h.worker_id] = (h.depth_len, h.eta_s)
         cost, prompt_len = self.cost, req.prompt_len
-        pull_bytes = self.kv_bytes_per_token
+        pull_bytes, endpoint_wait = self.kv_bytes_per_token, self.endpoint_wait
         prefill: dict[int, float] = {}  # cached length -> prefill time: workers mostly share a few lengths
         out = []
         for w in workers:
@@ -193,7 +197,7 @@ class ExpectedTtftRouter(RouterPolicy):
             p = prefill.get(local)
             if p is None:
                 p = prefill[local] = cost.prefill_s(prompt_len - local, local)
-            t_best, kind = wait + p, 0
+            t_best, kind, pull_eta = wait + p, 0, None
             gate_eta, gate_work = 0.0, 0.0
             if i in inflight and inflight[i][0] > local:
                 depth, eta = inflight[i]
@@ -201,23 +205,26 @@ class ExpectedTtftRouter(RouterPolicy):
                 t = self._start_s(i, wait, eta, now) + svc
                 if t < t_best:
                     t_best, kind, gate_eta, gate_work = t, 1, eta, svc
-            if self.allow_pull and best_len > local and i != best_src and w.nic_bandwidth_bytes_per_s > 0:
-                eta = _pull_eta_s(workers[best_src], w, (best_len - local) * pull_bytes, cost, now)
+            if self.allow_pull and best_len > local:
                 p = prefill.get(best_len)
                 if p is None:
                     p = prefill[best_len] = cost.prefill_s(prompt_len - best_len, best_len)
-                t = self._start_s(i, wait, eta, now) + p
-                if t < t_best:
-                    t_best, kind, gate_eta, gate_work = t, 2, eta, p
-            out.append((t_best, i, kind, best_src, best_len, gate_eta, gate_work))
+                pulled = pull_ttft_s(cost, pull_bytes, workers, i, best_src, best_len, local, wait, p, now,
+                                     endpoint_wait)
+                if pulled is not None:
+                    eta = pulled[1]
+                    t = self._start_s(i, wait, eta, now) + p  # = pulled[0] with no request gated there
+                    if t < t_best:
+                        t_best, kind, pull_eta, gate_eta, gate_work = t, 2, eta, eta, p
+            out.append((t_best, i, kind, best_src, best_len, pull_eta, gate_eta, gate_work))
         return out
 
     @staticmethod
-    def _route(t: float, i: int, kind: int, src: int, length: int, *_: float) -> Route:
+    def _route(t: float, i: int, kind: int, src: int, length: int, eta: Optional[float], *_: float) -> Route:
         if kind == 1:
             return Route(i, wait_inflight=True, expected_ttft_s=t)
         if kind == 2:
-            return Route(i, pull_from=src, pull_len=length, expected_ttft_s=t)
+            return Route(i, pull_from=src, pull_len=length, expected_ttft_s=t, pull_eta_s=eta)
         return Route(i, expected_ttft_s=t)
 
     def options(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> list[Route]:
@@ -231,7 +238,7 @@ class ExpectedTtftRouter(RouterPolicy):
         near = min(o[0] for o in opts) + 2e-9
         best = min((o for o in opts if o[0] <= near), key=lambda o: ttft_rank_key(o[0], o[1], workers))
         if best[2]:  # waits for a copy: its prefill is gated until it lands
-            self._gated.setdefault(best[1], {})[req.request_id] = (best[5], best[6])
+            self._gated.setdefault(best[1], {})[req.request_id] = (best[6], best[7])
         return self._route(*best)
 
     def on_first_token(self, worker_id: int, request_id: int, now: float) -> None:

@@ -190,3 +190,5 @@ class Route:
     """Hold the request until a copy in flight to `worker_id` has landed."""
     expected_ttft_s: float = 0.0
     """The router's estimate, for logs."""
+    pull_eta_s: Optional[float] = None
+    """When the pulled prefix is expected to have landed (with `pull_from`; None where the router does not say)."""

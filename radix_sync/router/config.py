@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from radix_sync.policy.pull import PullConfig
 from radix_sync.router.policy import RouterCosts
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -80,6 +81,11 @@ class RouterConfig:
     """Per-tenant hint rate (token bucket refill, hints/s; over it: 429)."""
     hints_burst: int = 40
     """Per-tenant hint bucket size."""
+    pull: bool = False
+    """Copy a prompt's missing prefix from its best holder on the request's path when that gives the lowest expected
+    TTFT (the coordinator does the copy; the request waits for it, bounded by `pull_policy`, then falls back)."""
+    pull_policy: PullConfig = field(default_factory=PullConfig)
+    """A pull's deadline bounds and replica TTL."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

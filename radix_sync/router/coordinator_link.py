@@ -222,6 +222,50 @@ class CoordinatorLink:
         self._ok()
         return status, api.to_builtins(answer)
 
+    # ------------------------------------------------------------------------------- copies on the critical path
+    async def replicate(self, req: api.ReplicateRequest) -> tuple[Optional[api.ReplicationInfo], str]:
+        """Asks for a copy (`POST /replicate`; a router's pull has `critical` set).
+
+        Returns:
+            (the replication as created, "") or (None, why not: `refused: <the coordinator's error>` when it
+            answered with an error, `unreachable: ...` when it did not answer or is backing off).
+        """
+        status, answer, why = await self._post_answer("/replicate", req, api.ReplicationInfo, self._timeout)
+        return answer, why
+
+    async def wait_replication(self, replication_id: str, wait_s: float) -> tuple[Optional[api.ReplicationInfo], str]:
+        """Waits (long poll, `POST /replications/wait`) until the replication is done or failed, or `wait_s`.
+
+        Returns:
+            (the replication as it then is, "") or (None, why not, as `replicate` says it).
+        """
+        wait_s = min(30.0, max(0.0, wait_s))
+        timeout = aiohttp.ClientTimeout(total=wait_s + self.cfg.timeout_s)
+        status, answer, why = await self._post_answer(
+            "/replications/wait", api.ReplicationWaitRequest(id=replication_id, wait_s=wait_s),
+            api.ReplicationInfo, timeout)
+        return answer, why
+
+    async def _post_answer(self, path: str, body: Any, answer_type: Any,
+                           timeout: aiohttp.ClientTimeout) -> tuple[int, Optional[Any], str]:
+        """POSTs a typed body; returns (HTTP status (0: none), the answer or None, why there is none)."""
+        if not self.may_call():
+            return 0, None, f"unreachable: {self.last_error}"
+        try:
+            async with self._session.post(self.cfg.url + path, data=api.encode(body), headers=self._headers(True),
+                                          timeout=timeout) as resp:
+                raw = await resp.read()
+                status = resp.status
+            if status != 200:
+                self._ok()
+                return status, None, f"refused: {api.decode(raw, api.ErrorAnswer).error}"
+            answer = api.decode(raw, answer_type)
+        except (aiohttp.ClientError, asyncio.TimeoutError, AdminError) as exc:
+            self._failed(exc)
+            return 0, None, f"unreachable: {self.last_error}"
+        self._ok()
+        return status, answer, ""
+
     # ------------------------------------------------------------------------------------------ directory feed
     async def run_directory_feed(self, replica: DirectoryReplica) -> None:
         """Background task: keeps `replica` current from the coordinator's change feed (long poll) until

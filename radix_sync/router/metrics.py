@@ -15,6 +15,8 @@ from prometheus_client.registry import Collector
 DECISION_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 """Routing decision latency buckets, s (a decision is a directory match, or a lookup over loopback, plus the
 policy)."""
+PULL_WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+"""How long a request waited for its copy on the critical path, s (a pull's deadline is at most a few s)."""
 
 
 class _ReadAtScrape(Collector):
@@ -60,6 +62,19 @@ class RouterMetrics:
         self.decision_seconds = Histogram("kvrep_router_decision_seconds",
                                           "Time to pick a worker (tokenize, lookup, policy).",
                                           buckets=DECISION_BUCKETS_S, registry=reg)
+        # copies on the critical path (`--pull`, radix_sync.router.pull)
+        self.pulls_started = Counter("kvrep_router_pulls_started",
+                                     "Copies on the critical path asked of the coordinator.", registry=reg)
+        self.pulls_done = Counter("kvrep_router_pulls_done",
+                                  "Pulls done before their deadline (the request went to the copy's target).",
+                                  registry=reg)
+        self.pulls_fallen_back = Counter("kvrep_router_pulls_fallen_back",
+                                         "Pulls given up, by reason (refused, unreachable, failed, deadline, "
+                                         "unknown_worker): the request went to the best option without a copy.",
+                                         ("reason",), registry=reg)
+        self.pull_wait_seconds = Histogram("kvrep_router_pull_wait_seconds",
+                                           "Time a request waited for its pull, whatever the outcome.",
+                                           buckets=PULL_WAIT_BUCKETS_S, registry=reg)
 
     def render(self) -> bytes:
         """Returns: every series in the Prometheus text format (`CONTENT_TYPE`)."""

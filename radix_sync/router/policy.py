@@ -3,8 +3,9 @@
 Two rules:
 - `rank_by_ttft` (coordinator reachable): the policy engine's `ExpectedTtftRouter` (lowest expected TTFT = queue
   wait + prefill of the uncached part, replicas in flight counted), through a small adapter from the router's
-  string-keyed view to the engine's dense `WorkerView` / `RequestView`. No copy on the critical path
-  (`allow_pull=False`): the router cannot start one.
+  string-keyed view to the engine's dense `WorkerView` / `RequestView`. The ranking never counts a copy on the
+  critical path; with `allow_pull` (`kvrep router --pull`) the same router with pulls (the simulator's
+  `kvrep_pull`) says whether one wins, and the decision carries it (`Decision.pull`, `radix_sync.policy.pull`).
 - `ApproxPrefixIndex.rank` (coordinator unreachable): sgl-model-gateway's `cache_aware` rule on an approximate
   per-worker tree of what this router routed (rule and defaults as published in sgl-model-gateway's README,
   "Cache-Aware Load-Balancing", and `CacheAwareConfig` in `radix_sync.policy.routers`).
@@ -18,11 +19,12 @@ a clock or a socket.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
 from radix_sync.policy.cost import CostModel, CostProfile
 from radix_sync.policy.pagetree import PageTree
+from radix_sync.policy.pull import PullConfig, PullPlan, plan_pull
 from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, ttft_rank_key
 from radix_sync.policy.snapshot import REPLICA, HolderView, RequestView, WorkerView
 
@@ -115,6 +117,9 @@ class Decision:
     """The first choice is best only once a replica in flight to it has landed."""
     cached_by_worker: tuple[int, ...] = ()
     """Tokens of the prompt each ranked worker holds, in `ranked` order (directory mode; for the record)."""
+    pull: Optional[PullPlan] = None
+    """A copy on the critical path that beats every option of `ranked` (workers named by URL): copy, then send to
+    its target; on refusal, failure or deadline, `ranked` as is (`radix_sync.router.pull`)."""
 
 
 @dataclass(frozen=True)
@@ -167,8 +172,10 @@ def cost_model(costs: RouterCosts) -> CostModel:
 
 
 def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],
-                 prompt_len: int, namespace: str, now: float, model: CostModel) -> Decision:
-    """Ranks workers by expected TTFT (the policy engine's `ExpectedTtftRouter`, no pull).
+                 prompt_len: int, namespace: str, now: float, model: CostModel, allow_pull: bool = False,
+                 pull_cfg: PullConfig = PullConfig()) -> Decision:
+    """Ranks workers by expected TTFT (the policy engine's `ExpectedTtftRouter`, no pull), and with `allow_pull`
+    says whether a copy on the critical path beats the ranking's first (the same router with pulls).
 
     Args:
         workers: the candidates (non-empty).
@@ -181,15 +188,27 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         namespace: the tenant's namespace.
         now: current time, s (any clock; copies in flight are assumed to have just started).
         model: the cost model (`cost_model(costs)`).
+        allow_pull: also consider a copy from the best holder on the request's path (`Decision.pull`). Every copy
+            in flight, of any namespace, keeps its source's outgoing and its target's incoming link busy (queued
+            one after the other, each assumed to start when the link frees).
+        pull_cfg: the deadline bounds of a pull.
     Returns:
         every worker, best first; ties go to fewer outstanding requests, then to the lower id.
     """
     order = sorted(workers, key=lambda w: w.worker_id)
     index = {w.worker_id: i for i, w in enumerate(order)}
+    kvb = model.profile.kv_bytes_per_token
+    egress, ingress = [0.0] * len(order), [0.0] * len(order)
+    for c in copies:
+        if allow_pull and c.source in index and c.target in index:
+            s, t = index[c.source], index[c.target]
+            egress[s] = max(egress[s], now) + model.transfer_s(c.num_tokens * kvb)
+            ingress[t] = max(ingress[t], now) + model.transfer_s(c.num_tokens * kvb)
     views = tuple(WorkerView(i, num_running=w.num_running, num_waiting=w.num_waiting,
                              waiting_new_tokens=w.num_waiting_tokens, waiting_attn_pairs=w.num_waiting_pairs,
                              waiting_cached_pairs=w.num_waiting_cached_pairs,
                              busy_until_s=now + (model.profile.decode_step_s if w.num_running else 0.0),
+                             egress_busy_until_s=egress[i], ingress_busy_until_s=ingress[i],
                              nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s)
                   for i, w in enumerate(order))
     cached = tuple(min(prompt_len, int(matched.get(w.worker_id, 0))) for w in order)
@@ -208,9 +227,15 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     # NOTE: the key ExpectedTtftRouter.route picks by, so ranked[0] is exactly its choice.
     options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views))
     first = options[0]
+    pull = None
+    if allow_pull:
+        route = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True).route(req, views, now)
+        plan = plan_pull(route, first, model.prefill_s(prompt_len - route.pull_len, route.pull_len), now, pull_cfg)
+        if plan is not None:
+            pull = replace(plan, source=order[plan.source].worker_id, target=order[plan.target].worker_id)
     return Decision(tuple(order[r.worker_id].worker_id for r in options),
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
-                    first.wait_inflight, tuple(cached[r.worker_id] for r in options))
+                    first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull)
 
 
 class ApproxPrefixIndex:

@@ -32,6 +32,7 @@ from radix_sync.router.metrics import RouterMetrics
 from radix_sync.router.policy import ApproxPrefixIndex, Decision, cost_model, rank_by_ttft
 from radix_sync.router.pool import WorkerPool
 from radix_sync.router.proxy import NoWorker, Proxy
+from radix_sync.router.pull import PullRunner
 from radix_sync.router.tenants import Tenant, TenantTable
 from radix_sync.router.tokenize import PromptTokenizer
 
@@ -66,6 +67,7 @@ class Router:
             self.model = cost_model(cfg.costs)
         self.pool = WorkerPool(cfg.worker_urls, cfg.page_size, cfg.worker_cooldown_s)
         self.proxy = Proxy(cfg, self.pool, self.metrics, self.secrets.worker_api_key)
+        self.puller = PullRunner(cfg.pull_policy, self.pool, self.metrics)
         self.replica: Optional[DirectoryReplica] = None
         """The coordinator's holdings, mirrored from its change feed (None: ask it per request)."""
         self._tasks: list[asyncio.Task] = []
@@ -80,6 +82,7 @@ class Router:
             self.link = CoordinatorLink(LinkConfig(self.cfg.coordinator_url.rstrip("/"),
                                                    timeout_s=self.cfg.coordinator_timeout_s,
                                                    token=self.secrets.coordinator_token), session)
+            self.puller.link = self.link
             self._tasks.append(asyncio.create_task(self.link.run_arrivals()))
             if self.cfg.directory_feed:
                 self.replica = DirectoryReplica()
@@ -174,8 +177,11 @@ class Router:
                 matched = await self.link.lookup(ids, namespace, (hashes, page_size) if same and hashes else None)
         if matched is not None:
             workers = [pool.with_local_load(reported.get(u, pool.known[u]), True) for u in cands]
-            decision = rank_by_ttft(workers, pool.by_url(matched), pool.copies_by_url(state.copies), len(ids),
-                                    namespace, time.monotonic(), self.model)
+            # this router's own pulls count as in flight before the coordinator's view lists them (once)
+            copies = list(dict.fromkeys([*state.copies, *self.puller.in_flight.values()]))
+            decision = rank_by_ttft(workers, pool.by_url(matched), pool.copies_by_url(copies), len(ids),
+                                    namespace, time.monotonic(), self.model, allow_pull=self.cfg.pull,
+                                    pull_cfg=self.cfg.pull_policy)
         else:
             workers = [pool.with_local_load(pool.known[u], False) for u in cands]
             decision = self.index.rank(workers, hashes, len(ids))
@@ -188,7 +194,7 @@ class Router:
         deadline = time.monotonic() + self.cfg.max_wait_inflight_s
         while time.monotonic() < deadline and self.link is not None:
             state = await self.link.cluster_state()
-            if state is None or not any(c.target == cid for c in state.copies):
+            if (state is None or not any(c.target == cid for c in state.copies)) and cid not in self.puller.targets():
                 return
             await asyncio.sleep(0.02)
 
@@ -197,8 +203,12 @@ class Router:
                       ids: list[int], hashes: list[int], tenant: Tenant,
                       hash_page_size: int = 0) -> web.StreamResponse:
         """Forwards a decided request (`Proxy.forward`), recording and reporting where it went and how it ended."""
+        pull = None
+        if decision.pull is not None:  # a copy on the critical path first (radix_sync.router.pull)
+            decision, pull = await self.puller.run(decision, ids, tenant.namespace)
+
         def dispatched(url: str, attempt: int) -> None:
-            self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size)
+            self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size, pull)
 
         def finished(url: str, stop: Optional[str]) -> None:
             self._on_finished(url, ids, hashes, hash_page_size, tenant, stop)
@@ -221,7 +231,8 @@ class Router:
 
     # ---------------------------------------------------------------------------------------------- reporting
     def _on_dispatched(self, url: str, endpoint: str, decision: Decision, ids: list[int], hashes: list[int],
-                       tenant: Tenant, body: dict, attempt: int, hash_page_size: int = 0) -> None:
+                       tenant: Tenant, body: dict, attempt: int, hash_page_size: int = 0,
+                       pull: Optional[dict] = None) -> None:
         now = time.monotonic()
         self.index.observe(url, hashes, self.pool.page_size(url, self.cfg.page_size), now)
         self.metrics.requests.labels(url, endpoint, decision.mode).inc()
@@ -232,7 +243,8 @@ class Router:
                                "ranked": list(decision.ranked),
                                "expected_ttft_s": [round(t, 6) for t in decision.expected_ttft_s],
                                "cached_by_worker": list(decision.cached_by_worker),
-                               "cached_tokens": decision.cached_tokens if attempt == 0 else None})
+                               "cached_tokens": decision.cached_tokens if attempt == 0 else None,
+                               **({"pull": pull} if pull is not None else {})})
         if self.link is not None and ids:
             item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "prompt_len": len(ids)}
             session_id = body.get("session_id") or body.get("user")

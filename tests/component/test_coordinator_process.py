@@ -123,6 +123,9 @@ def test_directory_feed_long_poll_wakes_on_a_change(coord, dealer):
     ({"target": "w1", "input_ids": [1]}, 400, "missing required field `source`"),
     ({"source": "w1", "target": "w1", "input_ids": [1, 2, 3, 4]}, 400, "same worker"),
     ({"source": "w1", "target": "w2", "input_ids": "abc"}, 400, "input_ids"),
+    # a router's pull: refused at once when the source does not hold the prefix (nothing stored here)
+    ({"source": "w1", "target": "w2", "input_ids": [1, 2, 3, 4], "critical": True}, 409, "holds 0 of the 4"),
+    ({"source": "w1", "target": "w2", "input_ids": [1, 2, 3, 4], "critical": "yes"}, 400, "critical"),
 ])
 def test_admin_errors_are_clear_json(coord, dealer, body, status, needle):
     for wid in ("w1", "w2"):
@@ -132,6 +135,17 @@ def test_admin_errors_are_clear_json(coord, dealer, body, status, needle):
         reply(d)
         d.close(0)
     got_status, got = coord.post("/replicate", body)
+    assert got_status == status and needle in got["error"]
+    assert coord.get("/health")[0] == 200
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"id": "r0-none"}, 404, "unknown replication"),
+    ({"id": "r1", "wait_s": 60}, 400, "wait_s"),
+    ({"wait_s": 1}, 400, "missing required field `id`"),
+])
+def test_replication_wait_errors_are_clear_json(coord, body, status, needle):
+    got_status, got = coord.post("/replications/wait", body)
     assert got_status == status and needle in got["error"]
     assert coord.get("/health")[0] == 200
 

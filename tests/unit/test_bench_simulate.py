@@ -97,3 +97,15 @@ def test_the_committed_validation_runs_load_for_resimulate():
         data = json.loads(gzip.decompress(f.read_bytes()))
         assert data["rows"] and all(q["key"] for r in data["rows"] for q in r["requests"])
         assert data["args"]["workers"] == 3
+
+
+def test_the_pull_arm_runs_the_live_routers_rule_in_the_simulator_too():
+    from kvrep_dev.bench import ARMS, COORDINATOR_ARM, PULL_ARMS, SIM_POLICY
+
+    # live: the router with --pull and the planner off (pull), or on (active); simulated: the same rule
+    assert COORDINATOR_ARM == {"pull": ("none", "active"), "active": ("kvrep", "active")}
+    assert set(PULL_ARMS) == {"pull", "active"} and SIM_POLICY["pull"] == "kvrep_pull"
+    assert "pull" in ARMS and "pull" in bench_args().arms.split(",")
+    wl = build_workload("fanout", bench_args())
+    result = simulate(copy.deepcopy(wl), "pull", 3, 0)
+    assert result["num_requests"] == workload_size(wl)["requests"]

@@ -4,6 +4,7 @@ import argparse
 from radix_sync import cli
 from radix_sync.coordinator.server import CoordinatorConfig
 from radix_sync.coordinator.state import StateConfig
+from radix_sync.policy.pull import PullConfig
 from radix_sync.policy.rules import RuleConfig
 from radix_sync.router.config import RouterConfig
 from radix_sync.router.policy import RouterCosts
@@ -43,3 +44,4 @@ def test_router_flags_default_to_the_config():
         c.tokenize_threads, c.hints_per_s, c.hints_burst)
     assert (a.prefill_s_per_token, a.queue_s_per_request, a.kv_bytes_per_token, a.link_gbps * 1e9 / 8) == (
         k.prefill_s_per_token, k.queue_s_per_request, k.kv_bytes_per_token, k.link_bytes_per_s)
+    assert (a.pull, PullConfig(a.pull_min_wait_s, a.pull_max_wait_s, a.pull_ttl_s)) == (c.pull, c.pull_policy)

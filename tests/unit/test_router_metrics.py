@@ -2,7 +2,7 @@
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from radix_sync.router.metrics import DECISION_BUCKETS_S, RouterMetrics
+from radix_sync.router.metrics import DECISION_BUCKETS_S, PULL_WAIT_BUCKETS_S, RouterMetrics
 
 
 def parse(metrics):
@@ -18,9 +18,10 @@ def parse(metrics):
 
 FAMILIES = {"kvrep_router_requests": "counter", "kvrep_router_upstream_failures": "counter",
             "kvrep_router_failovers": "counter", "kvrep_router_fallback_decisions": "counter",
-            "kvrep_router_unauthorized": "counter", "kvrep_router_no_worker": "counter",
-            "kvrep_router_refused": "counter",
-            "kvrep_router_arrivals_dropped": "counter", "kvrep_router_decision_seconds": "histogram"}
+            "kvrep_router_unauthorized": "counter", "kvrep_router_no_worker": "counter", "kvrep_router_refused": "counter",
+            "kvrep_router_arrivals_dropped": "counter", "kvrep_router_decision_seconds": "histogram",
+            "kvrep_router_pulls_started": "counter", "kvrep_router_pulls_done": "counter",
+            "kvrep_router_pulls_fallen_back": "counter", "kvrep_router_pull_wait_seconds": "histogram"}
 
 
 def test_a_fresh_router_exposes_every_series_at_zero():
@@ -29,11 +30,32 @@ def test_a_fresh_router_exposes_every_series_at_zero():
     assert all(name.startswith("kvrep_") for name in fams)
     assert fams["kvrep_router_requests"][1] == {} and fams["kvrep_router_upstream_failures"][1] == {}
     assert fams["kvrep_router_refused"][1] == {}
-    for name in ("failovers", "fallback_decisions", "unauthorized", "no_worker", "arrivals_dropped"):
+    for name in ("failovers", "fallback_decisions", "unauthorized", "no_worker", "arrivals_dropped", "pulls_started",
+                 "pulls_done"):
         assert fams[f"kvrep_router_{name}"][1] == {(f"kvrep_router_{name}_total", ()): 0.0}
     hist = fams["kvrep_router_decision_seconds"][1]
     assert hist[("kvrep_router_decision_seconds_count", ())] == 0.0
     assert len([k for k in hist if k[0].endswith("_bucket")]) == len(DECISION_BUCKETS_S) + 1
+    assert fams["kvrep_router_pulls_fallen_back"][1] == {}
+    hist = fams["kvrep_router_pull_wait_seconds"][1]
+    assert len([k for k in hist if k[0].endswith("_bucket")]) == len(PULL_WAIT_BUCKETS_S) + 1
+
+
+def test_pull_series_count_by_reason():
+    m = RouterMetrics()
+    m.pulls_started.inc(3)
+    m.pulls_done.inc()
+    m.pulls_fallen_back.labels("refused").inc()
+    m.pulls_fallen_back.labels("deadline").inc()
+    m.pull_wait_seconds.observe(0.3)
+    fams = parse(m)
+    assert fams["kvrep_router_pulls_started"][1] == {("kvrep_router_pulls_started_total", ()): 3.0}
+    assert fams["kvrep_router_pulls_fallen_back"][1] == {
+        ("kvrep_router_pulls_fallen_back_total", (("reason", "refused"),)): 1.0,
+        ("kvrep_router_pulls_fallen_back_total", (("reason", "deadline"),)): 1.0}
+    buckets = {dict(k[1])["le"]: v for k, v in fams["kvrep_router_pull_wait_seconds"][1].items()
+               if k[0].endswith("_bucket")}
+    assert (buckets["0.25"], buckets["0.5"]) == (0.0, 1.0)
 
 
 def test_counts_labels_and_histogram_buckets_are_exact():

@@ -1,0 +1,78 @@
+"""The coordinator's side of a copy on the critical path (the router's pull): the checks a critical copy must pass,
+and the long poll the router waits on.
+
+A router that pulls holds a client's request until the copy lands, so a copy that cannot succeed must be refused at
+once (HTTP 409, the router falls back) rather than fail later: `check_critical` refuses one in shadow mode, one
+whose source no longer holds the whole prefix, and one that would exceed the target's replica budget (what the
+target would refuse on arrival, counting the copies already headed there). `wait_replication` answers when the
+copy is done or failed, or at the caller's deadline. Called by `server.Coordinator.admin_replicate` and the admin
+API (`admin.py`), under `coord.lock` for every read of the state.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from radix_sync import api
+from radix_sync.api import AdminError
+
+CONFLICT = 409
+POLL_S = 0.005
+"""A waiter looks at its replication this often, s (a dict lookup under the lock: a few waiters cost nothing, and
+the answer comes at most this late after the target's `ReplicaStored`)."""
+
+
+def check_critical(state, req: api.ReplicateRequest, mode: str) -> None:
+    """Refuses a critical copy that cannot help its waiting request. Caller holds the coordinator's lock.
+
+    Args:
+        state: the coordinator's `ClusterState`.
+        req: the copy asked for (`req.critical`).
+        mode: the coordinator's mode (`active` or `shadow`).
+    Raises:
+        AdminError (409): shadow mode, the source does not hold the whole (page-aligned) prefix, or the target's
+            replica budget minus its live replicas and the copies in flight to it is smaller than the prefix.
+            Unknown workers and the other checks are `ClusterState.request_replication`'s (404, 400).
+    """
+    if mode != "active":
+        raise AdminError(f"coordinator in {mode} mode: no copies", CONFLICT)
+    src, dst = state.workers.get(req.source), state.workers.get(req.target)
+    if src is None or dst is None:
+        return
+    page_size = src.hello.page_size
+    num_tokens = len(req.input_ids) // page_size * page_size
+    if num_tokens == 0:
+        return
+    namespace = api.namespace_of(req.cache_salt)
+    held = state.lookup(req.input_ids[:num_tokens], namespace).get(req.source, 0)
+    if held < num_tokens:
+        raise AdminError(f"source {req.source} holds {held} of the {num_tokens} tokens to copy", CONFLICT)
+    live = dst.load.replica_tokens if dst.load is not None else 0
+    headed = sum(r.num_tokens for r in state.replications.values() if r.in_flight and r.target == req.target)
+    free = dst.hello.replica_budget_tokens - live - headed
+    if num_tokens > free:
+        raise AdminError(f"target {req.target} has room for {max(0, free)} replica tokens, the copy needs "
+                         f"{num_tokens} (budget {dst.hello.replica_budget_tokens}, live {live}, in flight {headed})",
+                         CONFLICT)
+
+
+async def wait_replication(coord, req: api.ReplicationWaitRequest) -> api.ReplicationInfo:
+    """`POST /replications/wait`: the replication once it is done or failed, or as it is after `req.wait_s`.
+
+    Args:
+        coord: the `server.Coordinator` (its `lock` and `state`).
+        req: which replication, how long to wait.
+    Raises:
+        AdminError (404): no such replication (never made, or forgotten).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + req.wait_s
+    while True:
+        with coord.lock:
+            rep = coord.state.replications.get(req.id)
+            if rep is None:
+                raise AdminError(f"unknown replication {req.id!r}", 404)
+            info = rep.to_info()
+        left = deadline - loop.time()
+        if not rep.in_flight or left <= 0:
+            return info
+        await asyncio.sleep(min(left, POLL_S))

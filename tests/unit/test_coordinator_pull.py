@@ -1,0 +1,105 @@
+"""The coordinator's side of a router's pull (`radix_sync.coordinator.pull`): which critical copies it refuses, and
+the long poll the router waits on, on a real `ClusterState` fed worker facts (no sockets)."""
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from radix_sync import api
+from radix_sync import protocol as p
+from radix_sync.api import AdminError
+from radix_sync.coordinator.pull import check_critical, wait_replication
+from radix_sync.coordinator.state import ClusterState, StateConfig
+from radix_sync.hashing import page_hashes
+from tests.unit.test_state import hello, stored
+
+
+@pytest.fixture
+def st():
+    s = ClusterState(StateConfig(worker_timeout_s=5.0, replication_timeout_s=10.0))
+    s.handle(b"A", hello("a"), 0.0)  # replica budget 250 tokens each
+    s.handle(b"B", hello("b"), 0.0)
+    s.handle(b"A", stored("a", 1, list(range(40))), 1.0)  # a holds 40 tokens (10 pages of 4)
+    return s
+
+
+def critical(tokens, source="a", target="b", ns=None):
+    return api.ReplicateRequest(source=source, target=target, input_ids=tokens, cache_salt=ns, critical=True)
+
+
+def test_a_copy_the_source_holds_with_room_at_the_target_passes(st):
+    check_critical(st, critical(list(range(40)) + [7, 7]), "active")  # 40 page-aligned tokens, all held
+    check_critical(st, critical(list(range(12))), "active")
+
+
+@pytest.mark.parametrize("req, mode, needle", [
+    (critical(list(range(40))), "shadow", "shadow mode"),
+    (critical(list(range(36)) + [99, 98, 97, 96]), "active", "holds 36 of the 40"),  # the prompt diverges
+    (critical(list(range(40)), ns="other"), "active", "holds 0 of the 40"),  # another tenant's pages
+    (critical(list(range(40)), source="b", target="a"), "active", "holds 0 of the 40"),
+])
+def test_a_copy_that_cannot_help_is_refused_with_409(st, req, mode, needle):
+    with pytest.raises(AdminError, match=needle) as exc:
+        check_critical(st, req, mode)
+    assert exc.value.status == 409
+
+
+def test_the_target_budget_counts_live_replicas_and_copies_in_flight(st):
+    toks = list(range(40))
+    st.handle(b"B", p.LoadReported(worker_id="b", seq=1, num_running_reqs=0, num_waiting_reqs=0,
+                                   num_waiting_tokens=0, available_tokens=900, evictable_tokens=0,
+                                   replica_tokens=200), 2.0)
+    check_critical(st, critical(toks), "active")  # 250 - 200 = 50 >= 40
+    st.request_replication("a", "b", toks[:12], "", 30.0, 2.0)  # 12 tokens headed for b
+    with pytest.raises(AdminError, match=r"room for 38 replica tokens, the copy needs 40 \(budget 250, live 200, "
+                                         r"in flight 12\)") as exc:
+        check_critical(st, critical(toks), "active")
+    assert exc.value.status == 409
+    check_critical(st, critical(toks[:36]), "active")
+
+
+def test_unknown_workers_are_left_to_request_replication(st):
+    check_critical(st, critical(list(range(40)), source="zz"), "active")  # no refusal here ...
+    with pytest.raises(AdminError) as exc:  # ... the usual 404
+        st.request_replication("zz", "b", list(range(40)), "", 30.0, 2.0)
+    assert exc.value.status == 404
+
+
+def _coord(st):
+    return SimpleNamespace(lock=threading.Lock(), state=st)
+
+
+def test_the_wait_answers_when_the_copy_is_done_and_at_the_deadline_else(st):
+    coord = _coord(st)
+    rep, _, _ = st.request_replication("a", "b", list(range(40)), "", 30.0, 2.0)
+
+    async def land_then_wait():
+        async def land():
+            await asyncio.sleep(0.05)
+            with coord.lock:  # the target expects it, then the copy lands with the granted pages
+                st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=1, replication_id=rep.id), 2.5)
+                st.handle(b"B", p.ReplicaStored(worker_id="b", seq=2, replication_id=rep.id, namespace="",
+                                                block_hashes=page_hashes(list(range(40)), 4), inserted_len=40,
+                                                expires_in_s=30.0, num_bytes=40, receive_s=0.0, scatter_s=0.0,
+                                                insert_s=0.0), 3.0)
+        task = asyncio.create_task(land())
+        info = await wait_replication(coord, api.ReplicationWaitRequest(id=rep.id, wait_s=10.0))
+        await task
+        return info
+    info = asyncio.run(land_then_wait())
+    assert (info.id, info.state, info.inserted_len) == (rep.id, "done", 40)
+
+    other, _, _ = st.request_replication("a", "b", list(range(8)), "", 30.0, 2.0)
+    info = asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id=other.id, wait_s=0.0)))
+    assert info.state == "pending"  # the deadline came first: the answer says so
+    with pytest.raises(AdminError, match="unknown replication") as exc:
+        asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id="r0-nope", wait_s=0.0)))
+    assert exc.value.status == 404
+
+
+def test_the_wait_request_is_bounded():
+    with pytest.raises(AdminError, match="wait_s"):
+        api.convert({"id": "r1", "wait_s": 31}, api.ReplicationWaitRequest)
+    with pytest.raises(AdminError, match="id"):
+        api.convert({"id": "x" * 65}, api.ReplicationWaitRequest)

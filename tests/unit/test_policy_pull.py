@@ -1,0 +1,121 @@
+"""The copy on the critical path (`radix_sync.policy.pull`) on hand-computed cases: the pure rule the simulator's
+`kvrep_pull` runs, and the live router's decision built on it (`rank_by_ttft(allow_pull=True)`).
+
+Costs (the router's, as in test_router_policy): 10 ms per uncached token, no per-request overhead, no decode step;
+KV 1 byte/token over a 200 B/s link, no fixed copy cost. A 100-token prompt, of which worker a holds 80.
+"""
+import pytest
+
+from radix_sync.policy.cost import CostModel
+from radix_sync.policy.pull import PullConfig, PullPlan, best_holder, plan_pull, pull_eta_s, pull_ttft_s
+from radix_sync.policy.routers import ExpectedTtftRouter
+from radix_sync.policy.snapshot import RequestView, Route, WorkerView
+from radix_sync.router.policy import CopyInFlight, RouterCosts, WorkerState, cost_model, rank_by_ttft
+from radix_sync.sim.policies import build_policy
+
+COSTS = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_step_s=0.0, kv_bytes_per_token=1,
+                    link_bytes_per_s=200.0, transfer_latency_s=0.0)
+MODEL = cost_model(COSTS)
+
+
+def w(wid, running=0, waiting=0, waiting_tokens=0):
+    return WorkerState(wid, 16, running, waiting, waiting_tokens)
+
+
+def decide(workers, matched, copies=(), prompt_len=100, ns="", model=MODEL, cfg=PullConfig()):
+    return rank_by_ttft(workers, matched, copies, prompt_len, ns, 0.0, model, allow_pull=True, pull_cfg=cfg)
+
+
+# ------------------------------------------------------------------------------------------- the pure pieces
+def test_best_holder_and_the_copy_time():
+    assert best_holder((0, 80, 80)) == (1, 80)  # ties to the lower id
+    a, b = WorkerView(0, nic_bandwidth_bytes_per_s=200.0), WorkerView(1, nic_bandwidth_bytes_per_s=100.0)
+    assert pull_eta_s(a, b, 80, MODEL, 0.0) == pytest.approx(0.8)  # the slower end's bandwidth
+    busy = a._replace(egress_busy_until_s=0.5)
+    assert pull_eta_s(busy, b, 80, MODEL, 0.0) == pytest.approx(1.3)  # behind the copy already on the link
+    iterating = b._replace(busy_until_s=0.2)
+    assert pull_eta_s(a, iterating, 80, MODEL, 0.0) == pytest.approx(0.8)  # the simulator: no endpoint wait
+    assert pull_eta_s(a, iterating, 80, MODEL, 0.0, endpoint_wait=True) == pytest.approx(1.0)
+
+
+def test_no_pull_from_itself_or_without_a_link_or_when_the_target_holds_as_much():
+    ws = (WorkerView(0, nic_bandwidth_bytes_per_s=200.0), WorkerView(1, nic_bandwidth_bytes_per_s=200.0),
+          WorkerView(2))
+    assert pull_ttft_s(MODEL, 1, ws, 0, 0, 80, 80, 0.0, 0.2, 0.0) is None
+    assert pull_ttft_s(MODEL, 1, ws, 2, 0, 80, 0, 0.0, 0.2, 0.0) is None  # no bandwidth
+    assert pull_ttft_s(MODEL, 1, ws, 1, 0, 80, 80, 0.0, 0.2, 0.0) is None
+    # only the missing 40 tokens are priced: 0.2 s, then 0.2 s of prefill; the queue (0.3 s) overlaps the copy
+    assert pull_ttft_s(MODEL, 1, ws, 1, 0, 80, 40, 0.3, 0.2, 0.0) == pytest.approx((0.5, 0.2))
+
+
+def test_the_deadline_is_the_break_even_bounded():
+    pull = Route(1, pull_from=0, pull_len=80, expected_ttft_s=0.6, pull_eta_s=0.4)
+    # the copy may land until 1.0 - 0.2 = 0.8 s and the pull still beats the fallback's 1.0 s
+    assert plan_pull(pull, Route(1, expected_ttft_s=1.0), 0.2, 10.0) == PullPlan(0, 1, 80, 0.4, 0.6, 1.0, 10.8)
+    assert plan_pull(pull, Route(1, expected_ttft_s=1.0), 0.2, 10.0, PullConfig(1.0, 2.0)).deadline_s == 11.0
+    assert plan_pull(pull, Route(1, expected_ttft_s=9.0), 0.2, 10.0, PullConfig(0.1, 0.5)).deadline_s == 10.5
+    assert plan_pull(Route(0, expected_ttft_s=0.2), Route(0, expected_ttft_s=0.2), 0.2, 0.0) is None
+    with pytest.raises(ValueError, match="min_wait_s"):
+        PullConfig(min_wait_s=3.0, max_wait_s=2.0)
+    with pytest.raises(ValueError, match="ttl_s"):
+        PullConfig(ttl_s=0.0)
+
+
+# ------------------------------------------------------------------------------- the live router's decision
+def test_pull_wins_when_the_holder_is_busy():
+    # a: 1.0 s queued + 0.2 s (20 uncached) = 1.2 s; b cold: 1.0 s; b pulling 80 tokens: 0.4 s copy + 0.2 s = 0.6 s
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80})
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((1.0, 1.2))  # the fallback: no copy
+    assert d.pull == PullPlan("a", "b", 80, pytest.approx(0.4), pytest.approx(0.6), pytest.approx(1.0),
+                              pytest.approx(0.8))
+
+
+def test_pull_loses_to_a_short_queue_at_the_holder():
+    # a: 0.3 s queued + 0.2 s = 0.5 s beats b pulling (0.6 s) and b cold (1.0 s)
+    d = decide([w("a", waiting=1, waiting_tokens=30), w("b")], {"a": 80})
+    assert d.ranked == ("a", "b") and d.pull is None
+    # and without --pull the decision is the same ranking, never a pull
+    d = rank_by_ttft([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, (), 100, "", 0.0, MODEL)
+    assert d.ranked == ("b", "a") and d.pull is None
+
+
+def test_a_busy_link_makes_the_pull_lose():
+    # another tenant's 200-token copy a -> b holds a's egress and b's ingress for 1.0 s: the pull would land at
+    # 1.4 s (1.6 s TTFT), so b computes cold (1.0 s); the other tenant's copy is no copy of this prompt
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [CopyInFlight("a", "b", "other", 200)])
+    assert d.ranked == ("b", "a") and d.pull is None and not d.wait_inflight
+    # a 20-token one (0.1 s): the pull still wins, landing 0.1 s later than on an idle link
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [CopyInFlight("a", "b", "other", 20)])
+    assert d.pull.copy_eta_s == pytest.approx(0.5) and d.pull.expected_ttft_s == pytest.approx(0.7)
+
+
+def test_a_copy_in_flight_of_this_prefix_is_waited_for_not_pulled_again():
+    # the 80 tokens are already on their way a -> b (0.4 s): b waits for them (0.6 s); a second copy would queue
+    # behind the first on both links (0.8 s + 0.2 s)
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [CopyInFlight("a", "b", "", 80)])
+    assert d.ranked == ("b", "a") and d.wait_inflight and d.pull is None
+    assert d.expected_ttft_s == pytest.approx((0.6, 1.2))
+
+
+def test_the_live_pull_waits_for_the_iteration_at_both_ends():
+    # b is decoding (a 0.05 s step): the pull starts after it (0.45 s) and b's queue is that step: 0.65 s
+    costs = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_step_s=0.05,
+                        kv_bytes_per_token=1, link_bytes_per_s=200.0, transfer_latency_s=0.0)
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b", running=1)], {"a": 80}, model=cost_model(costs))
+    assert d.pull.copy_eta_s == pytest.approx(0.45) and d.pull.expected_ttft_s == pytest.approx(0.65)
+    assert d.pull.fallback_ttft_s == pytest.approx(1.05) and d.pull.deadline_s == pytest.approx(0.85)
+
+
+def test_the_live_decision_is_the_simulators_kvrep_pull_rule():
+    # the same object and method: the simulator's `kvrep_pull` bundle routes the same view to the same pull
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b"), w("c", running=0)], {"a": 80})
+    sim = build_policy("kvrep_pull", COSTS.profile(), 1, 0).router
+    assert isinstance(sim, ExpectedTtftRouter) and sim.allow_pull
+    views = tuple(WorkerView(i, num_waiting=n, waiting_new_tokens=t, nic_bandwidth_bytes_per_s=200.0)
+                  for i, (n, t) in enumerate(((1, 100), (0, 0), (0, 0))))
+    route = sim.route(RequestView(0, 100, cached_len=(80, 0, 0)), views, 0.0)
+    assert (route.worker_id, route.pull_from, route.pull_len) == (1, 0, 80)
+    assert (d.pull.target, d.pull.source, d.pull.pull_len) == ("b", "a", 80)
+    assert d.pull.expected_ttft_s == pytest.approx(route.expected_ttft_s)
+    assert d.pull.copy_eta_s == pytest.approx(route.pull_eta_s)
+    assert CostModel(COSTS.profile()).transfer_s(80) == pytest.approx(0.4)
