@@ -329,7 +329,7 @@ class Coordinator(Proc):
     def __init__(self, log_dir: Path, *, extra_args: tuple[str, ...] = (), name: str = "coordinator",
                  port: Optional[int] = None, admin_port: Optional[int] = None, keys: Optional[Path] = None) -> None:
         """`keys`: a key directory (`make_keys`): CurveZMQ on the workers' socket, only its workers admitted."""
-        from radix_sync.admin_auth import ensure_tokens
+        from radix_sync.secret_files import ensure_tokens
 
         self.zmq_port = port or free_port()
         self.admin_port = admin_port or free_port()

@@ -20,16 +20,15 @@ secrets). Imports zmq only where a socket or a key pair is made, so the router r
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import os
 import re
-import secrets
 import socket
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from radix_sync import secret_files
 
 log = logging.getLogger("kvrep.keys")
 
@@ -58,12 +57,8 @@ class KeyPair:
         return self.metadata.get("worker_id")
 
 
-@dataclass(frozen=True)
-class Tokens:
-    """Bearer tokens of an admin surface: `read` for GET lookups and status, `write` for every change (and reads)."""
-
-    read: str
-    write: str
+Tokens = secret_files.AdminTokens
+"""Bearer tokens of an admin surface (`radix_sync.secret_files.AdminTokens`)."""
 
 
 @dataclass(frozen=True)
@@ -163,24 +158,8 @@ def create_dir(out: str | os.PathLike, num_workers: int, num_routers: int = 1,
     return load_dir(root)
 
 
-def create_tokens_file(path: str | os.PathLike) -> Tokens:
-    """Write `{"read": hex, "write": hex}` (two fresh 256-bit tokens) to a new 0600 file and return them."""
-    tokens = Tokens(read=secrets.token_hex(32), write=secrets.token_hex(32))
-    _write_private(Path(path), json.dumps({"read": tokens.read, "write": tokens.write}) + "\n")
-    return tokens
-
-
-def create_secret_file(path: str | os.PathLike) -> str:
-    """Write 32 fresh random bytes, hex, to a new 0600 file and return the hex."""
-    value = secrets.token_hex(32)
-    _write_private(Path(path), value + "\n")
-    return value
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+create_tokens_file = secret_files.create_tokens_file
+create_secret_file = secret_files.create_secret_file
 
 
 def _write_public_cert(path: Path, public: bytes, metadata: dict[str, str]) -> None:
@@ -290,37 +269,23 @@ def _allow(folder: Path) -> Optional[dict[bytes, str]]:
 def _tokens(path: Path) -> Optional[Tokens]:
     if not path.exists():
         return None
-    _warn_if_readable(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise KeysError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and data.get(k) for k in ("read", "write")):
-        raise KeysError(f'{path}: expected {{"read": "<hex>", "write": "<hex>"}}')
-    return Tokens(read=data["read"], write=data["write"])
+        return secret_files.read_tokens(path)
+    except ValueError as exc:
+        raise KeysError(str(exc)) from None
 
 
 def _hex_file(path: Path, *, as_bytes: bool):
     if not path.exists():
         return None
-    _warn_if_readable(path)
-    text = path.read_text().strip()
     try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raise KeysError(f"{path}: expected hex") from None
-    if len(raw) < 16:
-        raise KeysError(f"{path}: too short ({len(raw)} bytes; at least 16)")
-    return raw if as_bytes else text
+        raw = secret_files.read_secret(path)
+    except ValueError as exc:
+        raise KeysError(str(exc)) from None
+    return raw if as_bytes else path.read_text().strip()
 
 
-def _warn_if_readable(path: Path) -> None:
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("%s is readable by other users (mode %o): chmod 600 it", path, stat.S_IMODE(mode))
+_warn_if_readable = secret_files.warn_if_readable
 
 
 # ------------------------------------------------------------------------------------------ CurveZMQ sockets

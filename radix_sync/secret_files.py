@@ -1,7 +1,8 @@
 """The secret files of a cluster: admin tokens, the tenant secret, the workers' API key. Reading them, and
 creating the missing ones (0600, never overwriting: `O_EXCL`), saying whether they did so the caller can log the
-path. The key directory as a whole (CurveZMQ certificates, allow-list, `kvrep keys`, `load_dir`) is
-`radix_sync.keys`, which writes these files in the same formats:
+path. The one module that knows these files' formats: the key directory (`radix_sync.keys`: CurveZMQ certificates,
+allow-list, `kvrep keys`, `load_dir`), the admin bearer middleware (`radix_sync.admin_auth`), the router and the
+dev harness all read and write them through it:
 
     admin-tokens.json    {"read": "<hex>", "write": "<hex>"}: the coordinator's admin API
     router-tokens.json   the same shape, for the router's admin routes
@@ -12,11 +13,16 @@ Torch-free and zmq-free; used by the router (`radix_sync.router.auth`) and the d
 """
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("kvrep.keys")
 
 TOKEN_BYTES = 32
 """Random bytes in each admin token, API key and tenant secret (hex-encoded in the files: 64 characters)."""
@@ -35,10 +41,28 @@ class AdminTokens:
     def __post_init__(self) -> None:
         for name in ("read", "write"):
             value = getattr(self, name)
-            if not isinstance(value, str) or len(value) < 2 * MIN_SECRET_BYTES:
-                raise ValueError(f"admin token {name!r} must be a string of >= {2 * MIN_SECRET_BYTES} characters")
-        if self.read == self.write:
+            if not isinstance(value, str) or len(value) < 2 * MIN_SECRET_BYTES or not value.isascii() \
+                    or not value.isprintable():
+                raise ValueError(f"admin token {name!r} must be a printable ASCII string of >= "
+                                 f"{2 * MIN_SECRET_BYTES} characters")
+        if hmac.compare_digest(self.read, self.write):
             raise ValueError("the read and write admin tokens must differ")
+
+    def level(self, presented: str) -> str:
+        """`"write"`, `"read"`, or "" for a token that is neither (compared in constant time)."""
+        ok_write = hmac.compare_digest(presented.encode(), self.write.encode())
+        ok_read = hmac.compare_digest(presented.encode(), self.read.encode())
+        return "write" if ok_write else "read" if ok_read else ""
+
+
+def warn_if_readable(path: str | Path) -> None:
+    """Logs a warning when `path` is readable by others than its owner (a secret should be 0600)."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return
+    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("%s is readable by other users (mode %o): chmod 600 it", path, stat.S_IMODE(mode))
 
 
 def write_private(path: str | Path, text: str) -> None:
@@ -56,11 +80,12 @@ def write_private(path: str | Path, text: str) -> None:
 
 
 def read_tokens(path: str | Path) -> AdminTokens:
-    """Reads an `admin-tokens.json` / `router-tokens.json` file.
+    """Reads an `admin-tokens.json` / `router-tokens.json` file (warning when others can read it).
 
     Raises:
         ValueError: unreadable, not the `{"read", "write"}` shape, or tokens too short.
     """
+    warn_if_readable(path)
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -77,25 +102,46 @@ def new_tokens() -> AdminTokens:
     return AdminTokens(secrets.token_hex(TOKEN_BYTES), secrets.token_hex(TOKEN_BYTES))
 
 
+def create_tokens_file(path: str | Path) -> AdminTokens:
+    """Writes two fresh tokens to a new 0600 file and returns them.
+
+    Raises:
+        FileExistsError: `path` exists (nothing is overwritten).
+    """
+    tokens = new_tokens()
+    write_private(path, json.dumps({"read": tokens.read, "write": tokens.write}) + "\n")
+    return tokens
+
+
+def create_secret_file(path: str | Path) -> str:
+    """Writes `TOKEN_BYTES` fresh random bytes, hex, to a new 0600 file and returns the hex.
+
+    Raises:
+        FileExistsError: `path` exists (nothing is overwritten).
+    """
+    value = secrets.token_hex(TOKEN_BYTES)
+    write_private(path, value + "\n")
+    return value
+
+
 def ensure_tokens(path: str | Path) -> tuple[AdminTokens, bool]:
     """Returns: the tokens in `path`, creating the file (0600) with fresh ones when absent; and whether it did."""
     path = Path(path)
     if not path.exists():
-        tokens = new_tokens()
         try:
-            write_private(path, json.dumps({"read": tokens.read, "write": tokens.write}) + "\n")
-            return tokens, True
+            return create_tokens_file(path), True
         except FileExistsError:
             pass  # another process created it meanwhile: use theirs
     return read_tokens(path), False
 
 
 def read_secret(path: str | Path) -> bytes:
-    """Reads a hex secret file (`tenant-secret`, `worker-api-key`).
+    """Reads a hex secret file (`tenant-secret`, `worker-api-key`), warning when others can read it.
 
     Raises:
         ValueError: unreadable, not hex, or shorter than `MIN_SECRET_BYTES`.
     """
+    warn_if_readable(path)
     try:
         text = Path(path).read_text().strip()
         raw = bytes.fromhex(text)

@@ -26,7 +26,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from radix_sync import api
-from radix_sync.admin_auth import AdminTokens, bearer_middleware, ensure_tokens, load_tokens
+from radix_sync.admin_auth import bearer_middleware
+from radix_sync.secret_files import AdminTokens, ensure_tokens, read_tokens as load_tokens
 from radix_sync.api import AdminError
 from radix_sync.coordinator.replications import check_token_ids
 from radix_sync.coordinator.state import hash_prompt

@@ -130,7 +130,7 @@ def test_without_a_token_file_the_coordinator_creates_one_0600_and_logs_its_path
         wait_for(lambda: path.exists() and http_json(f"http://127.0.0.1:{port}/health", timeout=2)[0] == 200,
                  "the coordinator up with its token file", timeout_s=30)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        from radix_sync.admin_auth import load_tokens
+        from radix_sync.secret_files import read_tokens as load_tokens
         tokens = load_tokens(path)
         assert http_json(f"http://127.0.0.1:{port}/status")[0] == 401
         assert http_json(f"http://127.0.0.1:{port}/status", token=tokens.read)[0] == 200
