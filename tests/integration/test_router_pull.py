@@ -58,13 +58,17 @@ def generate(url, ids, max_new_tokens=4):
 
 
 class Busy:
-    """Requests with long distinct prompts and long answers sent straight to a worker (two run, two queue), until
-    the router sees the queue."""
+    """Four streams of requests with long distinct prompts and long answers sent straight to a worker (two run, two
+    queue), kept up until `join`, and waited on until the router sees the queue.
+
+    NOTE: each stream sends its next request as soon as one ends: on the tiny model a single request is over in
+    about a second, less than the router's view of the loads may lag."""
 
     def __init__(self, cluster, worker, seed, router):
         self.cluster, self.worker = cluster, worker
-        self.threads = [threading.Thread(target=generate, args=(worker.url, prompt(seed + i, 2000), 256),
-                                         daemon=True) for i in range(4)]
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._stream, args=(seed + 1000 * i,), daemon=True)
+                        for i in range(4)]
         for t in self.threads:
             t.start()
         wait_until(lambda: (cluster.load(worker) or {}).get("num_waiting_reqs", 0) >= 1, timeout_s=120,
@@ -80,7 +84,14 @@ class Busy:
             return ttft[worker.url] > ttft[other.url] + 1.0
         wait_until(router_sees_it, timeout_s=60, interval_s=0.05, what=f"the router seeing {worker.name}'s queue")
 
+    def _stream(self, seed):
+        k = 0
+        while not self.stop.is_set():
+            generate(self.worker.url, prompt(seed + k, 2000), 256)
+            k += 1
+
     def join(self):
+        self.stop.set()
         for t in self.threads:
             t.join(300)
 
