@@ -261,6 +261,36 @@ class Load:
 
 
 # ------------------------------------------------------------------------------------------------ checks
+def judge_memory(rss: dict[str, list[tuple[float, float]]], series_start: dict[str, float], warmup_s: float,
+                 tolerance: float) -> dict[str, dict]:
+    """Per RSS series: flat or not (`flat`), judged on the samples taken `warmup_s` or more after that series'
+    process started (a restarted process warms up again: its first samples are not judged either)."""
+    memory = {}
+    for name, points in rss.items():
+        judged = [v for at, v in points if at >= series_start.get(name, 0.0) + warmup_s]
+        if len(judged) >= 4:
+            ok, first, last = flat(judged, tolerance)
+            memory[name] = {"flat": ok, "first_quarter_mb": round(first / 2**20, 1),
+                            "last_quarter_mb": round(last / 2**20, 1), "num_samples": len(judged),
+                            "slope_mb_per_min": round(slope_per_min(
+                                [(at, v) for at, v in points if at >= series_start.get(name, 0.0) + warmup_s])
+                                / 2**20, 3)}
+        else:
+            memory[name] = {"flat": None, "num_samples": len(judged)}
+    return memory
+
+
+def slope_per_min(points: list[tuple[float, float]]) -> float:
+    """Returns: the least-squares slope of (seconds, value) points, per minute (0 for fewer than 2 points)."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mx = sum(t for t, _ in points) / n
+    my = sum(v for _, v in points) / n
+    den = sum((t - mx) ** 2 for t, _ in points)
+    return 0.0 if den == 0 else 60.0 * sum((t - mx) * (v - my) for t, v in points) / den
+
+
 def flat(series: list[float], tolerance: float) -> tuple[bool, float, float]:
     """(last-quarter mean within `tolerance` of the first-quarter mean, first mean, last mean)."""
     q = max(1, len(series) // 4)
@@ -356,6 +386,8 @@ def main() -> int:
     rss: dict[str, list[tuple[float, int]]] = {}
     series = {name: name for name in ("coordinator", "worker-a", "worker-b", "router")}
     """Process name -> its current RSS series (a restarted process starts a new one)."""
+    series_start = {name: 0.0 for name in series}
+    """Series -> when its process started, s into the run (its warm-up counts from there)."""
     next_sample, next_copy = t0 + args.sample_s, t0 + args.copy_every_s
     rng = random.Random(args.seed)
     try:
@@ -366,9 +398,11 @@ def main() -> int:
                 if what.startswith("worker-b"):
                     cluster.kill_and_restart_b()
                     series["worker-b"] = "worker-b#2"
+                    series_start["worker-b#2"] = round(f_start - t0, 1)
                 else:
                     cluster.restart_coordinator()
                     series["coordinator"] = "coordinator#2"
+                    series_start["coordinator#2"] = round(f_start - t0, 1)
                 pending.clear()  # the old coordinator's replications are gone with it
                 faults.append({"fault": what, "at_s": round(f_start - t0, 1),
                                "healed_after_s": round(time.monotonic() - f_start, 1)})
@@ -423,15 +457,7 @@ def main() -> int:
     windows = [(f["at_s"], f["at_s"] + f["healed_after_s"] + args.fault_grace_s) for f in faults]
     failures = [(round(t - t0, 1), e) for t, ok, e in load.results if not ok]
     unexplained = [(t, e) for t, e in failures if not any(a <= t <= b for a, b in windows)]
-    memory = {}
-    for name, points in rss.items():
-        judged = [v for at, v in points if at >= args.warmup_s]
-        if len(judged) >= 4:
-            ok, first, last = flat(judged, args.rss_tolerance)
-            memory[name] = {"flat": ok, "first_quarter_mb": round(first / 2**20, 1),
-                            "last_quarter_mb": round(last / 2**20, 1), "num_samples": len(judged)}
-        else:
-            memory[name] = {"flat": None, "num_samples": len(judged)}
+    memory = judge_memory(rss, series_start, args.warmup_s, args.rss_tolerance)
     leaks = [(s["at_s"], n, v["leaked"]) for s in samples for n, v in s["kv"].items() if v["leaked"] not in (0,)]
     checks = {
         "memory_flat": all(m["flat"] is not False for m in memory.values())
