@@ -1,8 +1,10 @@
-"""Structure-aware fuzzing (fixed seeds, >= 10,000 messages each): every ZMQ decoder (`radix_sync.protocol`) and
-every admin body decoder (`radix_sync.api`) raises nothing but its documented error on mutated messages, and the
+"""Structure-aware fuzzing (fixed seeds, >= 10,000 messages each): every ZMQ decoder (`radix_sync.protocol`), every
+admin body decoder and every coordinator answer the router decodes (`radix_sync.api`) raises nothing but its
+documented error on mutated messages, the router's link turns a misfit answer into a failed call, and the
 coordinator's state, fed the mutants that decode plus admin calls, raises nothing but `AdminError` and keeps its
 integrity. Mutants start from valid messages and change one to three fields: a value of another type, an extreme
 or out-of-range number (2**31, 2**63, inf, NaN), a long string or list, a dropped or added field, another tag."""
+import copy
 import json
 import random
 
@@ -77,7 +79,8 @@ EXTREMES = [0, -1, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 32, 2 ** 40, 2 ** 63 - 1, -2 **
 def _random_value(rng: random.Random, depth: int = 0):
     roll = rng.random()
     if roll < 0.5 or depth > 2:
-        return rng.choice(EXTREMES)
+        # a copy: a mutation that later grows this value in place must not grow the shared EXTREMES entry
+        return copy.deepcopy(rng.choice(EXTREMES))
     if roll < 0.7:
         return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
     if roll < 0.8:
@@ -145,16 +148,25 @@ def test_each_zmq_decoder_raises_only_protocol_error(decode, seeds, seed):
     assert 0 < num_ok < N  # the mutants exercise both outcomes
 
 
-def test_each_admin_body_decoder_raises_only_admin_error():
-    rng = random.Random(4)
+SEEDS_API.append((api.ReplicationWaitRequest, {"id": "r1", "wait_s": 2.5}))
+API_TYPES = list(dict.fromkeys(t for t, _ in SEEDS_API))
+
+
+def _json_of(mutant) -> bytes:
+    try:
+        return json.dumps(mutant, default=lambda o: o.hex() if isinstance(o, bytes) else str(o)).encode()
+    except ValueError:  # a NaN/inf json refuses only with allow_nan=False; a circular list cannot occur
+        return b'{"input_ids": [1e999]}'
+
+
+@pytest.mark.parametrize("type_", API_TYPES, ids=[t.__name__ for t in API_TYPES])
+def test_each_admin_body_decoder_raises_only_admin_error(type_):
+    """>= 10,000 mutants of each body type's seeds (one type per case)."""
+    rng = random.Random(4 + API_TYPES.index(type_))
+    bodies = [body for t, body in SEEDS_API if t is type_]
     num_ok = 0
     for i in range(N):
-        type_, body = SEEDS_API[i % len(SEEDS_API)]
-        mutant = _mutate(rng, body, keys_only_json=False)
-        try:
-            raw = json.dumps(mutant, default=lambda o: o.hex() if isinstance(o, bytes) else str(o)).encode()
-        except ValueError:
-            raw = b'{"input_ids": [1e999]}'
+        raw = _json_of(_mutate(rng, bodies[i % len(bodies)]))
         try:
             out = api.decode(raw, type_)
             if type_ is api.DemandItems:
@@ -166,7 +178,89 @@ def test_each_admin_body_decoder_raises_only_admin_error():
             num_ok += 1
         except api.AdminError as exc:
             assert exc.status == 400
+    assert 0 < num_ok < N  # the mutants exercise both outcomes
+
+
+_WORKER = {"id": "w1", "url": "http://w1", "data_endpoint": "tcp://w1:1", "fingerprint": "f",
+           "fingerprint_fields": {"model": "m"}, "page_size": 16, "pool_capacity_tokens": 100,
+           "replica_budget_tokens": 25,
+           "load": {"num_running_reqs": 1, "num_waiting_reqs": 2, "num_waiting_tokens": 3, "available_tokens": 4,
+                    "evictable_tokens": 5, "replica_tokens": 6, "demoted_chains": 0, "demoted_evicted_tokens": 0,
+                    "demotions_taken_back": 0}}
+_REPLICATION = {"id": "r1", "source": "w1", "target": "w2", "namespace": "t", "num_tokens": 32, "ttl_s": 5.0,
+                "origin": "pull", "state": "running", "error": None, "bytes": 4096, "inserted_len": 0,
+                "promoted_tokens": 0, "created_s": 1.0, "started_s": 1.5, "finished_s": None, "total_s": None,
+                "timings_s": {"send_s": 0.1}}
+SEEDS_ANSWERS = [
+    (list[api.WorkerInfo], [_WORKER, {**_WORKER, "id": "w2", "load": None}]),
+    (list[api.ReplicationInfo], [_REPLICATION, {**_REPLICATION, "id": "r2", "state": "failed", "error": "x"}]),
+    (api.ReplicationInfo, _REPLICATION),
+    (api.LookupAnswer, {"matched": {"w1": 32, "w2": 0}}),
+    (api.DirectoryFeed, {"epoch": "e", "seq": 3, "head": 9, "changes": [[1, "w1", 2 ** 63 - 1], [-1, "w2", 5]]}),
+    (api.DirectoryFeed, {"epoch": "e", "seq": 3, "head": 3, "snapshot": {"w1": [1, 2, 3]}}),
+    (api.HintRecorded, {"recorded": 1, "kind": "fanout", "prefix_len": 16, "ttl_s": 30.0}),
+    (api.DemandRecorded, {"recorded": 3, "finishes_recorded": 1, "dropped": 1, "errors": ["arrivals[2]: x"]}),
+    (api.ErrorAnswer, {"error": "refused: shadow mode"}),
+]
+ANSWER_TYPES = list(dict.fromkeys(t for t, _ in SEEDS_ANSWERS))
+
+
+@pytest.mark.parametrize("type_", ANSWER_TYPES, ids=[str(t).replace("radix_sync.api.", "") if hasattr(t, "__args__") else t.__name__
+                              for t in ANSWER_TYPES])
+def test_each_coordinator_answer_the_router_decodes_raises_only_admin_error(type_):
+    """The router's side (`radix_sync.router.coordinator_link`): >= 10,000 mutants of each answer it decodes."""
+    rng = random.Random(40 + ANSWER_TYPES.index(type_))
+    bodies = [body for t, body in SEEDS_ANSWERS if t == type_]
+    num_ok = 0
+    for i in range(N):
+        try:
+            api.decode(_json_of(_mutate(rng, bodies[i % len(bodies)])), type_)
+            num_ok += 1
+        except api.AdminError:
+            pass
     assert 0 < num_ok < N
+
+
+def test_the_routers_link_fed_mutated_answers_never_raises_and_counts_a_misfit_as_a_failed_call():
+    """A real HTTP server answers the router's link with mutants of the coordinator's answers (fixed seed): each
+    call returns the decoded answer or None, never raises; a misfit makes the link unreachable (a failed call,
+    backing off); a good answer after it makes it reachable again."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
+    from tests.util import serve_app
+
+    rng = random.Random(50)
+    current = {}
+
+    async def answer(request):
+        return web.Response(body=current[request.path], content_type="application/json")
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/workers", answer)
+        app.router.add_post("/directory/lookup", answer)
+        outcomes = {"ok": 0, "failed": 0}
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            for i in range(600):
+                link = CoordinatorLink(LinkConfig(url=url, timeout_s=5.0), session)
+                good = i % 10 == 0
+                current["/directory/lookup"] = _json_of(
+                    SEEDS_ANSWERS[3][1] if good else _mutate(rng, SEEDS_ANSWERS[3][1]))
+                out = await link.lookup([1] * 32, "")
+                if out is None:
+                    assert not good and not link.reachable and not link.may_call()
+                    outcomes["failed"] += 1
+                else:
+                    assert link.reachable and isinstance(out, dict)
+                    outcomes["ok"] += 1
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert outcomes["failed"] > 0 and outcomes["ok"] >= 60
 
 
 def test_the_state_fed_mutated_facts_and_admin_calls_raises_only_admin_error_and_keeps_its_integrity():
