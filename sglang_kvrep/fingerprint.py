@@ -114,12 +114,40 @@ def folder_digest(folder: Path, cache: HashCache) -> str:
     return h.hexdigest()
 
 
-def _source_digest(source: str, cache: HashCache) -> str:
-    """The content digest of a model or adapter folder; a path that is not a local folder (a hub id SGLang
-    resolves itself) is named as given, prefixed `unresolved:` (workers then match only on the same name)."""
+def hub_snapshot(repo_id: str, revision: Optional[str] = None) -> Optional[Path]:
+    """The local Hugging Face cache folder of a hub model, as SGLang downloaded it, read from the cache only (no
+    network: `snapshot_download(..., local_files_only=True)`, which follows `HF_HOME` / `HF_HUB_CACHE` and
+    resolves a branch or tag through the cache's refs).
+
+    Returns:
+        the snapshot folder, or None when the model is not in the local cache (or huggingface_hub is missing).
+    """
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        folder = snapshot_download(repo_id, revision=revision, local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError, OSError) as exc:
+        log.info("%s (revision %s) is not in the local Hugging Face cache: %s", repo_id, revision, exc)
+        return None
+    return Path(folder)
+
+
+def _source_digest(source: str, cache: HashCache, revision: Optional[str] = None) -> str:
+    """The content digest of a model or adapter folder, or of a hub id's snapshot in the local Hugging Face
+    cache (`hub_snapshot`, at `revision`); a source that is neither (not downloaded here) is named as given,
+    prefixed `unresolved:` (workers then match only on the same name)."""
     path = Path(source).expanduser()
     if path.is_dir():
         return folder_digest(path, cache)
+    snapshot = hub_snapshot(source, revision) if source and not path.is_absolute() else None
+    if snapshot is not None:
+        try:
+            return folder_digest(snapshot, cache)
+        except ValueError as exc:  # a snapshot without weight files (a partial download)
+            log.warning("%s: %s", source, exc)
     return "unresolved:" + source
 
 
@@ -138,7 +166,8 @@ def model_fields(model_path: str, flags: Mapping[str, object], lora_adapters: It
     """The fingerprint fields that name the model: its content, its KV-changing serving flags, its adapters.
 
     Args:
-        model_path: the served model (a folder, or a hub id SGLang downloaded).
+        model_path: the served model (a folder, or a hub id SGLang downloaded: its snapshot in the local Hugging
+            Face cache at `flags["revision"]` is hashed).
         flags: the serving settings that change KV, by name (`compat.kv_serving_flags`); values are written as
             canonical JSON (so `{"a":1,"b":2}` and `{"b": 2, "a": 1}` agree).
         lora_adapters: (name, path) of every LoRA adapter the worker may serve.
@@ -147,7 +176,8 @@ def model_fields(model_path: str, flags: Mapping[str, object], lora_adapters: It
     """
     own = cache is None
     cache = HashCache() if own else cache
-    fields = {"weights": _source_digest(model_path, cache)[:32]}
+    revision = flags.get("revision")
+    fields = {"weights": _source_digest(model_path, cache, str(revision) if revision else None)[:32]}
     for name, value in sorted(flags.items()):
         fields[name] = _canonical_json(value)
     adapters = sorted((str(n), _source_digest(str(p), cache)[:32]) for n, p in lora_adapters)

@@ -163,3 +163,33 @@ def test_the_weight_update_seams_exist_in_this_sglang():
         fn = getattr(SchedulerWeightUpdaterManager, target.rsplit(".", 1)[1])
         assert list(inspect.signature(fn).parameters) == ["self", "recv_req"], kind
     assert "scheduler" in inspect.signature(SchedulerWeightUpdaterManager).parameters
+
+
+def write_hub_snapshot(hub_cache, repo_id: str, commit: str, seed: int, refs=()):
+    """A model in the Hugging Face cache layout (`models--org--name/snapshots/<commit>/`, `refs/<name>`)."""
+    repo = hub_cache / ("models--" + repo_id.replace("/", "--"))
+    write_model(repo / "snapshots" / commit, seed)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+    return repo / "snapshots" / commit
+
+
+def test_a_hub_id_is_hashed_from_its_local_snapshot_at_the_served_revision(tmp_path, cache, sglang_args,
+                                                                          monkeypatch):
+    from huggingface_hub import constants
+
+    hub = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    main_snap = write_hub_snapshot(hub, "org/model", "a" * 40, 0, refs=("main",))
+    write_hub_snapshot(hub, "org/model", "b" * 40, 1, refs=("v2",))
+    served = fields_of("org/model", sglang_args(), cache)
+    # the same bytes as a local folder: the same weights, wherever they came from
+    assert served["weights"] == fields_of(main_snap, sglang_args(), cache)["weights"]
+    assert not served["weights"].startswith("unresolved:")
+    # another revision with other bytes (a fine-tune pushed to the same repo) is another model
+    v2 = fields_of("org/model", sglang_args("--revision", "v2"), cache)
+    assert v2["weights"] != served["weights"]
+    assert fields_of("org/model", sglang_args("--revision", "b" * 40), cache)["weights"] == v2["weights"]
+    # not downloaded here: named, never guessed
+    assert fields_of("org/other", sglang_args(), cache)["weights"] == "unresolved:org/other"[:32]
