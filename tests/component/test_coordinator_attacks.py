@@ -315,3 +315,60 @@ def test_token_ids_at_or_over_the_fleets_vocabulary_are_refused(tmp_path):
     finally:
         c.stop()
     assert os.path.exists(tmp_path / "admin-tokens.json")
+
+
+def test_after_a_real_restart_an_expired_replica_stays_gone(tmp_path):
+    """The reproduction with a real restart: a replica lands with a 0.5 s TTL, its TTL passes, the coordinator
+    process is killed and started again on the same ports (it knows nothing of the replication). The workers say
+    hello again and resync: the target's re-report of the expired replica, with the TTL left (<= 0, as the agent
+    sends it: `test_agent_resync`), is refused and the new directory never lists it; one with TTL left (pages
+    re-reported with their tokens) is accepted."""
+    import signal
+
+    def start(port=None, admin_port=None, name="coord-old"):
+        c = Coordinator(tmp_path, extra_args=("--policy", "none", "--worker-timeout-s", "60"), name=name,
+                        port=port, admin_port=admin_port)
+        c.wait_ready()
+        return c
+
+    old = start()
+    new = None
+    prompt = list(range(5000, 5016))
+    try:
+        a, b = FakeWorker(old, "src-9"), FakeWorker(old, "dst-9")
+        a.store(prompt)
+        wait_for(lambda: lookup(old, prompt).get("src-9") == 16, "the source's pages")
+        rep = old.post("/replicate", {"source": "src-9", "target": "dst-9", "input_ids": prompt, "ttl_s": 0.5})[1]
+        expect = b.recv()
+        b.fact(p.ReplicaExpected(worker_id="dst-9", seq=0, replication_id=rep["id"]))
+        assert isinstance(a.recv(), p.ReplicatePages)
+        landed = p.ReplicaStored(worker_id="dst-9", seq=0, replication_id=rep["id"], namespace="",
+                                 block_hashes=expect.block_hashes, inserted_len=16, expires_in_s=0.5, num_bytes=64,
+                                 receive_s=0.01, scatter_s=0.01, insert_s=0.01)
+        b.fact(msgspec.structs.replace(landed))
+        wait_for(lambda: lookup(old, prompt).get("dst-9") == 16, "the replica in the directory")
+        a.close()
+        b.close()
+        time.sleep(0.6)  # its TTL passes
+        old.kill(signal.SIGKILL)
+        old.popen.wait(10)
+        new = start(old.zmq_port, old.admin_port, "coord-new")
+        a, b = FakeWorker(new, "src-9"), FakeWorker(new, "dst-9")  # hello again, then the resync
+        a.store(prompt)
+        wait_for(lambda: lookup(new, prompt).get("src-9") == 16, "the source's pages after the restart")
+        b.fact(msgspec.structs.replace(landed, expires_in_s=-0.1))
+        assert "has expired" in b.recv().error
+        assert lookup(new, prompt).get("dst-9", 0) == 0
+        assert new.get("/status")[1]["integrity"] == "ok"
+        # a replica with TTL left, its pages re-reported with their tokens first (as the resync sends them), is
+        # taken as reported (its expiry, absolute from now, is the coordinator's from then on)
+        b.store(prompt)
+        b.fact(msgspec.structs.replace(landed, replication_id="r-alive", expires_in_s=1.0))
+        assert b.quiet(), b.recv()
+        wait_for(lambda: lookup(new, prompt).get("dst-9") == 16, "the live replica in the directory")
+        a.close()
+        b.close()
+    finally:
+        for c in (old, new):
+            if c is not None:
+                c.stop()
