@@ -8,8 +8,11 @@ Arms:
   lowest expected TTFT), the coordinator's planner off (`--policy none`, active mode): reactive copies only.
 - `active`: our router with `--pull`, the planner in active mode (copies prefixes ahead of demand, routes to
   them): predictive + reactive.
-- `sgl-rr` / `sgl-ca`: `sglang-router` from PyPI (`python -m sglang_router.launch_router`) with `round_robin` /
-  `cache_aware` and its defaults, in front of the same workers (the coordinator in shadow mode, so no copies).
+- `smg-rr` / `smg-ca`: today's SGLang router, the Shepherd Model Gateway `smg` 1.13 from PyPI (`python -m
+  smg.launch_router`), with `round_robin` / `cache_aware` and its own defaults (no tuning flag: only the workers'
+  URLs, its host and ports, and the workers' API key), in front of the same workers (the coordinator in shadow
+  mode, so no copies). The simulator's model of `smg-ca` is smg 1.13's rule (`cache_aware`,
+  `radix_sync/policy/baselines/smg.py`).
 
 Workloads are the simulator's own objects, scaled to the CPU (`kvrep_dev.loadgen`): `agent` (Claude Code
 sessions from a trace directory, default the sample committed in `bench/traces/claude_code_sample`), `fanout`
@@ -17,8 +20,8 @@ sessions from a trace directory, default the sample committed in `bench/traces/c
 bursty arrivals) and `unique` (no shared prefix at all: every prompt distinct). Every arm gets its own text for
 the same workload (same lengths, same sharing, same times), so nothing one arm cached helps the next.
 
-`--simulate` also runs the simulator with the `cpu-local` profile on the identical scaled workloads (same seed,
-the workers sharing this machine's cores: `EngineConfig.shared_cores`) and prints simulated vs measured TTFT per
+`--simulate` also runs the simulator with `--profile`'s cost profile (default the testbed's, `cpu-wide`) on the
+identical scaled workloads (same seed, the workers sharing this machine's cores: `EngineConfig.shared_cores`) and prints simulated vs measured TTFT per
 arm (the simulator validation).
 """
 from __future__ import annotations
@@ -44,9 +47,15 @@ from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_por
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "active", "sgl-rr", "sgl-ca")
-SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "active": "kvrep", "sgl-rr": "round_robin",
-              "sgl-ca": "cache_aware_v03"}
+ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
+SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "active": "kvrep", "smg-rr": "round_robin",
+              "smg-ca": "cache_aware",
+              # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
+              "sgl-rr": "round_robin", "sgl-ca": "cache_aware_v03"}
+SMG_POLICY = {"smg-rr": "round_robin", "smg-ca": "cache_aware"}
+"""The smg arms -> smg's `--policy`."""
+BASELINE = "smg-ca"
+"""The arm every other arm's ratios are against when it ran (else `shadow`)."""
 COORDINATOR_ARM = {"pull": ("none", "active"), "active": ("kvrep", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
 PULL_ARMS = ("pull", "active")
@@ -98,25 +107,33 @@ def build_workload(name: str, args) -> "Workload":
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 
-class SglangRouter(Proc):
-    """`sglang-router` (PyPI) in front of the same workers."""
+def smg_argv(policy: str, worker_urls: list[str], port: int, prometheus_port: int,
+             api_key: Optional[str] = None) -> list[str]:
+    """The command line of smg 1.13 with `--policy policy` on its defaults: only the worker URLs, host, port, a
+    free Prometheus port (its default, 29000, may be taken), the log level and the workers' API key."""
+    argv = [sys.executable, "-m", "smg.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
+            "--prometheus-port", str(prometheus_port)]
+    if api_key:  # the workers' --api-key: smg sends it to them, and wants it from its clients too (401 without)
+        argv += ["--api-key", api_key]
+    return argv
+
+
+class SmgRouter(Proc):
+    """smg 1.13 (`python -m smg.launch_router`, PyPI `smg`) in front of the same workers (`smg_argv`)."""
 
     def __init__(self, policy: str, worker_urls: list[str], log_dir: Path, api_key: Optional[str] = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-                "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
-                "--prometheus-port", str(free_port())]
-        if api_key:  # the workers' --api-key: sglang-router sends it to them (and then wants it from its clients)
-            argv += ["--api-key", api_key]
         self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        super().__init__(f"sglang-router-{policy}", argv, log_dir / f"sglang-router-{policy}.log")
+        super().__init__(f"smg-{policy}", smg_argv(policy, worker_urls, self.port, free_port(), api_key),
+                         log_dir / f"smg-{policy}.log")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         self.wait_http(self.url + "/health", timeout_s)
-        # its /health answers before its own health checks have admitted the workers (503 "no available
-        # workers" until then): wait until it serves a request (not measured)
+        # its /health answers before it has registered the workers (404 "no worker available for model" until
+        # then): wait until it serves a request (not measured)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -210,7 +227,7 @@ def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
                    decode_s_per_ctx_token=profile.decode_s_per_ctx_token * decode)
 
 
-def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local",
+def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
@@ -277,13 +294,13 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _ratios(rows: list[dict]) -> None:
-    """Adds each arm's P99 / mean TTFT ratios against the baseline of the same workload and round (sgl-ca if run,
-    else shadow)."""
+    """Adds each arm's P99 / mean TTFT ratios against the baseline of the same workload and round (`BASELINE` if
+    run, else shadow)."""
     by_wl: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         by_wl.setdefault((r["workload"], r.get("repeat", 0)), {})[r["arm"]] = r
     for arms in by_wl.values():
-        base_name = "sgl-ca" if "sgl-ca" in arms else "shadow" if "shadow" in arms else None
+        base_name = BASELINE if BASELINE in arms else "shadow" if "shadow" in arms else None
         if base_name is None:
             continue
         base = arms[base_name]["live"]["ttft_s"]
@@ -413,11 +430,11 @@ def resimulate(path: Path, cores: Optional[int] = None) -> int:
     print(validation_table(rows, profile))
     print()
     print("the same workloads simulated under references (free_copies: every worker holds every prefix, free; "
-          "not a bound); ratios vs cache_aware_v03")
+          "not a bound); ratios vs cache_aware (smg 1.13)")
     print(f"{'workload':<8} {'policy':<12} {'mean':>6} {'P50':>6} {'P99':>6} {'mean x':>7} {'P99 x':>6} {'copies':>6}")
     for w, wl in built.items():
         base = None
-        for name in ("cache_aware_v03", "kvrep", "free_copies"):
+        for name in ("cache_aware", "kvrep", "free_copies"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
                            args.max_running, data.get("speed"), cores)
             t = res["ttft_s"]
@@ -444,11 +461,11 @@ def run_bench(args) -> int:
     if args.repeats < 1:
         print(f"kvrep bench: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    if any(a.startswith("sgl-") for a in arms):
+    if any(a in SMG_POLICY for a in arms):
         try:
-            import sglang_router  # noqa: F401
+            import smg  # noqa: F401
         except ImportError:
-            print("kvrep bench: the sgl-* arms need `sglang-router` (pip install sglang-router)", file=sys.stderr)
+            print("kvrep bench: the smg-* arms need `smg` (pip install smg==1.13.0)", file=sys.stderr)
             return 2
     try:
         built = {w: build_workload(w, args) for w in workloads}
@@ -514,7 +531,7 @@ def run_bench(args) -> int:
             for wname, wl in built.items():
                 for k, arm in enumerate(arms):
                     label = f"{wname}/{arm}" + (f" #{rnd + 1}" if args.repeats > 1 else "")
-                    sgl = None
+                    smg = None
                     policy, mode = COORDINATOR_ARM.get(arm, ("kvrep", "shadow"))
                     status, answer = coord.post("/policy", {"policy": policy, "mode": mode, "reset_demand": True})
                     if status != 200:
@@ -525,18 +542,17 @@ def run_bench(args) -> int:
                     _wait_no_replicas(coord)
                     ours = router_urls.get(arm, router_url)
                     url, hints = ours, ours + "/kvrep/hints"
-                    if arm.startswith("sgl-"):
-                        sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",
-                                           [w.url for w in workers], logs, workers[0].api_key)
-                        procs.append(sgl)
-                        sgl.wait_ready()
-                        url, hints = sgl.url, None
+                    if arm in SMG_POLICY:
+                        smg = SmgRouter(SMG_POLICY[arm], [w.url for w in workers], logs, workers[0].api_key)
+                        procs.append(smg)
+                        smg.wait_ready()
+                        url, hints = smg.url, None
                     before = {r["id"] for r in coord.get("/replications")[1]}
                     demoted_before = coord.get("/status")[1]["demotions"]
                     renderer = Renderer(tok, salt=zlib.crc32(
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
                     todo = copy.deepcopy(wl)
-                    cfg = ReplayConfig(url=url, hints_url=hints, api_key=sgl.api_key if sgl is not None else None,
+                    cfg = ReplayConfig(url=url, hints_url=hints, api_key=smg.api_key if smg is not None else None,
                                        hints_api_key=router.admin("write")["Authorization"].split(" ", 1)[1],
                                        on_done=_progress(label, workload_size(wl)["requests"]))
                     t0 = time.monotonic()
@@ -550,7 +566,7 @@ def run_bench(args) -> int:
                                          "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
                                          "key": r.key, "error": r.error} for r in results]}
-                    if not arm.startswith("sgl-"):
+                    if arm not in SMG_POLICY:
                         row["router_decisions"] = routers.get(arm, router).status().get("last_decisions")
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
@@ -577,9 +593,9 @@ def run_bench(args) -> int:
                     t = row["live"]["ttft_s"]
                     _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
                          f"{row['replication']['count']} copies ({row['wall_s']:.0f} s)")
-                    if sgl is not None:
-                        sgl.stop()
-                        procs.remove(sgl)
+                    if smg is not None:
+                        smg.stop()
+                        procs.remove(smg)
         coord.post("/policy", {"policy": "kvrep", "mode": "shadow"})
     finally:
         for proc in reversed(procs):
@@ -653,7 +669,7 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool per worker, tokens")
     p.add_argument("--max-running", type=int, default=8, help="--max-running-requests per worker")
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=not demo,
-                   help="also run the simulator on the same workloads (cpu-local profile)")
+                   help="also run the simulator on the same workloads (--profile's cost profile)")
     p.add_argument("--profile", default=testbed.PROFILE,
                    help="cost profile of the coordinator's planner and the router's TTFT rule (default: cpu-wide, "
                         "measured on the testbed)")

@@ -1,5 +1,5 @@
 """`kvrep bench` / `kvrep demo` (the README's main job) end to end on real CPU workers, small and short: our two
-arms and the `sglang-router` cache_aware baseline (PyPI) run on the same cluster, every request answers, the
+arms and the smg 1.13 `cache_aware` baseline (PyPI `smg`, on its defaults) run on the same cluster, every request answers, the
 coordinator's copies are accounted, ratios are against the baseline, the simulator columns, the JSON and the PNG
 are written, and nothing is left running."""
 import json
@@ -16,27 +16,27 @@ pytestmark = pytest.mark.server
 
 def ours() -> set[str]:
     """PIDs of running cluster processes (workers, coordinators, routers)."""
-    out = subprocess.run(["pgrep", "-f", "sglang.launch_server|radix_sync.cli|sglang_router"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "sglang.launch_server|radix_sync.cli|smg.launch_router|smg::router"],
+                         capture_output=True, text=True).stdout
     return set(out.split())
 
 
-def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
+def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     out_dir = tmp_path / "bench"
     before = ours()
     argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2",
-            "--workloads", "fanout", "--arms", "shadow,active,sgl-ca", "--duration-s", "8", "--fanout-rate", "2",
+            "--workloads", "fanout", "--arms", "shadow,active,smg-ca", "--duration-s", "8", "--fanout-rate", "2",
             "--fanout-k", "3", "--simulate", "--out-dir", str(out_dir)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "fanout   shadow" in proc.stdout and "fanout   active" in proc.stdout and "fanout   sgl-ca" in proc.stdout
+    assert "fanout   shadow" in proc.stdout and "fanout   active" in proc.stdout and "fanout   smg-ca" in proc.stdout
     assert f"simulator ({testbed.PROFILE} profile) vs live" in proc.stdout
     res = json.loads((out_dir / "results.json").read_text())
     rows = {r["arm"]: r for r in res["rows"]}
-    assert set(rows) == {"shadow", "active", "sgl-ca"}
+    assert set(rows) == {"shadow", "active", "smg-ca"}
     # P99 ratios are against the baseline users run today, measured in the same run
-    assert rows["active"]["ratio_vs"] == "sgl-ca" and rows["active"]["p99_ratio"] > 0
-    assert rows["sgl-ca"]["replication"]["count"] == 0 and "router_decisions" not in rows["sgl-ca"]
+    assert rows["active"]["ratio_vs"] == "smg-ca" and rows["active"]["p99_ratio"] > 0
+    assert rows["smg-ca"]["replication"]["count"] == 0 and "router_decisions" not in rows["smg-ca"]
     for r in rows.values():
         assert r["live"]["requests"] > 0 and r["live"]["errors"] == 0
         assert r["live"]["ttft_s"]["p99"] > 0 and r["sim"]["ttft_s"]["p99"] > 0

@@ -62,27 +62,27 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
 
     args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 3, "profile": "cpu-local"}
     wl = build_workload("shared", bench_args("--duration-s", "10"))
-    own = simulate(copy.deepcopy(wl), "sgl-rr", 3, 0, "cpu-local", 32768, 8)
+    own = simulate(copy.deepcopy(wl), "smg-rr", 3, 0, "cpu-local", 32768, 8)
     live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
     saved = {"args": args, "speed": None,
-             "rows": [{"workload": "shared", "arm": "sgl-rr", "live": live, "requests": own["requests"]}]}
+             "rows": [{"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"]}]}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(saved))
     assert resimulate(path) == 0
     out = capsys.readouterr().out
     assert "within 25% of the measured value: 2 of 2" in out
-    row = next(x for x in out.splitlines() if x.startswith("shared   sgl-rr  round_robin"))
+    row = next(x for x in out.splitlines() if x.startswith("shared   smg-rr  round_robin"))
     assert row.endswith("+0%")
-    # and the references: free copies are not slower than cache_aware_v03 on these requests
+    # and the references: free copies are not slower than smg 1.13 cache_aware on these requests
     bounds = {x.split()[1]: x.split() for x in out.splitlines() if x.startswith("shared ") and "x" in x.split()[-2]}
-    assert set(bounds) == {"cache_aware_v03", "kvrep", "free_copies"} and float(bounds["free_copies"][2]) <= float(
-        bounds["cache_aware_v03"][2])
+    assert set(bounds) == {"cache_aware", "kvrep", "free_copies"} and float(bounds["free_copies"][2]) <= float(
+        bounds["cache_aware"][2])
     # what-if on another host: the workers sharing one core are slower than on this machine's cores
     assert resimulate(path, cores=1) == 0
     one = capsys.readouterr().out
     slow = {x.split()[1]: float(x.split()[2]) for x in one.splitlines()
             if x.startswith("shared ") and "x" in x.split()[-2]}
-    assert "1 cores shared" in one and slow["cache_aware_v03"] >= float(bounds["cache_aware_v03"][2])
+    assert "1 cores shared" in one and slow["cache_aware"] >= float(bounds["cache_aware"][2])
 
 
 def test_the_committed_validation_runs_load_for_resimulate():
