@@ -12,7 +12,7 @@ def _add_demo_and_bench(sub) -> None:
     bench.add_arguments(p, demo=True)
     p.set_defaults(func=_run_bench)
 
-    p = sub.add_parser("bench", help="live benchmark: our router (shadow, active) and sglang-router (round_robin, "
+    p = sub.add_parser("bench", help="live benchmark: our router (shadow, pull, active) and smg 1.13 (round_robin, "
                                      "cache_aware) on the same workloads and cluster; simulator validation")
     bench.add_arguments(p)
     p.set_defaults(func=_run_bench)
