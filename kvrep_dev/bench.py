@@ -21,8 +21,11 @@ bursty arrivals) and `unique` (no shared prefix at all: every prompt distinct). 
 the same workload (same lengths, same sharing, same times), so nothing one arm cached helps the next.
 
 `--simulate` also runs the simulator with `--profile`'s cost profile (default the testbed's, `cpu-wide`) on the
-identical scaled workloads (same seed, the workers sharing this machine's cores: `EngineConfig.shared_cores`) and prints simulated vs measured TTFT per
-arm (the simulator validation).
+identical scaled workloads (same seed, the workers sharing this machine's cores: `EngineConfig.shared_cores`) and
+prints simulated vs measured TTFT per arm (the simulator validation).
+
+Every live table carries bootstrap intervals (`kvrep_dev.stats`): of each cell's TTFT mean and P99, and of the
+ratios the claims rest on (`CLAIMS`: active/shadow, active/pull, active/smg-ca) over every round's requests pooled.
 """
 from __future__ import annotations
 
@@ -274,11 +277,27 @@ def compare_requests(live: list[dict], sim: list[dict]) -> dict:
             "median_rel_error_uncached": med(miss)}
 
 
+def _ttfts(r: dict) -> list[float]:
+    """The TTFTs of a row's answered requests."""
+    return [q["ttft_s"] for q in r.get("requests", []) if q.get("ttft_s") is not None and not q.get("error")]
+
+
+def _add_cis(rows: list[dict]) -> None:
+    """Adds each row's bootstrap intervals of TTFT mean and P99 (`kvrep_dev.stats`) as `ci`."""
+    from kvrep_dev import stats
+
+    for r in rows:
+        xs = _ttfts(r)
+        r["ci"] = {k: stats.ci(xs, k) for k in ("mean", "p99")} if xs else {}
+
+
 def format_table(rows: list[dict]) -> str:
+    from kvrep_dev.stats import fmt
+
     many = any(r.get("repeat", 0) for r in rows)
-    head = (f"{'workload':<8} {'arm':<7} {'#' if many else '':>2} {'reqs':>4} {'err':>3} {'TTFT mean':>9} {'P50':>7} "
-            f"{'P95':>7} {'P99':>7} {'TPOT ms':>7} {'req/s':>6} {'cached':>6} {'copies':>6} {'MB':>7} {'useful':>6}  "
-            f"P99 vs")
+    head = (f"{'workload':<8} {'arm':<7} {'#' if many else '':>2} {'reqs':>4} {'err':>3} {'TTFT mean':>9} "
+            f"{'95% CI':<11} {'P50':>6} {'P95':>6} {'P99':>6} {'95% CI':<11} {'TPOT ms':>7} {'req/s':>6} "
+            f"{'cached':>6} {'copies':>6} {'MB':>7} {'useful':>6}  P99 vs")
     lines = [head, "-" * len(head)]
     for r in rows:
         s, rep = r["live"], r["replication"]
@@ -286,8 +305,9 @@ def format_table(rows: list[dict]) -> str:
         useful = "" if rep["useful_bytes_frac"] is None else f"{rep['useful_bytes_frac']:.0%}"
         lines.append(
             f"{r['workload']:<8} {r['arm']:<7} {r.get('repeat', 0) + 1 if many else '':>2} {s['requests']:>4} "
-            f"{s['errors']:>3} {t['mean']:>9.2f} {t['p50']:>7.2f} "
-            f"{t['p95']:>7.2f} {t['p99']:>7.2f} {s['tpot_s']['mean'] * 1e3:>7.1f} {s['throughput_rps']:>6.2f} "
+            f"{s['errors']:>3} {t['mean']:>9.2f} {fmt(r.get('ci', {}).get('mean')):<11} {t['p50']:>6.2f} "
+            f"{t['p95']:>6.2f} {t['p99']:>6.2f} {fmt(r.get('ci', {}).get('p99')):<11} "
+            f"{s['tpot_s']['mean'] * 1e3:>7.1f} {s['throughput_rps']:>6.2f} "
             f"{s['cached_token_ratio']:>6.0%} {rep['count']:>6} {rep['bytes'] / 1e6:>7.1f} {useful:>6}  "
             f"{r.get('p99_vs', '')}")
     return "\n".join(lines)
@@ -314,7 +334,10 @@ def _ratios(rows: list[dict]) -> None:
 
 def summarize_rounds(rows: list[dict]) -> list[dict]:
     """Per workload and arm over the rounds: median and range of TTFT P99 and mean, and of the paired ratios
-    against the round's baseline (`_ratios` first)."""
+    against the round's baseline (`_ratios` first); the bootstrap intervals of P99 and mean over the requests of
+    every round pooled (`p99_ci`, `mean_ci`: `kvrep_dev.stats`, resampled within each round)."""
+    from kvrep_dev import stats as bootstrap
+
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["workload"], r["arm"]), []).append(r)
@@ -329,8 +352,61 @@ def summarize_rounds(rows: list[dict]) -> list[dict]:
                     "mean_s": stats([r["live"]["ttft_s"]["mean"] for r in rs]),
                     "p99_ratio": stats([r["p99_ratio"] for r in rs if "p99_ratio" in r]),
                     "mean_ratio": stats([r["mean_ratio"] for r in rs if "mean_ratio" in r]),
-                    "copies": stats([float(r["replication"]["count"]) for r in rs])})
+                    "copies": stats([float(r["replication"]["count"]) for r in rs]),
+                    **{f"{k}_ci": bootstrap.ci([_ttfts(r) for r in rs], k) if any(_ttfts(r) for r in rs) else {}
+                       for k in ("p99", "mean")}})
     return out
+
+
+CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE))
+"""The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
+today's router."""
+
+
+def claim_ratios(rows: list[dict]) -> list[dict]:
+    """Per workload, each of `CLAIMS` whose two arms ran: the TTFT P99 and mean ratio over the requests of every
+    round pooled, with its bootstrap interval (`kvrep_dev.stats.ratio_ci`), and the median and range of the ratio
+    paired within each round."""
+    from kvrep_dev import stats
+
+    cells: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["workload"], r["arm"]), {})[r.get("repeat", 0)] = r
+    out = []
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        for num, den in CLAIMS:
+            a, b = cells.get((wl, num)), cells.get((wl, den))
+            if not a or not b:
+                continue
+            rounds = sorted(set(a) & set(b))
+            entry = {"workload": wl, "num": num, "den": den, "rounds": len(rounds),
+                     "requests": [sum(len(_ttfts(a[k])) for k in rounds), sum(len(_ttfts(b[k])) for k in rounds)]}
+            for k in ("p99", "mean"):
+                paired = sorted(a[i]["live"]["ttft_s"][k] / b[i]["live"]["ttft_s"][k] for i in rounds
+                                if b[i]["live"]["ttft_s"][k])
+                entry[k] = {**stats.ratio_ci([_ttfts(a[i]) for i in rounds], [_ttfts(b[i]) for i in rounds], k),
+                            **({"median": statistics.median(paired), "min": paired[0], "max": paired[-1]}
+                               if paired else {})}
+            out.append(entry)
+    return out
+
+
+def format_claims(claims: list[dict]) -> str:
+    from kvrep_dev.stats import LEVEL, RESAMPLES, fmt
+
+    head = (f"{'workload':<8} {'ratio':<15} {'rounds':>6} {'requests':>9}  {'P99 ratio':>9} {f'{LEVEL:.0%} CI':<13} "
+            f"{'per round':<18} {'mean ratio':>10} {f'{LEVEL:.0%} CI':<13} per round")
+    lines = [f"TTFT ratios over every round's requests pooled; bootstrap CI ({RESAMPLES} resamples, each round "
+             f"resampled separately, fixed seed); per round: median [range] of the ratio paired within a round",
+             head, "-" * len(head)]
+    for c in claims:
+        def per_round(x: dict) -> str:
+            return f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]" if "median" in x else ""
+        lines.append(f"{c['workload']:<8} {c['num'] + '/' + c['den']:<15} {c['rounds']:>6} "
+                     f"{'/'.join(map(str, c['requests'])):>9}  {c['p99']['value']:>8.2f}x {fmt(c['p99']):<13} "
+                     f"{per_round(c['p99']):<18} {c['mean']['value']:>9.2f}x {fmt(c['mean']):<13} "
+                     f"{per_round(c['mean'])}")
+    return "\n".join(lines)
 
 
 def format_summary(summary: list[dict]) -> str:
@@ -338,12 +414,18 @@ def format_summary(summary: list[dict]) -> str:
         if not st:
             return ""
         return f"{st['median']:{fmt}} [{st['min']:{fmt}}-{st['max']:{fmt}}]"
-    head = (f"{'workload':<8} {'arm':<7} {'rounds':>6}  {'TTFT P99 s, median [range]':<26} {'mean s':<20} "
-            f"{'P99 ratio':<20} {'mean ratio':<20} vs")
+    from kvrep_dev.stats import fmt
+
+    def pooled(c: dict) -> str:
+        return f"{c['value']:.2f} {fmt(c)}" if c else ""
+    head = (f"{'workload':<8} {'arm':<7} {'rounds':>6}  {'TTFT P99 s, median [range]':<26} {'pooled [95% CI]':<19} "
+            f"{'mean s':<20} {'pooled [95% CI]':<19} {'P99 ratio':<20} {'mean ratio':<20} vs")
     lines = [head, "-" * len(head)]
     for x in summary:
         lines.append(f"{x['workload']:<8} {x['arm']:<7} {x['rounds']:>6}  {rng(x['p99_s'], '.2f'):<26} "
-                     f"{rng(x['mean_s'], '.2f'):<20} {rng(x['p99_ratio'], '.2f'):<20} "
+                     f"{pooled(x.get('p99_ci', {})):<19} {rng(x['mean_s'], '.2f'):<20} "
+                     f"{pooled(x.get('mean_ci', {})):<19} "
+                     f"{rng(x['p99_ratio'], '.2f'):<20} "
                      f"{rng(x['mean_ratio'], '.2f'):<20} {x['vs'] or ''}")
     return "\n".join(lines)
 
@@ -601,21 +683,29 @@ def run_bench(args) -> int:
         for proc in reversed(procs):
             proc.stop()
     _ratios(rows)
+    _add_cis(rows)
+    claims = claim_ratios(rows)
     print()
     print(f"kvrep bench: {args.workers} CPU workers, model {args.model}, seed {args.seed}, "
           f"TTFT in seconds at the client ({time.monotonic() - t_start:.0f} s in all)")
     print(format_table(rows))
+    from kvrep_dev.stats import LEVEL, RESAMPLES
+    print(f"95% CI: bootstrap over the cell's requests ({RESAMPLES} resamples, fixed seed), level {LEVEL:.0%}")
     summary = summarize_rounds(rows) if args.repeats > 1 else None
     if summary:
         print()
         print(f"over {args.repeats} rounds (arms interleaved; ratios paired within a round):")
         print(format_summary(summary))
+    if claims:
+        print()
+        print(format_claims(claims))
     if args.simulate:
         print()
         print(validation_table(rows, args.profile))
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
-        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "speed": speed},
+        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
+                   "speed": speed},
                   f, indent=2,
                   default=str)
     try:
