@@ -16,7 +16,8 @@ Arms:
 
 Workloads are the simulator's own objects, scaled to the CPU (`kvrep_dev.loadgen`): `agent` (Claude Code
 sessions from a trace directory, default the sample committed in `bench/traces/claude_code_sample`), `fanout`
-(tree search: K branches over a long trunk, with a fan-out hint), `shared` (shared prefixes, Zipf popularity,
+(tree search: K branches over a long trunk, with a fan-out hint), `flash` (a flash crowd: one hot shared prefix
+whose request rate ramps up over the first half of the run, then holds), `shared` (shared prefixes, Zipf popularity,
 bursty arrivals) and `unique` (no shared prefix at all: every prompt distinct). Every arm gets its own text for
 the same workload (same lengths, same sharing, same times), so nothing one arm cached helps the next.
 
@@ -63,7 +64,7 @@ COORDINATOR_ARM = {"pull": ("none", "active"), "active": ("kvrep", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
 PULL_ARMS = ("pull", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
-WORKLOADS = ("agent", "fanout", "shared", "unique")
+WORKLOADS = ("agent", "fanout", "flash", "shared", "unique")
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "claude_code_sample"
 
 
@@ -74,7 +75,7 @@ def _say(msg: str) -> None:
 def build_workload(name: str, args) -> "Workload":
     """Returns: the scaled workload `name` (a fresh object; the replay consumes it)."""
     from kvrep_dev.loadgen import Scale, scale_workload
-    from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig, SharedPrefixWorkload
+    from radix_sync.sim.generators import FanoutWorkload, FlashCrowdWorkload, GeneratorConfig, SharedPrefixWorkload
     from radix_sync.sim.workload import ClaudeWorkload
 
     d = args.duration_s
@@ -92,6 +93,14 @@ def build_workload(name: str, args) -> "Workload":
         cfg = GeneratorConfig(page_len=16, fanout_k=args.fanout_k, fanout_prefix_min_len=args.fanout_trunk,
                               fanout_branch_len=32, fanout_output_len=args.max_output, fanout_delay_s=0.2)
         return scale_workload(FanoutWorkload(cfg, args.fanout_rate, d, args.seed, args.max_prompt + 256), scale)
+    if name == "flash":
+        # the simulator's flash crowd with one crowd over the whole run: its rate ramps from 0 to the peak over
+        # the first half, then holds (mean rate --flash-rate); each request the hot prefix + ~32 unique tokens
+        cfg = GeneratorConfig(page_len=16, flash_prefix_len=args.flash_prefix, flash_period_s=d,
+                              flash_ramp_s=d / 2, flash_suffix_len=32, flash_output_len=args.max_output)
+        wl = FlashCrowdWorkload(cfg, args.flash_rate, d, args.seed, args.max_prompt + 256)
+        wl.name = name
+        return scale_workload(wl, scale)
     if name in ("shared", "unique"):
         # `unique`: one short prefix and a long unique suffix, then that prefix made unique per request too
         if name == "shared":
@@ -260,13 +269,17 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
 
 
 def compare_requests(live: list[dict], sim: list[dict]) -> dict:
-    """Matches a live replay's requests with the simulator's by `request_key`. Returns: how many matched, the
-    median of (simulated - measured) / measured TTFT over them, and the median of the same for the requests the
-    live run served with and without a cache hit."""
-    by_key = {r["key"]: r for r in sim}
+    """Matches a live replay's requests with the simulator's by `request_key` (requests with the same key, e.g.
+    two flash-crowd requests whose unique tails are shorter than a page, in the order they were sent). Returns:
+    how many matched, the median of (simulated - measured) / measured TTFT over them, and the median of the same
+    for the requests the live run served with and without a cache hit."""
+    by_key: dict[str, list[dict]] = {}
+    for r in sorted(sim, key=lambda r: r.get("sent_s", 0.0)):
+        by_key.setdefault(r["key"], []).append(r)
     errs, hit, miss = [], [], []
-    for r in live:
-        s = by_key.get(r.get("key"))
+    for r in sorted(live, key=lambda r: r.get("sent_s", 0.0)):
+        twins = by_key.get(r.get("key"))
+        s = twins.pop(0) if twins else None
         if s is None or not r.get("ttft_s"):
             continue
         e = s["ttft_s"] / r["ttft_s"] - 1
@@ -794,6 +807,9 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--fanout-rate", type=float, default=1.2, help="fan-out requests/s (trees/s x (K+1))")
     p.add_argument("--fanout-k", type=int, default=6)
     p.add_argument("--fanout-trunk", type=int, default=1024, help="shortest trunk, tokens (up to twice as long)")
+    p.add_argument("--flash-rate", type=float, default=2.0,
+                   help="flash-crowd requests/s, mean over the run (the peak, held over the second half, is 4/3 of it)")
+    p.add_argument("--flash-prefix", type=int, default=2048, help="flash crowd: the hot prefix, tokens")
     p.add_argument("--shared-rate", type=float, default=1.0, help="shared/unique requests per second")
     p.add_argument("--max-prompt", type=int, default=3072, help="live prompts cut at this many tokens")
     p.add_argument("--max-output", type=int, default=8, help="output tokens per request at most")

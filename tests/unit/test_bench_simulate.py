@@ -17,14 +17,15 @@ def bench_args(*extra: str):
     return parser.parse_args(["bench", *extra])
 
 
-@pytest.mark.parametrize("workload", ["agent", "fanout", "shared"])
+@pytest.mark.parametrize("workload", ["agent", "fanout", "flash", "shared"])
 def test_simulated_requests_are_the_replayed_ones(workload):
     wl = build_workload(workload, bench_args())
     expected = workload_size(wl)["requests"]
     result = simulate(copy.deepcopy(wl), "shadow", 3, 0)
     records = result["requests"]
     assert result["num_requests"] == expected == len(records)
-    assert len({r["key"] for r in records}) == expected  # one key per request
+    # one key per request (flash: requests whose own tail is under a page share a key; their send times differ)
+    assert len({(r["key"], r["sent_s"]) if workload == "flash" else r["key"] for r in records}) == expected
     for r in records:
         assert r["ttft_s"] > 0 and 0 <= r["cached_tokens"] < r["prompt_tokens"] and r["worker"] in (0, 1, 2)
 
@@ -39,6 +40,10 @@ def test_compare_requests_matches_by_key():
            {"key": "d", "ttft_s": 1.0}]
     out = compare_requests(live, sim)
     assert out["matched"] == 3  # x has no simulated twin, d failed live
+    # one key twice: matched in the order sent
+    live2 = [{"key": "k", "sent_s": 2.0, "ttft_s": 4.0}, {"key": "k", "sent_s": 1.0, "ttft_s": 1.0}]
+    sim2 = [{"key": "k", "sent_s": 1.0, "ttft_s": 1.0}, {"key": "k", "sent_s": 2.0, "ttft_s": 4.0}]
+    assert compare_requests(live2, sim2)["median_rel_error"] == 0.0
     assert out["median_rel_error"] == -0.5  # errors +0.5, -0.5, -0.5
     assert out["median_rel_error_uncached"] == 0.5 and out["median_rel_error_cached"] == -0.5
 
@@ -152,3 +157,26 @@ def test_the_measured_ratio_pools_every_round():
             _validation_row("active", [3.0] * 50, None, rnd=1), _validation_row("pull", base, None, rnd=1)]
     mean = next(c for c in sim_ratio_checks(rows) if c["stat"] == "mean")
     assert mean["live"] == pytest.approx(2.0) and mean["sim"] == pytest.approx(1.0) and not mean["ok"]
+
+
+def test_the_flash_crowd_is_one_hot_prefix_whose_rate_ramps_up():
+    """`flash`: the simulator's flash-crowd generator with one crowd over the run, scaled like the others."""
+    from radix_sync.sim.generators import FlashCrowdWorkload
+
+    args = bench_args("--duration-s", "60", "--flash-rate", "3", "--flash-prefix", "1024")
+    wl = build_workload("flash", args)
+    assert isinstance(wl, FlashCrowdWorkload) and wl.name == "flash" and wl.page_len == 16
+    reqs = sorted(wl.open_requests, key=lambda r: r.arrival_s)
+    assert not wl.session_starts and 130 <= len(reqs) <= 230  # mean 3/s over 60 s: 180 expected
+    hot = reqs[0].pages[:1024 // 16]
+    for r in reqs:  # every request: the hot prefix, then pages of its own
+        assert r.pages[:len(hot)] == hot and 1024 < r.prompt_len <= args.max_prompt
+    tails = [tuple(r.pages[len(hot):]) for r in reqs if len(r.pages) > len(hot)]
+    assert len(tails) > 0.8 * len(reqs) and len(set(tails)) == len(tails)  # the rest: a tail under one page
+    # the ramp: the first quarter sees about 1/8 of the requests, the second half about 2/3
+    first_q = sum(r.arrival_s < 15 for r in reqs) / len(reqs)
+    second_half = sum(r.arrival_s >= 30 for r in reqs) / len(reqs)
+    assert first_q < 0.2 and 0.55 < second_half < 0.8
+    # the same seed gives the same workload (every arm replays it)
+    again = build_workload("flash", args)
+    assert [(r.arrival_s, r.pages) for r in again.open_requests] == [(r.arrival_s, r.pages) for r in wl.open_requests]
