@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from kvrep_dev import testbed
 from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_port, http_json, local_keys, model_path,
-                               stream_generate)
+                               stop_all, stream_generate)
 
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
@@ -62,6 +62,8 @@ BASELINE = "smg-ca"
 """The arm every other arm's ratios are against when it ran (else `shadow`)."""
 COORDINATOR_ARM = {"pull": ("none", "active"), "active": ("kvrep", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
+DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
+"""`kvrep demo`'s arms: routing alone, reactive copies, predictive + reactive, today's router."""
 PULL_ARMS = ("pull", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
 WORKLOADS = ("agent", "fanout", "flash", "shared", "unique")
@@ -734,8 +736,7 @@ def run_bench(args) -> int:
                         procs.remove(smg)
         coord.post("/policy", {"policy": "kvrep", "mode": "shadow"})
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(procs)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -795,7 +796,7 @@ def add_arguments(p, *, demo: bool = False) -> None:
     add_testbed_arguments(p)
     p.add_argument("--workloads", default="agent,fanout" if demo else ",".join(WORKLOADS),
                    help=f"comma-separated, from {', '.join(WORKLOADS)}")
-    p.add_argument("--arms", default="shadow,active" if demo else ",".join(ARMS),
+    p.add_argument("--arms", default=",".join(DEMO_ARMS) if demo else ",".join(ARMS),
                    help=f"comma-separated, from {', '.join(ARMS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
