@@ -416,7 +416,7 @@ def format_claims(claims: list[dict]) -> str:
              head, "-" * len(head)]
     for c in claims:
         def per_round(x: dict) -> str:
-            return f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]" if "median" in x else ""
+            return f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]" if "median" in x and c["rounds"] > 1 else ""
         lines.append(f"{c['workload']:<8} {c['num'] + '/' + c['den']:<15} {c['rounds']:>6} "
                      f"{'/'.join(map(str, c['requests'])):>9}  {c['p99']['value']:>8.2f}x {fmt(c['p99']):<13} "
                      f"{per_round(c['p99']):<18} {c['mean']['value']:>9.2f}x {fmt(c['mean']):<13} "
