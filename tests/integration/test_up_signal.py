@@ -44,6 +44,13 @@ def wait_for_children(proc: subprocess.Popen, n: int) -> set[int]:
         time.sleep(0.1)
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline").read()
+    except OSError:
+        return ""
+
+
 def stop_and_check(proc: subprocess.Popen, lines: list[str], sig: int, started: set[int]) -> str:
     started |= descendants(proc.pid)
     proc.send_signal(sig)
@@ -108,7 +115,7 @@ def test_a_signal_mid_replay_stops_everything(tmp_path, command, sig, arms):
         read_until(proc, lines, lambda line: f"fanout/{first}" in line and "requests" in line)
         started = descendants(proc.pid)
         if first.startswith("smg-"):
-            assert any("smg" in open(f"/proc/{p}/cmdline").read() for p in started if alive(p)), started
+            assert any("smg" in cmdline(p) for p in started), started
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
