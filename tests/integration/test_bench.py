@@ -3,39 +3,45 @@ arms and the smg 1.13 `cache_aware` baseline (PyPI `smg`, on its defaults) run o
 answers, the coordinator's copies are accounted, ratios are against the baseline with bootstrap intervals, the
 simulator columns, the JSON and the PNG are written, and nothing is left running."""
 import json
-import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from kvrep_dev import testbed
 from kvrep_dev.cluster import ROOT
+from tests.integration.test_up import alive, descendants
 
 pytestmark = pytest.mark.server
 
 
-def ours() -> set[str]:
-    """PIDs of running cluster processes (workers, coordinators, routers) started from this checkout (the machine
-    is shared: another checkout's tests start coordinators and routers too)."""
-    out = subprocess.run(["pgrep", "-f", "sglang.launch_server|radix_sync.cli|smg.launch_router|smg::router"],
-                         capture_output=True, text=True).stdout
-
-    def here(pid: str) -> bool:
+def run_watched(argv: list[str], out_dir, timeout_s: float = 600) -> tuple[subprocess.CompletedProcess, set[int]]:
+    """Runs the command; returns its result and every process it started (its descendants, seen every 0.2 s)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "stdout", "w") as out, open(out_dir / "stderr", "w") as err:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, text=True)
+        seen: set[int] = set()
+        deadline = time.monotonic() + timeout_s
         try:
-            return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(ROOT)
-        except OSError:
-            return False
-    return {pid for pid in out.split() if here(pid)}
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "the bench did not finish"
+                seen |= descendants(proc.pid)
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    result = subprocess.CompletedProcess(argv, proc.returncode, (out_dir / "stdout").read_text(),
+                                         (out_dir / "stderr").read_text())
+    return result, seen
 
 
 def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     out_dir = tmp_path / "bench"
-    before = ours()
     argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2",
             "--workloads", "fanout", "--arms", "shadow,active,smg-ca", "--duration-s", "8", "--fanout-rate", "2",
             "--fanout-k", "3", "--simulate", "--out-dir", str(out_dir)]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc, started = run_watched(argv, tmp_path / "run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "fanout   shadow" in proc.stdout and "fanout   active" in proc.stdout and "fanout   smg-ca" in proc.stdout
     assert f"simulator ({testbed.PROFILE} profile) vs live" in proc.stdout
@@ -80,4 +86,9 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
         assert c["p99"]["value"] == pytest.approx(rows[c["num"]]["p99_ratio"] / rows[c["den"]]["p99_ratio"], rel=0.02)
     assert "active/smg-ca" in proc.stdout
     assert (out_dir / "ttft_cdf.png").stat().st_size > 0
-    assert ours() <= before, "the bench left processes behind"
+    # nothing it started outlives it (the machine is shared: other checkouts' processes are not counted)
+    assert len(started) >= 5, started  # coordinator, two workers (and their schedulers), routers, smg
+    deadline = time.monotonic() + 10  # a liveness bound for init to reap them
+    while [p for p in started if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in started if alive(p)] == [], "the bench left processes behind"
