@@ -8,18 +8,25 @@ Arms:
   lowest expected TTFT), the coordinator's planner off (`--policy none`, active mode): reactive copies only.
 - `active`: our router with `--pull`, the planner in active mode (copies prefixes ahead of demand, routes to
   them): predictive + reactive.
-- `sgl-rr` / `sgl-ca`: `sglang-router` from PyPI (`python -m sglang_router.launch_router`) with `round_robin` /
-  `cache_aware` and its defaults, in front of the same workers (the coordinator in shadow mode, so no copies).
+- `smg-rr` / `smg-ca`: today's SGLang router, the Shepherd Model Gateway `smg` 1.13 from PyPI (`python -m
+  smg.launch_router`), with `round_robin` / `cache_aware` and its own defaults (no tuning flag: only the workers'
+  URLs, its host and ports, and the workers' API key), in front of the same workers (the coordinator in shadow
+  mode, so no copies). The simulator's model of `smg-ca` is smg 1.13's rule (`cache_aware`,
+  `radix_sync/policy/baselines/smg.py`).
 
 Workloads are the simulator's own objects, scaled to the CPU (`kvrep_dev.loadgen`): `agent` (Claude Code
 sessions from a trace directory, default the sample committed in `bench/traces/claude_code_sample`), `fanout`
-(tree search: K branches over a long trunk, with a fan-out hint), `shared` (shared prefixes, Zipf popularity,
+(tree search: K branches over a long trunk, with a fan-out hint), `flash` (a flash crowd: one hot shared prefix
+whose request rate ramps up over the first half of the run, then holds), `shared` (shared prefixes, Zipf popularity,
 bursty arrivals) and `unique` (no shared prefix at all: every prompt distinct). Every arm gets its own text for
 the same workload (same lengths, same sharing, same times), so nothing one arm cached helps the next.
 
-`--simulate` also runs the simulator with the `cpu-local` profile on the identical scaled workloads (same seed,
-the workers sharing this machine's cores: `EngineConfig.shared_cores`) and prints simulated vs measured TTFT per
-arm (the simulator validation).
+`--simulate` also runs the simulator with `--profile`'s cost profile (default the testbed's, `cpu-wide`) on the
+identical scaled workloads (same seed, the workers sharing this machine's cores: `EngineConfig.shared_cores`) and
+prints simulated vs measured TTFT per arm (the simulator validation).
+
+Every live table carries bootstrap intervals (`kvrep_dev.stats`): of each cell's TTFT mean and P99, and of the
+ratios the claims rest on (`CLAIMS`: active/shadow, active/pull, active/smg-ca) over every round's requests pooled.
 """
 from __future__ import annotations
 
@@ -39,19 +46,27 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from kvrep_dev import testbed
 from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_port, http_json, local_keys, model_path,
-                               stream_generate)
+                               stop_all, stream_generate)
 
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "active", "sgl-rr", "sgl-ca")
-SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "active": "kvrep", "sgl-rr": "round_robin",
-              "sgl-ca": "cache_aware_v03"}
+ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
+SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "active": "kvrep", "smg-rr": "round_robin",
+              "smg-ca": "cache_aware",
+              # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
+              "sgl-rr": "round_robin", "sgl-ca": "cache_aware_v03"}
+SMG_POLICY = {"smg-rr": "round_robin", "smg-ca": "cache_aware"}
+"""The smg arms -> smg's `--policy`."""
+BASELINE = "smg-ca"
+"""The arm every other arm's ratios are against when it ran (else `shadow`)."""
 COORDINATOR_ARM = {"pull": ("none", "active"), "active": ("kvrep", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
+DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
+"""`kvrep demo`'s arms: routing alone, reactive copies, predictive + reactive, today's router."""
 PULL_ARMS = ("pull", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
-WORKLOADS = ("agent", "fanout", "shared", "unique")
+WORKLOADS = ("agent", "fanout", "flash", "shared", "unique")
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "claude_code_sample"
 
 
@@ -62,7 +77,7 @@ def _say(msg: str) -> None:
 def build_workload(name: str, args) -> "Workload":
     """Returns: the scaled workload `name` (a fresh object; the replay consumes it)."""
     from kvrep_dev.loadgen import Scale, scale_workload
-    from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig, SharedPrefixWorkload
+    from radix_sync.sim.generators import FanoutWorkload, FlashCrowdWorkload, GeneratorConfig, SharedPrefixWorkload
     from radix_sync.sim.workload import ClaudeWorkload
 
     d = args.duration_s
@@ -80,6 +95,14 @@ def build_workload(name: str, args) -> "Workload":
         cfg = GeneratorConfig(page_len=16, fanout_k=args.fanout_k, fanout_prefix_min_len=args.fanout_trunk,
                               fanout_branch_len=32, fanout_output_len=args.max_output, fanout_delay_s=0.2)
         return scale_workload(FanoutWorkload(cfg, args.fanout_rate, d, args.seed, args.max_prompt + 256), scale)
+    if name == "flash":
+        # the simulator's flash crowd with one crowd over the whole run: its rate ramps from 0 to the peak over
+        # the first half, then holds (mean rate --flash-rate); each request the hot prefix + ~32 unique tokens
+        cfg = GeneratorConfig(page_len=16, flash_prefix_len=args.flash_prefix, flash_period_s=d,
+                              flash_ramp_s=d / 2, flash_suffix_len=32, flash_output_len=args.max_output)
+        wl = FlashCrowdWorkload(cfg, args.flash_rate, d, args.seed, args.max_prompt + 256)
+        wl.name = name
+        return scale_workload(wl, scale)
     if name in ("shared", "unique"):
         # `unique`: one short prefix and a long unique suffix, then that prefix made unique per request too
         if name == "shared":
@@ -98,25 +121,33 @@ def build_workload(name: str, args) -> "Workload":
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 
-class SglangRouter(Proc):
-    """`sglang-router` (PyPI) in front of the same workers."""
+def smg_argv(policy: str, worker_urls: list[str], port: int, prometheus_port: int,
+             api_key: Optional[str] = None) -> list[str]:
+    """The command line of smg 1.13 with `--policy policy` on its defaults: only the worker URLs, host, port, a
+    free Prometheus port (its default, 29000, may be taken), the log level and the workers' API key."""
+    argv = [sys.executable, "-m", "smg.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
+            "--prometheus-port", str(prometheus_port)]
+    if api_key:  # the workers' --api-key: smg sends it to them, and wants it from its clients too (401 without)
+        argv += ["--api-key", api_key]
+    return argv
+
+
+class SmgRouter(Proc):
+    """smg 1.13 (`python -m smg.launch_router`, PyPI `smg`) in front of the same workers (`smg_argv`)."""
 
     def __init__(self, policy: str, worker_urls: list[str], log_dir: Path, api_key: Optional[str] = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-                "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
-                "--prometheus-port", str(free_port())]
-        if api_key:  # the workers' --api-key: sglang-router sends it to them (and then wants it from its clients)
-            argv += ["--api-key", api_key]
         self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        super().__init__(f"sglang-router-{policy}", argv, log_dir / f"sglang-router-{policy}.log")
+        super().__init__(f"smg-{policy}", smg_argv(policy, worker_urls, self.port, free_port(), api_key),
+                         log_dir / f"smg-{policy}.log")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         self.wait_http(self.url + "/health", timeout_s)
-        # its /health answers before its own health checks have admitted the workers (503 "no available
-        # workers" until then): wait until it serves a request (not measured)
+        # its /health answers before it has registered the workers (404 "no worker available for model" until
+        # then): wait until it serves a request (not measured)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -210,7 +241,7 @@ def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
                    decode_s_per_ctx_token=profile.decode_s_per_ctx_token * decode)
 
 
-def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-local",
+def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
@@ -240,13 +271,17 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = "cpu-loc
 
 
 def compare_requests(live: list[dict], sim: list[dict]) -> dict:
-    """Matches a live replay's requests with the simulator's by `request_key`. Returns: how many matched, the
-    median of (simulated - measured) / measured TTFT over them, and the median of the same for the requests the
-    live run served with and without a cache hit."""
-    by_key = {r["key"]: r for r in sim}
+    """Matches a live replay's requests with the simulator's by `request_key` (requests with the same key, e.g.
+    two flash-crowd requests whose unique tails are shorter than a page, in the order they were sent). Returns:
+    how many matched, the median of (simulated - measured) / measured TTFT over them, and the median of the same
+    for the requests the live run served with and without a cache hit."""
+    by_key: dict[str, list[dict]] = {}
+    for r in sorted(sim, key=lambda r: r.get("sent_s", 0.0)):
+        by_key.setdefault(r["key"], []).append(r)
     errs, hit, miss = [], [], []
-    for r in live:
-        s = by_key.get(r.get("key"))
+    for r in sorted(live, key=lambda r: r.get("sent_s", 0.0)):
+        twins = by_key.get(r.get("key"))
+        s = twins.pop(0) if twins else None
         if s is None or not r.get("ttft_s"):
             continue
         e = s["ttft_s"] / r["ttft_s"] - 1
@@ -257,11 +292,27 @@ def compare_requests(live: list[dict], sim: list[dict]) -> dict:
             "median_rel_error_uncached": med(miss)}
 
 
+def _ttfts(r: dict) -> list[float]:
+    """The TTFTs of a row's answered requests."""
+    return [q["ttft_s"] for q in r.get("requests", []) if q.get("ttft_s") is not None and not q.get("error")]
+
+
+def _add_cis(rows: list[dict]) -> None:
+    """Adds each row's bootstrap intervals of TTFT mean and P99 (`kvrep_dev.stats`) as `ci`."""
+    from kvrep_dev import stats
+
+    for r in rows:
+        xs = _ttfts(r)
+        r["ci"] = {k: stats.ci(xs, k) for k in ("mean", "p99")} if xs else {}
+
+
 def format_table(rows: list[dict]) -> str:
+    from kvrep_dev.stats import fmt
+
     many = any(r.get("repeat", 0) for r in rows)
-    head = (f"{'workload':<8} {'arm':<7} {'#' if many else '':>2} {'reqs':>4} {'err':>3} {'TTFT mean':>9} {'P50':>7} "
-            f"{'P95':>7} {'P99':>7} {'TPOT ms':>7} {'req/s':>6} {'cached':>6} {'copies':>6} {'MB':>7} {'useful':>6}  "
-            f"P99 vs")
+    head = (f"{'workload':<8} {'arm':<7} {'#' if many else '':>2} {'reqs':>4} {'err':>3} {'TTFT mean':>9} "
+            f"{'95% CI':<11} {'P50':>6} {'P95':>6} {'P99':>6} {'95% CI':<11} {'TPOT ms':>7} {'req/s':>6} "
+            f"{'cached':>6} {'copies':>6} {'MB':>7} {'useful':>6}  P99 vs")
     lines = [head, "-" * len(head)]
     for r in rows:
         s, rep = r["live"], r["replication"]
@@ -269,21 +320,22 @@ def format_table(rows: list[dict]) -> str:
         useful = "" if rep["useful_bytes_frac"] is None else f"{rep['useful_bytes_frac']:.0%}"
         lines.append(
             f"{r['workload']:<8} {r['arm']:<7} {r.get('repeat', 0) + 1 if many else '':>2} {s['requests']:>4} "
-            f"{s['errors']:>3} {t['mean']:>9.2f} {t['p50']:>7.2f} "
-            f"{t['p95']:>7.2f} {t['p99']:>7.2f} {s['tpot_s']['mean'] * 1e3:>7.1f} {s['throughput_rps']:>6.2f} "
+            f"{s['errors']:>3} {t['mean']:>9.2f} {fmt(r.get('ci', {}).get('mean')):<11} {t['p50']:>6.2f} "
+            f"{t['p95']:>6.2f} {t['p99']:>6.2f} {fmt(r.get('ci', {}).get('p99')):<11} "
+            f"{s['tpot_s']['mean'] * 1e3:>7.1f} {s['throughput_rps']:>6.2f} "
             f"{s['cached_token_ratio']:>6.0%} {rep['count']:>6} {rep['bytes'] / 1e6:>7.1f} {useful:>6}  "
             f"{r.get('p99_vs', '')}")
     return "\n".join(lines)
 
 
 def _ratios(rows: list[dict]) -> None:
-    """Adds each arm's P99 / mean TTFT ratios against the baseline of the same workload and round (sgl-ca if run,
-    else shadow)."""
+    """Adds each arm's P99 / mean TTFT ratios against the baseline of the same workload and round (`BASELINE` if
+    run, else shadow)."""
     by_wl: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         by_wl.setdefault((r["workload"], r.get("repeat", 0)), {})[r["arm"]] = r
     for arms in by_wl.values():
-        base_name = "sgl-ca" if "sgl-ca" in arms else "shadow" if "shadow" in arms else None
+        base_name = BASELINE if BASELINE in arms else "shadow" if "shadow" in arms else None
         if base_name is None:
             continue
         base = arms[base_name]["live"]["ttft_s"]
@@ -297,7 +349,10 @@ def _ratios(rows: list[dict]) -> None:
 
 def summarize_rounds(rows: list[dict]) -> list[dict]:
     """Per workload and arm over the rounds: median and range of TTFT P99 and mean, and of the paired ratios
-    against the round's baseline (`_ratios` first)."""
+    against the round's baseline (`_ratios` first); the bootstrap intervals of P99 and mean over the requests of
+    every round pooled (`p99_ci`, `mean_ci`: `kvrep_dev.stats`, resampled within each round)."""
+    from kvrep_dev import stats as bootstrap
+
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["workload"], r["arm"]), []).append(r)
@@ -312,8 +367,61 @@ def summarize_rounds(rows: list[dict]) -> list[dict]:
                     "mean_s": stats([r["live"]["ttft_s"]["mean"] for r in rs]),
                     "p99_ratio": stats([r["p99_ratio"] for r in rs if "p99_ratio" in r]),
                     "mean_ratio": stats([r["mean_ratio"] for r in rs if "mean_ratio" in r]),
-                    "copies": stats([float(r["replication"]["count"]) for r in rs])})
+                    "copies": stats([float(r["replication"]["count"]) for r in rs]),
+                    **{f"{k}_ci": bootstrap.ci([_ttfts(r) for r in rs], k) if any(_ttfts(r) for r in rs) else {}
+                       for k in ("p99", "mean")}})
     return out
+
+
+CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE))
+"""The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
+today's router."""
+
+
+def claim_ratios(rows: list[dict]) -> list[dict]:
+    """Per workload, each of `CLAIMS` whose two arms ran: the TTFT P99 and mean ratio over the requests of every
+    round pooled, with its bootstrap interval (`kvrep_dev.stats.ratio_ci`), and the median and range of the ratio
+    paired within each round."""
+    from kvrep_dev import stats
+
+    cells: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["workload"], r["arm"]), {})[r.get("repeat", 0)] = r
+    out = []
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        for num, den in CLAIMS:
+            a, b = cells.get((wl, num)), cells.get((wl, den))
+            if not a or not b:
+                continue
+            rounds = sorted(set(a) & set(b))
+            entry = {"workload": wl, "num": num, "den": den, "rounds": len(rounds),
+                     "requests": [sum(len(_ttfts(a[k])) for k in rounds), sum(len(_ttfts(b[k])) for k in rounds)]}
+            for k in ("p99", "mean"):
+                paired = sorted(a[i]["live"]["ttft_s"][k] / b[i]["live"]["ttft_s"][k] for i in rounds
+                                if b[i]["live"]["ttft_s"][k])
+                entry[k] = {**stats.ratio_ci([_ttfts(a[i]) for i in rounds], [_ttfts(b[i]) for i in rounds], k),
+                            **({"median": statistics.median(paired), "min": paired[0], "max": paired[-1]}
+                               if paired else {})}
+            out.append(entry)
+    return out
+
+
+def format_claims(claims: list[dict]) -> str:
+    from kvrep_dev.stats import LEVEL, RESAMPLES, fmt
+
+    head = (f"{'workload':<8} {'ratio':<15} {'rounds':>6} {'requests':>9}  {'P99 ratio':>9} {f'{LEVEL:.0%} CI':<13} "
+            f"{'per round':<18} {'mean ratio':>10} {f'{LEVEL:.0%} CI':<13} per round")
+    lines = [f"TTFT ratios over every round's requests pooled; bootstrap CI ({RESAMPLES} resamples, each round "
+             f"resampled separately, fixed seed); per round: median [range] of the ratio paired within a round",
+             head, "-" * len(head)]
+    for c in claims:
+        def per_round(x: dict) -> str:
+            return f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]" if "median" in x and c["rounds"] > 1 else ""
+        lines.append(f"{c['workload']:<8} {c['num'] + '/' + c['den']:<15} {c['rounds']:>6} "
+                     f"{'/'.join(map(str, c['requests'])):>9}  {c['p99']['value']:>8.2f}x {fmt(c['p99']):<13} "
+                     f"{per_round(c['p99']):<18} {c['mean']['value']:>9.2f}x {fmt(c['mean']):<13} "
+                     f"{per_round(c['mean'])}")
+    return "\n".join(lines)
 
 
 def format_summary(summary: list[dict]) -> str:
@@ -321,12 +429,18 @@ def format_summary(summary: list[dict]) -> str:
         if not st:
             return ""
         return f"{st['median']:{fmt}} [{st['min']:{fmt}}-{st['max']:{fmt}}]"
-    head = (f"{'workload':<8} {'arm':<7} {'rounds':>6}  {'TTFT P99 s, median [range]':<26} {'mean s':<20} "
-            f"{'P99 ratio':<20} {'mean ratio':<20} vs")
+    from kvrep_dev.stats import fmt
+
+    def pooled(c: dict) -> str:
+        return f"{c['value']:.2f} {fmt(c)}" if c else ""
+    head = (f"{'workload':<8} {'arm':<7} {'rounds':>6}  {'TTFT P99 s, median [range]':<26} {'pooled [95% CI]':<19} "
+            f"{'mean s':<20} {'pooled [95% CI]':<19} {'P99 ratio':<20} {'mean ratio':<20} vs")
     lines = [head, "-" * len(head)]
     for x in summary:
         lines.append(f"{x['workload']:<8} {x['arm']:<7} {x['rounds']:>6}  {rng(x['p99_s'], '.2f'):<26} "
-                     f"{rng(x['mean_s'], '.2f'):<20} {rng(x['p99_ratio'], '.2f'):<20} "
+                     f"{pooled(x.get('p99_ci', {})):<19} {rng(x['mean_s'], '.2f'):<20} "
+                     f"{pooled(x.get('mean_ci', {})):<19} "
+                     f"{rng(x['p99_ratio'], '.2f'):<20} "
                      f"{rng(x['mean_ratio'], '.2f'):<20} {x['vs'] or ''}")
     return "\n".join(lines)
 
@@ -356,12 +470,45 @@ def plot(rows: list[dict], samples: dict, path: Path) -> None:
     plt.close(fig)
 
 
+SIM_TOLERANCE = 0.20
+"""Simulated vs measured P50 / P99 of an arm: within this fraction of the measured value."""
+SIM_RATIO_TOLERANCE = 0.1
+"""Simulated vs measured ratio the claims rest on (`SIM_RATIOS`): within this, absolute."""
+SIM_RATIOS = (("active", "pull"), ("active", BASELINE))
+
+
+def sim_ratio_checks(rows: list[dict]) -> list[dict]:
+    """Per workload, each of `SIM_RATIOS` whose two arms ran and were simulated: the TTFT P99 and mean ratio,
+    measured (over every round's requests pooled) and simulated, and whether they are within
+    `SIM_RATIO_TOLERANCE`."""
+    from kvrep_dev import stats
+
+    live: dict[tuple[str, str], list[list[float]]] = {}
+    sim: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        live.setdefault((r["workload"], r["arm"]), []).append(_ttfts(r))
+        if "sim" in r:
+            sim[(r["workload"], r["arm"])] = r["sim"]["ttft_s"]
+    out = []
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        for num, den in SIM_RATIOS:
+            if (wl, num) not in sim or (wl, den) not in sim:
+                continue
+            for k in ("p99", "mean"):
+                measured = stats.point(live[(wl, num)], k) / stats.point(live[(wl, den)], k)
+                simulated = sim[(wl, num)][k] / sim[(wl, den)][k] if sim[(wl, den)][k] else math.nan
+                out.append({"workload": wl, "ratio": f"{num}/{den}", "stat": k, "live": measured,
+                            "sim": simulated, "ok": abs(simulated - measured) <= SIM_RATIO_TOLERANCE})
+    return out
+
+
 def validation_table(rows: list[dict], profile_name: str) -> str:
-    """Simulated vs measured TTFT per row that has a `sim` record (adds `sim_error` to each). Returns: the table,
-    ending with how many P50/P99 are within 25%."""
+    """Simulated vs measured TTFT per row that has a `sim` record (adds `sim_error` to each), then the simulated
+    vs measured ratios the claims rest on (`sim_ratio_checks`). Returns: the table, ending with how many P50/P99
+    are within `SIM_TOLERANCE` and how many ratios within `SIM_RATIO_TOLERANCE`."""
     lines = [f"simulator ({profile_name} profile) vs live, TTFT P50 / P99 in seconds; cached-token ratio; the "
              "median per-request error (same requests, matched by key)",
-             f"{'workload':<8} {'arm':<7} {'sim policy':<13} {'live P50':>8} {'sim P50':>8} {'err':>6} "
+             f"{'workload':<8} {'arm':<7} {'sim policy':<15} {'live P50':>8} {'sim P50':>8} {'err':>6} "
              f"{'live P99':>8} {'sim P99':>8} {'err':>6} {'cached live/sim':>15} {'per-req':>7}"]
     within = total = 0
     for r in rows:
@@ -372,13 +519,21 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
         e99 = sim["p99"] / live["p99"] - 1 if live["p99"] else math.nan
         per_req = compare_requests(r["requests"], r["sim"].get("requests", []))
         r["sim_error"] = {"p50": e50, "p99": e99, **per_req}
-        within += (abs(e50) <= 0.25) + (abs(e99) <= 0.25)
+        within += (abs(e50) <= SIM_TOLERANCE) + (abs(e99) <= SIM_TOLERANCE)
         total += 2
         cached = f"{r['live']['cached_token_ratio']:.0%}/{r['sim']['prefix_hit_rate']:.0%}"
-        lines.append(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[r['arm']]:<13} {live['p50']:>8.2f} "
+        lines.append(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[r['arm']]:<15} {live['p50']:>8.2f} "
                      f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%} "
                      f"{cached:>15} {per_req['median_rel_error']:>+7.0%}")
-    lines.append(f"within 25% of the measured value: {within} of {total} (P50 and P99)")
+    lines.append(f"within {SIM_TOLERANCE:.0%} of the measured value: {within} of {total} (P50 and P99)")
+    checks = sim_ratio_checks(rows)
+    if checks:
+        lines.append("ratios the claims rest on, measured (every round pooled) vs simulated, TTFT P99 and mean:")
+        for c in checks:
+            lines.append(f"{c['workload']:<8} {c['ratio']:<15} {c['stat']:<4} live {c['live']:.2f}x  "
+                         f"sim {c['sim']:.2f}x  diff {c['sim'] - c['live']:+.2f}  {'ok' if c['ok'] else 'MISS'}")
+        lines.append(f"within {SIM_RATIO_TOLERANCE} of the measured ratio: {sum(c['ok'] for c in checks)} of "
+                     f"{len(checks)}")
     return "\n".join(lines)
 
 
@@ -413,11 +568,11 @@ def resimulate(path: Path, cores: Optional[int] = None) -> int:
     print(validation_table(rows, profile))
     print()
     print("the same workloads simulated under references (free_copies: every worker holds every prefix, free; "
-          "not a bound); ratios vs cache_aware_v03")
+          "not a bound); ratios vs cache_aware (smg 1.13)")
     print(f"{'workload':<8} {'policy':<12} {'mean':>6} {'P50':>6} {'P99':>6} {'mean x':>7} {'P99 x':>6} {'copies':>6}")
     for w, wl in built.items():
         base = None
-        for name in ("cache_aware_v03", "kvrep", "free_copies"):
+        for name in ("cache_aware", "kvrep", "free_copies"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
                            args.max_running, data.get("speed"), cores)
             t = res["ttft_s"]
@@ -444,11 +599,11 @@ def run_bench(args) -> int:
     if args.repeats < 1:
         print(f"kvrep bench: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    if any(a.startswith("sgl-") for a in arms):
+    if any(a in SMG_POLICY for a in arms):
         try:
-            import sglang_router  # noqa: F401
+            import smg  # noqa: F401
         except ImportError:
-            print("kvrep bench: the sgl-* arms need `sglang-router` (pip install sglang-router)", file=sys.stderr)
+            print("kvrep bench: the smg-* arms need `smg` (pip install smg==1.13.0)", file=sys.stderr)
             return 2
     try:
         built = {w: build_workload(w, args) for w in workloads}
@@ -514,7 +669,7 @@ def run_bench(args) -> int:
             for wname, wl in built.items():
                 for k, arm in enumerate(arms):
                     label = f"{wname}/{arm}" + (f" #{rnd + 1}" if args.repeats > 1 else "")
-                    sgl = None
+                    smg = None
                     policy, mode = COORDINATOR_ARM.get(arm, ("kvrep", "shadow"))
                     status, answer = coord.post("/policy", {"policy": policy, "mode": mode, "reset_demand": True})
                     if status != 200:
@@ -525,18 +680,17 @@ def run_bench(args) -> int:
                     _wait_no_replicas(coord)
                     ours = router_urls.get(arm, router_url)
                     url, hints = ours, ours + "/kvrep/hints"
-                    if arm.startswith("sgl-"):
-                        sgl = SglangRouter("round_robin" if arm == "sgl-rr" else "cache_aware",
-                                           [w.url for w in workers], logs, workers[0].api_key)
-                        procs.append(sgl)
-                        sgl.wait_ready()
-                        url, hints = sgl.url, None
+                    if arm in SMG_POLICY:
+                        smg = SmgRouter(SMG_POLICY[arm], [w.url for w in workers], logs, workers[0].api_key)
+                        procs.append(smg)
+                        smg.wait_ready()
+                        url, hints = smg.url, None
                     before = {r["id"] for r in coord.get("/replications")[1]}
                     demoted_before = coord.get("/status")[1]["demotions"]
                     renderer = Renderer(tok, salt=zlib.crc32(
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
                     todo = copy.deepcopy(wl)
-                    cfg = ReplayConfig(url=url, hints_url=hints, api_key=sgl.api_key if sgl is not None else None,
+                    cfg = ReplayConfig(url=url, hints_url=hints, api_key=smg.api_key if smg is not None else None,
                                        hints_api_key=router.admin("write")["Authorization"].split(" ", 1)[1],
                                        on_done=_progress(label, workload_size(wl)["requests"]))
                     t0 = time.monotonic()
@@ -550,7 +704,7 @@ def run_bench(args) -> int:
                                          "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
                                          "key": r.key, "error": r.error} for r in results]}
-                    if not arm.startswith("sgl-"):
+                    if arm not in SMG_POLICY:
                         row["router_decisions"] = routers.get(arm, router).status().get("last_decisions")
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
@@ -577,29 +731,36 @@ def run_bench(args) -> int:
                     t = row["live"]["ttft_s"]
                     _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
                          f"{row['replication']['count']} copies ({row['wall_s']:.0f} s)")
-                    if sgl is not None:
-                        sgl.stop()
-                        procs.remove(sgl)
+                    if smg is not None:
+                        smg.stop()
+                        procs.remove(smg)
         coord.post("/policy", {"policy": "kvrep", "mode": "shadow"})
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(procs)
     _ratios(rows)
+    _add_cis(rows)
+    claims = claim_ratios(rows)
     print()
     print(f"kvrep bench: {args.workers} CPU workers, model {args.model}, seed {args.seed}, "
           f"TTFT in seconds at the client ({time.monotonic() - t_start:.0f} s in all)")
     print(format_table(rows))
+    from kvrep_dev.stats import LEVEL, RESAMPLES
+    print(f"95% CI: bootstrap over the cell's requests ({RESAMPLES} resamples, fixed seed), level {LEVEL:.0%}")
     summary = summarize_rounds(rows) if args.repeats > 1 else None
     if summary:
         print()
         print(f"over {args.repeats} rounds (arms interleaved; ratios paired within a round):")
         print(format_summary(summary))
+    if claims:
+        print()
+        print(format_claims(claims))
     if args.simulate:
         print()
         print(validation_table(rows, args.profile))
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
-        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "speed": speed},
+        json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
+                   "speed": speed},
                   f, indent=2,
                   default=str)
     try:
@@ -635,7 +796,7 @@ def add_arguments(p, *, demo: bool = False) -> None:
     add_testbed_arguments(p)
     p.add_argument("--workloads", default="agent,fanout" if demo else ",".join(WORKLOADS),
                    help=f"comma-separated, from {', '.join(WORKLOADS)}")
-    p.add_argument("--arms", default="shadow,active" if demo else ",".join(ARMS),
+    p.add_argument("--arms", default=",".join(DEMO_ARMS) if demo else ",".join(ARMS),
                    help=f"comma-separated, from {', '.join(ARMS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
@@ -647,13 +808,16 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--fanout-rate", type=float, default=1.2, help="fan-out requests/s (trees/s x (K+1))")
     p.add_argument("--fanout-k", type=int, default=6)
     p.add_argument("--fanout-trunk", type=int, default=1024, help="shortest trunk, tokens (up to twice as long)")
+    p.add_argument("--flash-rate", type=float, default=2.0,
+                   help="flash-crowd requests/s, mean over the run (the peak, held over the second half, is 4/3 of it)")
+    p.add_argument("--flash-prefix", type=int, default=2048, help="flash crowd: the hot prefix, tokens")
     p.add_argument("--shared-rate", type=float, default=1.0, help="shared/unique requests per second")
     p.add_argument("--max-prompt", type=int, default=3072, help="live prompts cut at this many tokens")
     p.add_argument("--max-output", type=int, default=8, help="output tokens per request at most")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool per worker, tokens")
     p.add_argument("--max-running", type=int, default=8, help="--max-running-requests per worker")
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=not demo,
-                   help="also run the simulator on the same workloads (cpu-local profile)")
+                   help="also run the simulator on the same workloads (--profile's cost profile)")
     p.add_argument("--profile", default=testbed.PROFILE,
                    help="cost profile of the coordinator's planner and the router's TTFT rule (default: cpu-wide, "
                         "measured on the testbed)")

@@ -7,12 +7,13 @@ from __future__ import annotations
 def _add_demo_and_bench(sub) -> None:
     from kvrep_dev import bench
 
-    p = sub.add_parser("demo", help="CPU workers (one per core) behind the router: agent sessions and a tree-search fan-out, "
-                                    "shadow (today's routing) vs active replication; table + TTFT CDF PNG")
+    p = sub.add_parser("demo", help="CPU workers (one per core): agent sessions and a tree-search fan-out through our "
+                                    "router (shadow: routing alone, pull, active replication) and smg 1.13 "
+                                    "cache_aware; table with bootstrap CIs + TTFT CDF PNG")
     bench.add_arguments(p, demo=True)
     p.set_defaults(func=_run_bench)
 
-    p = sub.add_parser("bench", help="live benchmark: our router (shadow, active) and sglang-router (round_robin, "
+    p = sub.add_parser("bench", help="live benchmark: our router (shadow, pull, active) and smg 1.13 (round_robin, "
                                      "cache_aware) on the same workloads and cluster; simulator validation")
     bench.add_arguments(p)
     p.set_defaults(func=_run_bench)

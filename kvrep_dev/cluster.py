@@ -162,9 +162,11 @@ def stream_generate(url: str, text: str, max_new_tokens: int = 8, timeout: float
     return first, time.perf_counter() - t0, int(meta["prompt_tokens"]), int(meta["cached_tokens"])
 
 
-class Stopped(BaseException):
+class Stopped(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived: unwinds whatever is running (a start-up wait, a benchmark round) at once, so the
-    `finally` blocks that stop every process run. A BaseException, so no `except Exception` swallows it."""
+    `finally` blocks that stop every process run. A KeyboardInterrupt, so no `except Exception` swallows it, and
+    asyncio re-raises it wherever it lands (a callback, a transport's write) instead of logging it as a failed
+    callback or connection, as it does with any other BaseException."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -186,6 +188,33 @@ def stop_on_signals():
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+
+
+STOP_TIMEOUT_S = 20.0
+"""How long a stopped process may take to exit after SIGTERM before its group gets SIGKILL."""
+
+
+def stop_all(procs: list["Proc"], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stops every process together: SIGTERM to every process group first, then one wait of at most `timeout_s`
+    for all of them (not `timeout_s` each, one after the other), then SIGKILL to whatever is left of each group
+    (SGLang's scheduler and detokenizer included)."""
+    for p in procs:
+        if p.alive():
+            p.kill(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        p.kill(signal.SIGKILL)  # stragglers in the group
+    for p in procs:
+        try:
+            p.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        p._log.close()
 
 
 class Proc:
@@ -216,19 +245,8 @@ class Proc:
         except ProcessLookupError:
             pass
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.alive():
-            self.kill(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill(signal.SIGKILL)  # stragglers in the group
-        try:
-            self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        stop_all([self], timeout_s)
 
     def wait_http(self, url: str, timeout_s: float = 120.0) -> None:
         """Until `url` answers 200 (any body); raises if this process exits or the time runs out."""

@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-from kvrep_dev.cluster import ROOT, Coordinator, Worker, local_keys
+from kvrep_dev.cluster import ROOT, Coordinator, Worker, local_keys, stop_all
 
 
 def _ttft(worker: Worker, ids: list[int]) -> tuple[float, dict]:
@@ -87,5 +87,4 @@ def run_demo(args) -> int:
         print(f"  logs: {logs}")
         return 0 if all(r["same_output"] for r in rows) else 1
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(procs)

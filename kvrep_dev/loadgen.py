@@ -1,4 +1,4 @@
-"""Replays a simulator workload against a live HTTP endpoint (our router, `sglang-router`, or one SGLang server).
+"""Replays a simulator workload against a live HTTP endpoint (our router, `smg`, or one SGLang server).
 
 The live benchmarks and the demo use the very workload objects the simulator runs (`radix_sync.sim`): the
 same generators and trace loaders, scaled down to what a CPU cluster can serve (`scale_workload`), then rendered
@@ -9,7 +9,7 @@ fan-out (a hint with the trunk, all branches together after the trunk's response
 the identical scaled workload for its validation against the live numbers.
 
 Each request is a streaming SGLang `/generate` call with `text` (routers that match on text, like
-`sglang-router`'s cache-aware policy, see the same prompt our router tokenizes); TTFT and end-to-end time are
+smg's `cache_aware` policy, see the same prompt our router tokenizes); TTFT and end-to-end time are
 measured at the client, cached tokens come from SGLang's `meta_info`.
 """
 from __future__ import annotations

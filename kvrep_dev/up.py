@@ -14,7 +14,8 @@ import shutil
 import time
 
 from kvrep_dev.bench import testbed_worker_kwargs
-from kvrep_dev.cluster import ROOT, Coordinator, Proc, Router, Worker, local_keys, make_keys, model_path
+from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, local_keys, make_keys, model_path,
+                               stop_all)
 
 
 def _say(msg: str) -> None:
@@ -75,6 +76,5 @@ def run_up(args) -> int:
                 return 1
     finally:
         _say("stopping")
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(procs)
         _say("stopped")

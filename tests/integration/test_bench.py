@@ -1,42 +1,57 @@
 """`kvrep bench` / `kvrep demo` (the README's main job) end to end on real CPU workers, small and short: our two
-arms and the `sglang-router` cache_aware baseline (PyPI) run on the same cluster, every request answers, the
-coordinator's copies are accounted, ratios are against the baseline, the simulator columns, the JSON and the PNG
-are written, and nothing is left running."""
+arms and the smg 1.13 `cache_aware` baseline (PyPI `smg`, on its defaults) run on the same cluster, every request
+answers, the coordinator's copies are accounted, ratios are against the baseline with bootstrap intervals, the
+simulator columns, the JSON and the PNG are written, and nothing is left running."""
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from kvrep_dev import testbed
 from kvrep_dev.cluster import ROOT
+from tests.integration.test_up import alive, descendants
 
 pytestmark = pytest.mark.server
 
 
-def ours() -> set[str]:
-    """PIDs of running cluster processes (workers, coordinators, routers)."""
-    out = subprocess.run(["pgrep", "-f", "sglang.launch_server|radix_sync.cli|sglang_router"], capture_output=True,
-                         text=True).stdout
-    return set(out.split())
+def run_watched(argv: list[str], out_dir, timeout_s: float = 600) -> tuple[subprocess.CompletedProcess, set[int]]:
+    """Runs the command; returns its result and every process it started (its descendants, seen every 0.2 s)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "stdout", "w") as out, open(out_dir / "stderr", "w") as err:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, text=True)
+        seen: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "the bench did not finish"
+                seen |= descendants(proc.pid)
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    result = subprocess.CompletedProcess(argv, proc.returncode, (out_dir / "stdout").read_text(),
+                                         (out_dir / "stderr").read_text())
+    return result, seen
 
 
-def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
+def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     out_dir = tmp_path / "bench"
-    before = ours()
     argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2",
-            "--workloads", "fanout", "--arms", "shadow,active,sgl-ca", "--duration-s", "8", "--fanout-rate", "2",
+            "--workloads", "fanout", "--arms", "shadow,active,smg-ca", "--duration-s", "8", "--fanout-rate", "2",
             "--fanout-k", "3", "--simulate", "--out-dir", str(out_dir)]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc, started = run_watched(argv, tmp_path / "run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "fanout   shadow" in proc.stdout and "fanout   active" in proc.stdout and "fanout   sgl-ca" in proc.stdout
+    assert "fanout   shadow" in proc.stdout and "fanout   active" in proc.stdout and "fanout   smg-ca" in proc.stdout
     assert f"simulator ({testbed.PROFILE} profile) vs live" in proc.stdout
+    assert "within 20% of the measured value" in proc.stdout and "within 0.1 of the measured ratio" in proc.stdout
     res = json.loads((out_dir / "results.json").read_text())
     rows = {r["arm"]: r for r in res["rows"]}
-    assert set(rows) == {"shadow", "active", "sgl-ca"}
+    assert set(rows) == {"shadow", "active", "smg-ca"}
     # P99 ratios are against the baseline users run today, measured in the same run
-    assert rows["active"]["ratio_vs"] == "sgl-ca" and rows["active"]["p99_ratio"] > 0
-    assert rows["sgl-ca"]["replication"]["count"] == 0 and "router_decisions" not in rows["sgl-ca"]
+    assert rows["active"]["ratio_vs"] == "smg-ca" and rows["active"]["p99_ratio"] > 0
+    assert rows["smg-ca"]["replication"]["count"] == 0 and "router_decisions" not in rows["smg-ca"]
     for r in rows.values():
         assert r["live"]["requests"] > 0 and r["live"]["errors"] == 0
         assert r["live"]["ttft_s"]["p99"] > 0 and r["sim"]["ttft_s"]["p99"] > 0
@@ -59,5 +74,21 @@ def test_bench_shadow_active_and_sglang_router_on_a_fanout(tmp_path):
     assert res["speed"]["prefill"] > 0 and res["speed"]["decode"] > 0 and len(res["speed"]["samples"]) == 8
     for r in rows.values():
         assert r["sim_error"]["matched"] == r["live"]["requests"]
+    # every cell's TTFT mean and P99 carry a bootstrap interval around them; the claim ratios too
+    for r in rows.values():
+        for k in ("mean", "p99"):
+            c = r["ci"][k]
+            assert 0 < c["lo"] <= c["hi"] and c["value"] == pytest.approx(r["live"]["ttft_s"][k], abs=1e-3)
+    claims = {(c["num"], c["den"]): c for c in res["claims"]}
+    assert set(claims) == {("active", "shadow"), ("active", "smg-ca")}
+    for c in claims.values():
+        assert 0 < c["p99"]["lo"] <= c["p99"]["hi"] and c["rounds"] == 1
+        assert c["p99"]["value"] == pytest.approx(rows[c["num"]]["p99_ratio"] / rows[c["den"]]["p99_ratio"], rel=0.02)
+    assert "active/smg-ca" in proc.stdout
     assert (out_dir / "ttft_cdf.png").stat().st_size > 0
-    assert ours() <= before, "the bench left processes behind"
+    # nothing it started outlives it (the machine is shared: other checkouts' processes are not counted)
+    assert len(started) >= 5, started  # coordinator, two workers (and their schedulers), routers, smg
+    deadline = time.monotonic() + 10  # a liveness bound for init to reap them
+    while [p for p in started if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in started if alive(p)] == [], "the bench left processes behind"
