@@ -10,7 +10,8 @@ kvrep <= 1.02 x min(kvrep_pull, kvrep_pull_demote), per metric (`never_worse`).
 
 Sweeps (one axis each; everything else as the flags say):
 - `link`: --nic-gbytes-s in {3, 6, 12, 24, 50}
-- `load`: --rate in --load-rates (default 20, 30, 40, 50: fan-out K=32's best faithful baseline saturates at 40-50)
+- `load`: --rate in --load-rates (default 20, 30, 40, 50; fan-out K=32's best faithful baseline, `pull`, saturates
+  between 100 and 150: `--load-rates 60,80,100` and `150,200`, docs/simulator.md)
 - `size`: --workers in {4, 8, 16, 64}, the rate scaled with the cluster (same load per worker)
 - `staleness`: view staleness {0, 0.2 s}
 - `jitter`: hint jitter {0, 0.25, 0.5}

@@ -253,7 +253,6 @@ class KvrepPlanner:
                 if h.role == REPLICA and h.eta_s is None and 0 <= h.worker_id < len(workers):
                     wanted[h.worker_id] += h.depth_len
         room = _Room(workers, wanted)
-        min_wait = min(fc.base_s)
         out: list[Replicate] = []
         for np_ in sorted(plans, key=lambda p: (p.demand.arrival_s, p.node.node_id)):
             if len(out) >= cfg.max_copies_per_tick:
@@ -261,14 +260,14 @@ class KvrepPlanner:
             # A node's own predicted work must not count against itself.
             fc.remove_work(*own[id(np_)])
             try:
-                self._plan_node(np_, fc, workers, kvb, egress, ingress, budget, free, room, min_wait, now, out)
+                self._plan_node(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, out)
             finally:
                 fc.add_work(*own[id(np_)])
         return out
 
     def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
                    egress: list[float], ingress: list[float], budget: list[int], free: list[int], room: "_Room",
-                   min_wait: float, now: float, out: list[Replicate]) -> None:
+                   now: float, out: list[Replicate]) -> None:
         """Adds copies of one node while the marginal gain of one more holder clears the bar."""
         cfg = self.cfg
         count = np_.demand.expected_count
@@ -280,7 +279,10 @@ class KvrepPlanner:
                 return
         # Cheap bound: even an idle target cannot save more than the holder's wait per request, plus, for several
         # requests, the time they would queue behind each other at the holder (k(k-1)/2 hit prefills).
+        # Both waits at the request's arrival: the least wait *now* is larger than at arrival by up to the lead time,
+        # and a bound taken with it refused copies that pay (tests/unit/test_policy_gate.py, a target 19.5 s busy).
         holder_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in np_.depth)
+        min_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in range(len(workers)))
         k = max(1, min(cfg.max_spread, math.ceil(count - 1e-9)))
         self_queue = self.cost.prefill_s(np_.new_len, np_.node.token_len) * k * (k - 1) / 2.0
         if (holder_wait - min_wait) * count + self_queue < cfg.min_gain_s:

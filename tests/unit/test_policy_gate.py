@@ -147,3 +147,67 @@ def test_copies_still_coming_in_and_the_queue_take_the_room_first():
     assert refused(with_worker(snapshot(), 1, incoming_tokens=110, **base), WANTED)
     # the same with 110 queued prompt tokens (admitted before it lands)
     assert refused(with_worker(snapshot(), 1, waiting_new_tokens=110, **base), WANTED)
+
+
+# ---- the whole pass: no copy when none pays, a copy when one clearly does (issue 16, item 7: "when copies do not
+# pay it must copy nothing"). Three workers, w0 holds node 7 (100 tokens) with 20 s of queue, one request hinted at
+# t=1 adding 10 tokens; min_gain_s=0, so what refuses a copy is its negative gain, not the threshold. ----
+
+def cluster(link_bps=(1000.0, 1000.0, 1000.0, 1000.0), waiting=(2000, 0, 0, 0)):
+    ws = tuple(WorkerView(i, num_waiting=int(q > 0), waiting_new_tokens=q, free_tokens=10_000,
+                          replica_budget_tokens=10_000, nic_bandwidth_bytes_per_s=bw)
+               for i, (bw, q) in enumerate(zip(link_bps, waiting)))
+    node = PrefixView(node_id=7, token_len=100, holders=(HolderView(0, depth_len=100),), expected_new_len=10,
+                      fanout_hint=1, hint_at_s=1.0)
+    return ClusterSnapshot(ws, (node,), (), page_len=1, kv_bytes_per_token=1)
+
+
+@pytest.mark.parametrize("allow_pull", [False, True])
+def test_a_clearly_paying_copy_is_made(allow_pull):
+    # idle targets, 1000 B/s: the full copy lands at 0.1 s; the request (t=1) prefills 10 tokens (0.1 s) instead of
+    # recomputing 110 (1.1 s; with pull: pulling 0.1 s + 0.1 s); link cost 0.05 x 0.1. One copy: a second replica
+    # saves the single request nothing more.
+    out = planner(allow_pull=allow_pull, min_gain_s=0.0).plan(cluster(), 0.0)
+    assert [(d.node_id, d.source, d.target, d.depth_len) for d in out] == [(7, 0, 1, 100)]
+    assert out[0].gain_s == pytest.approx(0.095 if allow_pull else 0.995)
+
+
+@pytest.mark.parametrize("allow_pull", [False, True])
+def test_nothing_is_copied_when_every_link_is_too_slow(allow_pull):
+    # 4 B/s everywhere: the full copy lands at 25 s (the request would wait 24 s, then 0.1 s), the half (50 tokens)
+    # at 12.5 s (11.5 + 0.6 s); recomputing at an idle worker takes 1.1 s (a pull at route time 25.1 s): no copy is
+    # faster than that, at any depth, to any target
+    p = planner(allow_pull=allow_pull, min_gain_s=0.0)
+    assert p.plan(cluster(link_bps=(4.0,) * 4), 0.0) == []
+    assert "no faster there" in p.outcomes[7]
+    # only the targets' links slow (the holder's is fast): the same, the slower end sets the copy's speed
+    assert planner(allow_pull=allow_pull, min_gain_s=0.0).plan(cluster(link_bps=(1000.0, 4.0, 4.0, 4.0)), 0.0) == []
+
+
+@pytest.mark.parametrize("allow_pull", [False, True])
+def test_nothing_is_copied_when_every_target_is_busier_than_the_holder(allow_pull):
+    # w1..w3 have 30 s of queue, the holder 20 s: the request is best served waiting at the holder (19 + 0.1 s); a
+    # replica on w1 would serve it at 29 + 0.1 s: the best option stays the holder's, gain 0 - 0.05 x 0.1 < 0
+    p = planner(allow_pull=allow_pull, min_gain_s=0.0)
+    assert p.plan(cluster(waiting=(2000, 3000, 3000, 3000)), 0.0) == []
+    # (with pull, a replica on w1 is no faster than pulling there at route time, 29 + 0.1 s, either)
+    assert ("no faster there" if allow_pull else "gain below minimum") in p.outcomes[7]
+    # one target only a little less busy than the holder (w1: 19.5 s of queue, 18.5 s at the request's arrival)
+    # makes the copy pay there: 19.1 (wait at the holder; recomputing on w1: 18.5 + 1.1) -> 18.5 + 0.1 s, gain
+    # 0.5 - 0.005. (Refused before 2026-12-03: the planner's cheap bound took the least wait at `now`, 19.5 s, not
+    # at the arrival, and saw no saving.) With pull, pulling to w1 at route time (max(18.5, 0.1) + 0.1) does as
+    # well as the replica: no copy.
+    out = planner(allow_pull=allow_pull, min_gain_s=0.0).plan(cluster(waiting=(2000, 1950, 3000, 3000)), 0.0)
+    if allow_pull:
+        assert out == []
+    else:
+        assert [(d.target, d.depth_len) for d in out] == [(1, 100)]
+        assert out[0].gain_s == pytest.approx(0.495)
+
+
+def test_the_copy_goes_only_where_it_pays():
+    # w1 busier than the holder, w2's link 4 B/s, w3 idle and fast: one copy, to w3, gain 1.1 - 0.1 - 0.005
+    out = planner(allow_pull=False, min_gain_s=0.0).plan(
+        cluster(link_bps=(1000.0, 1000.0, 4.0, 1000.0), waiting=(2000, 3000, 0, 0)), 0.0)
+    assert [(d.target, d.depth_len) for d in out] == [(3, 100)]
+    assert out[0].gain_s == pytest.approx(0.995)

@@ -295,3 +295,38 @@ def test_expected_ttft_queues_behind_its_own_requests_waiting_for_the_same_copy(
     assert r.route(req(110, cached=(100, 0), inflight=inflight, rid=3), ws, 0.0).expected_ttft_s == pytest.approx(0.6)
     fresh = router("expected_ttft", allow_pull=False)
     assert fresh.route(req(110, cached=(100, 0), inflight=inflight), ws, 0.0).expected_ttft_s == pytest.approx(0.6)
+
+
+def test_expected_ttft_counts_the_prefix_its_own_earlier_requests_compute_first():
+    # K candidates of one 100-token prompt (pages 1..100) arrive together; nothing is cached anywhere yet.
+    # The caller's views count what this router sent and has not seen start (as the live `with_local_load` and the
+    # simulator's views): a prompt's tokens less what the directory says is cached there.
+    r = router("expected_ttft", allow_pull=False)
+    pages = range(1, 101)
+    # A: w0 idle (1.0 s), w1 has 5 queued tokens (1.05 s): w0
+    a = r.route(req(100, pages, cached=(0, 0), rid=1), workers(2, w1=dict(num_waiting=1, waiting_new_tokens=5)), 0.0)
+    assert (a.worker_id, a.expected_ttft_s) == (0, pytest.approx(1.0))
+    # B: w0's view now has A queued (1.0 s); A computes the 100 tokens first, so B prefills 1 token there (the
+    # last token is never cached): 1.0 + 0.01 = 1.01 < w1's 1.05. (Before: 1.0 + 1.0 = 2.0, so B went to w1 and
+    # recomputed the whole prompt: every candidate of a job on its own worker.)
+    ws = workers(2, w0=dict(num_waiting=1, waiting_new_tokens=100), w1=dict(num_waiting=1, waiting_new_tokens=5))
+    b = r.route(req(100, pages, cached=(0, 0), rid=2), ws, 0.0)
+    assert (b.worker_id, b.expected_ttft_s) == (0, pytest.approx(1.01))
+    # C: w0's view counts B as 100 tokens too (2.0 s), but B will prefill 1: the router takes off the 0.99 s it
+    # knows is over-counted: 1.01 + 0.01 = 1.02
+    ws = workers(2, w0=dict(num_waiting=2, waiting_new_tokens=200), w1=dict(num_waiting=1, waiting_new_tokens=5))
+    c = r.route(req(100, pages, cached=(0, 0), rid=3), ws, 0.0)
+    assert (c.worker_id, c.expected_ttft_s) == (0, pytest.approx(1.02))
+    # another prompt (pages 201..300) gets no credit for them: w0 (A, B, C queued: 3.0 - 0.99 - 0.99 s) + 1.0 =
+    # 2.02 vs w1's 1.05
+    ws = workers(2, w0=dict(num_waiting=3, waiting_new_tokens=300), w1=dict(num_waiting=1, waiting_new_tokens=5))
+    d = r.route(req(100, range(201, 301), cached=(0, 0), rid=4), ws, 0.0)
+    assert (d.worker_id, d.expected_ttft_s) == (1, pytest.approx(1.05))
+    assert r.options(req(100, range(201, 301), cached=(0, 0)), ws, 0.0)[0].expected_ttft_s == pytest.approx(2.02)
+    # once they have started, their pages and their over-count are forgotten: a copy of the prompt that finds it
+    # evicted (cached 0) on an idle w0 costs the full 1.0 s again
+    for rid in (1, 2, 3):
+        r.on_first_token(0, rid, 1.0)
+    r.on_finished(1, 4, 1.0)
+    assert r.route(req(100, pages, cached=(0, 0), rid=5), workers(2, w1=dict(num_waiting=1, waiting_new_tokens=5)),
+                   1.0).expected_ttft_s == pytest.approx(1.0)
