@@ -239,3 +239,61 @@ def test_public_bind_refuses_to_start_without_keys(tmp_path, procs):
         assert proc.alive() and time.monotonic() < deadline, proc.tail()
         time.sleep(0.2)
     assert "INSECURE: coordinator --bind " + bind in proc.tail()
+
+
+def test_a_fake_source_installs_nothing_on_a_real_target(tmp_path, procs):
+    """Before: a fake source's arbitrary bytes were installed as KV by a real worker. Now a real stub agent (the
+    real I/O side and data port) refuses each forged transfer (no replication the coordinator authorized, or a
+    guessed token for one it did) before staging a byte; chunks and ends sent anyway land nowhere; nothing is
+    handed to the scheduler side, nothing staged or reserved, no replica reported, and it keeps serving."""
+    import torch
+
+    from kvrep_dev.stub_agent import GEOMETRY
+    from sglang_kvrep.dataplane.wire import chunk_frames
+
+    coord = Coordinator(tmp_path, extra_args=("--policy", "none"))
+    procs.append(coord)
+    coord.wait_ready()
+    agent = StubAgent("target", coord.endpoint, tmp_path, worker_id="w1", pages_per_s=100)
+    procs.append(agent)
+    data = agent.wait_stats(lambda s: s["pages_made"] >= 50, what="target up")["data_endpoint"]
+    agent.stop_making()
+    coord.wait_workers(["w1"])
+    before = agent.wait_stats(lambda s: not s["making"])
+    gen = torch.Generator().manual_seed(17)
+    sock, monitor = dealer(data)
+    for i in range(20):
+        num_pages = 1 + i % 5
+        h = p.TransferHeader(
+            transfer_id=f"fake-{i}", replication_id=f"r{i}", auth_token=f"{i:032x}", source_id="w0",
+            fingerprint=GEOMETRY.fingerprint, namespace="", token_ids=list(range(num_pages * 4)), page_size=4,
+            num_pages=num_pages, dtype=GEOMETRY.dtype, layout=GEOMETRY.layout,
+            buffer_shape=list(GEOMETRY.buffer_shape(num_pages)), num_bytes=GEOMETRY.num_bytes(num_pages),
+            pages_per_chunk=2, num_chunks=-(-num_pages // 2), checksum_kind="xxh3", ttl_s=30.0)
+        payload = torch.randint(0, 256, (h.num_bytes,), dtype=torch.uint8, generator=gen)
+        sock.send(p.encode(h))
+        answer = p.decode_data_plane(reply_raw(sock))
+        assert isinstance(answer, p.TransferRefused) and answer.transfer_id == h.transfer_id
+        assert "not authorized by the coordinator" in answer.error
+        # the bytes sent anyway, as if admitted
+        whole = payload.view(GEOMETRY.buffer_shape(num_pages)[0], num_pages, -1)
+        for c in range(h.num_chunks):
+            part = whole[:, c * 2:(c + 1) * 2].contiguous().view(-1)
+            sock.send_multipart(chunk_frames(h, c, part))
+        sock.send(p.encode(p.TransferEnd(transfer_id=h.transfer_id)))
+    # whatever the target answered to the stray chunks and ends, none is an acceptance
+    while sock.poll(2000):
+        answer = p.decode_data_plane(sock.recv_multipart()[-1])
+        assert not isinstance(answer, p.TransferAccepted), answer
+    close(sock, monitor)
+    stats = agent.wait_stats(lambda s: s["transfers_incoming"] == 0, what="no transfer under way")
+    assert (stats["staging_cached_bytes"], stats["staging_reserved_tokens"]) == (0, 0)
+    assert stats["commands"] == before["commands"] and "Install" not in stats["commands"]  # nothing handed on
+    assert stats["pages_held"] == before["pages_held"] and stats["hellos"] == 1
+    assert coord.get("/replications")[1] == [] and coord.get("/status")[1]["integrity"] == "ok"
+    # and it keeps serving: a malformed frame is answered
+    sock, monitor = dealer(data)
+    sock.send(b"\xc1garbage")
+    assert isinstance(p.decode_data_plane(reply_raw(sock)), p.TransferRefused)
+    close(sock, monitor)
+    assert agent.alive()
