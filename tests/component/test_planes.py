@@ -2,13 +2,15 @@
 with keys only the allow-listed workers get in, and none can speak for another (the reproduction of a second hello
 taking over a live worker now fails); an oversized frame disconnects its sender unread and the process keeps
 serving; a coordinator restarted while a worker keeps caching pages costs exactly one resync; a public bind
-without keys refuses to start."""
+without keys refuses to start; a fake source's transfers to a real worker's data port are refused and leave
+nothing behind, and with keys a stranger gets no handshake and no worker speaks for another."""
 import re
 import signal
 import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -297,3 +299,31 @@ def test_a_fake_source_installs_nothing_on_a_real_target(tmp_path, procs):
     assert isinstance(p.decode_data_plane(reply_raw(sock)), p.TransferRefused)
     close(sock, monitor)
     assert agent.alive()
+
+
+def test_a_keyed_data_port_admits_no_stranger_and_no_impersonation(keyed):
+    """With keys, a real worker's data port: no CURVE or a key outside the allow-list gets no handshake; another
+    worker's genuine key speaking as a third worker (`source_id`) is refused before admit, and nothing is staged."""
+    keys, coord, agents, made = keyed
+    d = k.load_dir(keys)
+    target = agents[1]
+    data = target.stats()["data_endpoint"]
+    server = d.workers["worker-1"].public
+    h = p.TransferHeader(transfer_id="t1", replication_id="r1", auth_token="0" * 32, source_id="worker-0",
+                         fingerprint="stub-fp", namespace="", token_ids=list(range(4)), page_size=4, num_pages=1,
+                         dtype="torch.bfloat16", layout="NHD", buffer_shape=[3, 1, 2, 4, 2, 8], num_bytes=768,
+                         pages_per_chunk=1, num_chunks=1, checksum_kind="xxh3", ttl_s=30.0)
+    for curve in (None, (k.KeyPair("stranger", *zmq.curve_keypair()), server)):
+        sock, monitor = dealer(data, curve)
+        sock.send(p.encode(h))
+        assert wait_event(monitor, FAILED_HANDSHAKES | {zmq.EVENT_HANDSHAKE_SUCCEEDED}) in FAILED_HANDSHAKES
+        close(sock, monitor)
+    sock, monitor = dealer(data, (d.pair("worker-0"), server))  # worker-0's own key, claiming worker-2
+    sock.send(p.encode(msgspec.structs.replace(h, source_id="worker-2")))
+    answer = p.decode_data_plane(reply_raw(sock))
+    assert isinstance(answer, p.TransferRefused)
+    assert answer.error == "source_id 'worker-2' is not the worker of this connection's key ('worker-0')"
+    close(sock, monitor)
+    stats = target.wait_stats(lambda s: s["transfers_incoming"] == 0)
+    assert (stats["staging_cached_bytes"], stats["staging_reserved_tokens"]) == (0, 0)
+    assert "Install" not in stats["commands"] and target.alive()
