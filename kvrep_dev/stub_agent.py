@@ -5,8 +5,10 @@ as SGLang computes them) and reports its load every 0.2 s. SIGUSR1 stops making 
 
 Every 0.2 s it writes its numbers to `--stats` (JSON, replaced atomically): the data endpoint, the pages it holds,
 the I/O side's link counters (hellos sent, facts dropped during an outage, coordinator restarts seen, stale resync
-requests ignored). Run: `python -m kvrep_dev.stub_agent --coordinator tcp://127.0.0.1:5600 --worker-id w0
---stats /tmp/w0.json [--keys DIR --key-name worker-0]`.
+requests ignored), the data port's transfers under way and staging (bytes cached, tokens reserved), and the
+commands the I/O side handed the scheduler side (by type; a stub executes none). Run:
+`python -m kvrep_dev.stub_agent --coordinator tcp://127.0.0.1:5600 --worker-id w0 --stats /tmp/w0.json
+[--keys DIR --key-name worker-0]`.
 """
 from __future__ import annotations
 
@@ -73,6 +75,7 @@ def main() -> None:
     tokens = [7 + i % 30_000 for i in range(args.max_pages * ps)]
     hashes = page_hashes(tokens, ps, "")
     made = 0
+    commands: dict[str, int] = {}
     t0 = time.monotonic()
     next_stats = next_load = 0.0
     while not stopped.is_set():
@@ -88,14 +91,17 @@ def main() -> None:
             mailbox.post_to_io(m.ToCoordinator(p.LoadReported(
                 worker_id=config.worker_id, seq=0, num_running_reqs=0, num_waiting_reqs=0, num_waiting_tokens=0,
                 available_tokens=1 << 20, evictable_tokens=0, replica_tokens=0)))
-        while mailbox.take_for_scheduler() is not None:  # commands: a stub executes none
-            pass
+        while (cmd := mailbox.take_for_scheduler()) is not None:  # commands: a stub executes none, counts them
+            commands[type(cmd).__name__] = commands.get(type(cmd).__name__, 0) + 1
         mailbox.clear_bell()
         if now >= next_stats:
             next_stats = now + 0.2
             _write_stats(Path(args.stats), {"worker_id": config.worker_id, "data_endpoint": io.transport.endpoint,
                                             "pages_made": made, "making": making.is_set(), "pages_held": len(io.mirror),
-                                            **dict(io.stats)})
+                                            "transfers_incoming": len(io.transport.incoming),
+                                            "staging_cached_bytes": io.transport.staging.cached_bytes(),
+                                            "staging_reserved_tokens": io.staged.held_tokens(),
+                                            "commands": dict(commands), **dict(io.stats)})
         time.sleep(0.01)
     mailbox.post_to_io(m.Stop())
 

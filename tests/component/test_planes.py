@@ -2,13 +2,15 @@
 with keys only the allow-listed workers get in, and none can speak for another (the reproduction of a second hello
 taking over a live worker now fails); an oversized frame disconnects its sender unread and the process keeps
 serving; a coordinator restarted while a worker keeps caching pages costs exactly one resync; a public bind
-without keys refuses to start."""
+without keys refuses to start; a fake source's transfers to a real worker's data port are refused and leave
+nothing behind, and with keys a stranger gets no handshake and no worker speaks for another."""
 import re
 import signal
 import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -239,3 +241,89 @@ def test_public_bind_refuses_to_start_without_keys(tmp_path, procs):
         assert proc.alive() and time.monotonic() < deadline, proc.tail()
         time.sleep(0.2)
     assert "INSECURE: coordinator --bind " + bind in proc.tail()
+
+
+def test_a_fake_source_installs_nothing_on_a_real_target(tmp_path, procs):
+    """Before: a fake source's arbitrary bytes were installed as KV by a real worker. Now a real stub agent (the
+    real I/O side and data port) refuses each forged transfer (no replication the coordinator authorized, or a
+    guessed token for one it did) before staging a byte; chunks and ends sent anyway land nowhere; nothing is
+    handed to the scheduler side, nothing staged or reserved, no replica reported, and it keeps serving."""
+    import torch
+
+    from kvrep_dev.stub_agent import GEOMETRY
+    from sglang_kvrep.dataplane.wire import chunk_frames
+
+    coord = Coordinator(tmp_path, extra_args=("--policy", "none"))
+    procs.append(coord)
+    coord.wait_ready()
+    agent = StubAgent("target", coord.endpoint, tmp_path, worker_id="w1", pages_per_s=100)
+    procs.append(agent)
+    data = agent.wait_stats(lambda s: s["pages_made"] >= 50, what="target up")["data_endpoint"]
+    agent.stop_making()
+    coord.wait_workers(["w1"])
+    before = agent.wait_stats(lambda s: not s["making"])
+    gen = torch.Generator().manual_seed(17)
+    sock, monitor = dealer(data)
+    for i in range(20):
+        num_pages = 1 + i % 5
+        h = p.TransferHeader(
+            transfer_id=f"fake-{i}", replication_id=f"r{i}", auth_token=f"{i:032x}", source_id="w0",
+            fingerprint=GEOMETRY.fingerprint, namespace="", token_ids=list(range(num_pages * 4)), page_size=4,
+            num_pages=num_pages, dtype=GEOMETRY.dtype, layout=GEOMETRY.layout,
+            buffer_shape=list(GEOMETRY.buffer_shape(num_pages)), num_bytes=GEOMETRY.num_bytes(num_pages),
+            pages_per_chunk=2, num_chunks=-(-num_pages // 2), checksum_kind="xxh3", ttl_s=30.0)
+        payload = torch.randint(0, 256, (h.num_bytes,), dtype=torch.uint8, generator=gen)
+        sock.send(p.encode(h))
+        answer = p.decode_data_plane(reply_raw(sock))
+        assert isinstance(answer, p.TransferRefused) and answer.transfer_id == h.transfer_id
+        assert "not authorized by the coordinator" in answer.error
+        # the bytes sent anyway, as if admitted
+        whole = payload.view(GEOMETRY.buffer_shape(num_pages)[0], num_pages, -1)
+        for c in range(h.num_chunks):
+            part = whole[:, c * 2:(c + 1) * 2].contiguous().view(-1)
+            sock.send_multipart(chunk_frames(h, c, part))
+        sock.send(p.encode(p.TransferEnd(transfer_id=h.transfer_id)))
+    # whatever the target answered to the stray chunks and ends, none is an acceptance
+    while sock.poll(2000):
+        answer = p.decode_data_plane(sock.recv_multipart()[-1])
+        assert not isinstance(answer, p.TransferAccepted), answer
+    close(sock, monitor)
+    stats = agent.wait_stats(lambda s: s["transfers_incoming"] == 0, what="no transfer under way")
+    assert (stats["staging_cached_bytes"], stats["staging_reserved_tokens"]) == (0, 0)
+    assert stats["commands"] == before["commands"] and "Install" not in stats["commands"]  # nothing handed on
+    assert stats["pages_held"] == before["pages_held"] and stats["hellos"] == 1
+    assert coord.get("/replications")[1] == [] and coord.get("/status")[1]["integrity"] == "ok"
+    # and it keeps serving: a malformed frame is answered
+    sock, monitor = dealer(data)
+    sock.send(b"\xc1garbage")
+    assert isinstance(p.decode_data_plane(reply_raw(sock)), p.TransferRefused)
+    close(sock, monitor)
+    assert agent.alive()
+
+
+def test_a_keyed_data_port_admits_no_stranger_and_no_impersonation(keyed):
+    """With keys, a real worker's data port: no CURVE or a key outside the allow-list gets no handshake; another
+    worker's genuine key speaking as a third worker (`source_id`) is refused before admit, and nothing is staged."""
+    keys, coord, agents, made = keyed
+    d = k.load_dir(keys)
+    target = agents[1]
+    data = target.stats()["data_endpoint"]
+    server = d.workers["worker-1"].public
+    h = p.TransferHeader(transfer_id="t1", replication_id="r1", auth_token="0" * 32, source_id="worker-0",
+                         fingerprint="stub-fp", namespace="", token_ids=list(range(4)), page_size=4, num_pages=1,
+                         dtype="torch.bfloat16", layout="NHD", buffer_shape=[3, 1, 2, 4, 2, 8], num_bytes=768,
+                         pages_per_chunk=1, num_chunks=1, checksum_kind="xxh3", ttl_s=30.0)
+    for curve in (None, (k.KeyPair("stranger", *zmq.curve_keypair()), server)):
+        sock, monitor = dealer(data, curve)
+        sock.send(p.encode(h))
+        assert wait_event(monitor, FAILED_HANDSHAKES | {zmq.EVENT_HANDSHAKE_SUCCEEDED}) in FAILED_HANDSHAKES
+        close(sock, monitor)
+    sock, monitor = dealer(data, (d.pair("worker-0"), server))  # worker-0's own key, claiming worker-2
+    sock.send(p.encode(msgspec.structs.replace(h, source_id="worker-2")))
+    answer = p.decode_data_plane(reply_raw(sock))
+    assert isinstance(answer, p.TransferRefused)
+    assert answer.error == "source_id 'worker-2' is not the worker of this connection's key ('worker-0')"
+    close(sock, monitor)
+    stats = target.wait_stats(lambda s: s["transfers_incoming"] == 0)
+    assert (stats["staging_cached_bytes"], stats["staging_reserved_tokens"]) == (0, 0)
+    assert "Install" not in stats["commands"] and target.alive()
