@@ -42,7 +42,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="Mooncake JSONL, Azure CSV, or a directory of Claude Code session files")
     src.add_argument("--generator", choices=sorted(GENERATORS), help="synthetic workload")
-    parser.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
+    parser.add_argument("--workers", type=int, default=EngineConfig.num_workers,
+                        help="number of workers (default %(default)s)")
     parser.add_argument("--profile", default="llama3.1-8b-h200",
                         help=f"cost profile name or JSON path (shipped: {', '.join(list_profiles())})")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
@@ -57,23 +58,27 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arrival", choices=("poisson", "bursty"), default=None,
                         help="arrival process of sessions / generated requests")
     parser.add_argument("--max-turns", type=int, default=None, help="cap requests per trace session")
-    parser.add_argument("--fanout-k", type=int, default=8, help="branches per tree (fanout generator)")
+    parser.add_argument("--fanout-k", type=int, default=GeneratorConfig.fanout_k,
+                        help="branches per tree (fanout generator; default %(default)s)")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the flags of the simulated cluster's mechanics (read by `engine_config`)."""
-    parser.add_argument("--tick-s", type=float, default=1.0, help="planner period, s")
-    parser.add_argument("--shared-cores", type=int, default=0,
+    """Adds the flags of the simulated cluster's mechanics (read by `engine_config`); each default is the
+    `EngineConfig` field's."""
+    parser.add_argument("--tick-s", type=float, default=EngineConfig.tick_s,
+                        help="planner period, s (default %(default)s)")
+    parser.add_argument("--shared-cores", type=int, default=EngineConfig.shared_cores,
                         help="the workers share this many CPU cores (processor sharing; a local CPU cluster). "
                              "0: each worker has its own device")
-    parser.add_argument("--overlap-lag", action="store_true",
+    parser.add_argument("--overlap-lag", action="store_true", default=EngineConfig.overlap_lag,
                         help="SGLang's overlap scheduler on a synchronous device (CPU): outputs go out when the "
                              "next iteration ends")
-    parser.add_argument("--eviction", choices=("lru", "tlru"), default="lru",
-                        help="the workers' radix-cache eviction, as SGLang's --radix-eviction-policy (default lru)")
-    parser.add_argument("--tlru-threshold", type=int, default=0,
+    parser.add_argument("--eviction", choices=("lru", "tlru"), default=EngineConfig.eviction,
+                        help="the workers' radix-cache eviction, as SGLang's --radix-eviction-policy (default "
+                             "%(default)s)")
+    parser.add_argument("--tlru-threshold", type=int, default=EngineConfig.tlru_threshold_tokens,
                         help="T-LRU: tokens a next prompt may leave uncached (SGLang's threshold)")
-    parser.add_argument("--tlru-next-prompt", type=int, default=0,
+    parser.add_argument("--tlru-next-prompt", type=int, default=EngineConfig.tlru_next_prompt_tokens,
                         help="T-LRU: tokens a conversation's next prompt adds (SGLang's next_prompt_estimate)")
     parser.add_argument("--nic-gbytes-s", type=float, default=None, metavar="X",
                         help="override the profile's per-NIC bandwidth, GB/s (1e9 bytes/s)")

@@ -1,4 +1,5 @@
-"""Each default is written once: the `kvrep coordinator` / `kvrep router` flags take theirs from the configs."""
+"""Each default is written once: the `kvrep coordinator` / `kvrep router` / `kvrep sim` flags take theirs from the
+configs."""
 import argparse
 
 from radix_sync import cli
@@ -8,6 +9,9 @@ from radix_sync.policy.pull import PullConfig
 from radix_sync.policy.rules import RuleConfig
 from radix_sync.router.config import RouterConfig
 from radix_sync.router.policy import RouterCosts
+from radix_sync.sim.cli import engine_config
+from radix_sync.sim.config import EngineConfig
+from radix_sync.sim.generators import GeneratorConfig
 
 
 def _parse(add, *argv):
@@ -45,3 +49,9 @@ def test_router_flags_default_to_the_config():
     assert (a.prefill_s_per_token, a.queue_s_per_request, a.kv_bytes_per_token, a.link_gbps * 1e9 / 8) == (
         k.prefill_s_per_token, k.queue_s_per_request, k.kv_bytes_per_token, k.link_bytes_per_s)
     assert (a.pull, PullConfig(a.pull_min_wait_s, a.pull_max_wait_s, a.pull_ttl_s)) == (c.pull, c.pull_policy)
+
+
+def test_sim_flags_default_to_the_config():
+    a = _parse(cli._add_sim, "sim", "--generator", "agent")
+    assert engine_config(a, EngineConfig.duration_s) == EngineConfig()
+    assert a.fanout_k == GeneratorConfig().fanout_k
