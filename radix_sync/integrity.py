@@ -1,8 +1,9 @@
 """`IntegrityError`: what a `check_integrity()` raises when an owner's indexes disagree.
 
 A real exception, not an `assert`: the checks still run under `python -O` (the coordinator's `/status` reports
-them). Raised by `radix_sync.directory.PrefixDirectory` and the coordinator's state owners
-(`radix_sync.coordinator.workers`, `.replications`, `.demand`, `.state`).
+them). Raised by `radix_sync.directory.PrefixDirectory`, the coordinator's state owners
+(`radix_sync.coordinator.workers`, `.replications`, `.demand`, `.state`), the page tree
+(`radix_sync.policy.pagetree.PageTree`) and the simulator's worker cache (`radix_sync.sim.cache.WorkerCache`).
 """
 from __future__ import annotations
 

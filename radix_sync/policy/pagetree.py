@@ -24,6 +24,8 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Container, Optional, Sequence
 
+from radix_sync.integrity import IntegrityError
+
 
 class _Node:
     __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp", "stale", "depth",
@@ -303,17 +305,26 @@ class PageTree:
         return n
 
     def check_integrity(self) -> None:
-        """Asserts child counts, parent links and the replica and demoted counts."""
+        """Checks child counts, parent links, lock counts and the replica and demoted counts.
+
+        Raises:
+            IntegrityError: naming the first disagreement.
+        """
         children: dict[int, int] = {}
         num_replica = num_stale = 0
         for page, node in self.nodes.items():
             if node.parent is not None:
-                assert node.parent in self.nodes, f"page {page}: parent {node.parent} missing"
+                if node.parent not in self.nodes:
+                    raise IntegrityError(f"page {page}: parent {node.parent} missing")
                 children[node.parent] = children.get(node.parent, 0) + 1
-            assert node.lock_count >= 0, f"page {page}: negative lock count"
+            if node.lock_count < 0:
+                raise IntegrityError(f"page {page}: negative lock count")
             num_replica += node.replica
             num_stale += node.stale
         for page, node in self.nodes.items():
-            assert node.num_children == children.get(page, 0), f"page {page}: child count {node.num_children}"
-        assert num_replica == self.num_replica_pages, f"replica count {self.num_replica_pages} != {num_replica}"
-        assert num_stale == self.num_stale_pages, f"demoted count {self.num_stale_pages} != {num_stale}"
+            if node.num_children != children.get(page, 0):
+                raise IntegrityError(f"page {page}: child count {node.num_children}")
+        if num_replica != self.num_replica_pages:
+            raise IntegrityError(f"replica count {self.num_replica_pages} != {num_replica}")
+        if num_stale != self.num_stale_pages:
+            raise IntegrityError(f"demoted count {self.num_stale_pages} != {num_stale}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from radix_sync.integrity import IntegrityError
 from radix_sync.policy.pagetree import PageTree, chained_prefix_len
 
 
@@ -128,12 +129,18 @@ class WorkerCache:
             self.tree.unlock(page)
 
     def check_integrity(self) -> None:
-        """Asserts the tree's invariants, the pool conservation and the directory's agreement."""
+        """Checks the tree's invariants, the pool conservation and the directory's agreement.
+
+        Raises:
+            IntegrityError: naming the first disagreement.
+        """
         self.tree.check_integrity()
-        assert self.reserved_tokens >= 0, f"worker {self.worker_id}: reserved {self.reserved_tokens} < 0"
-        assert self.tree_tokens + self.reserved_tokens <= self.capacity_tokens, (
-            f"worker {self.worker_id}: tree {self.tree_tokens} + reserved {self.reserved_tokens} > "
-            f"capacity {self.capacity_tokens}")
+        if self.reserved_tokens < 0:
+            raise IntegrityError(f"worker {self.worker_id}: reserved {self.reserved_tokens} < 0")
+        if self.tree_tokens + self.reserved_tokens > self.capacity_tokens:
+            raise IntegrityError(f"worker {self.worker_id}: tree {self.tree_tokens} + reserved {self.reserved_tokens} "
+                                 f"> capacity {self.capacity_tokens}")
         bit = 1 << self.worker_id
         for page in self.tree.nodes:
-            assert self.directory.holders.get(page, 0) & bit, f"page {page} missing from the directory"
+            if not self.directory.holders.get(page, 0) & bit:
+                raise IntegrityError(f"page {page} missing from the directory")

@@ -1,5 +1,12 @@
-"""Exact eviction order, locks and replica handling of the page tree and the worker cache."""
+"""Exact eviction order, locks and replica handling of the page tree and the worker cache, and their integrity
+checks (real exceptions, also under `python -O`)."""
 
+import subprocess
+import sys
+
+import pytest
+
+from radix_sync.integrity import IntegrityError
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.sim.cache import Directory, WorkerCache
 
@@ -163,3 +170,59 @@ def test_worker_cache_and_engine_pass_tlru_through():
         EngineConfig(eviction="lfu")
     with pytest.raises(ValueError, match="tlru_threshold_tokens"):
         EngineConfig(eviction="tlru", tlru_threshold_tokens=-1)
+
+
+def consistent_cache() -> WorkerCache:
+    """A worker cache with ordinary, replica, demoted and locked pages, all invariants holding."""
+    c = WorkerCache(0, capacity_tokens=100, page_len=10, directory=Directory())
+    c.insert([1, 2, 3], 3, 0.0)
+    c.insert([1, 2, 4], 3, 1.0, replica=True)
+    c.insert([5, 6], 2, 2.0)
+    c.tree.demote(6)
+    c.lock(3)
+    c.reserved_tokens = 10
+    c.check_integrity()
+    return c
+
+
+def corruptions():
+    """(what the error names, a corruption of `consistent_cache()`), one per invariant `check_integrity` checks."""
+
+    return [("parent 99 missing", lambda c: setattr(c.tree.nodes[3], "parent", 99)),
+            ("negative lock count", lambda c: setattr(c.tree.nodes[3], "lock_count", -1)),
+            ("page 2: child count 3", lambda c: setattr(c.tree.nodes[2], "num_children", 3)),
+            ("replica count 2 != 1", lambda c: setattr(c.tree, "num_replica_pages", 2)),
+            ("demoted count 0 != 2", lambda c: setattr(c.tree, "num_stale_pages", 0)),
+            ("reserved -10 < 0", lambda c: setattr(c, "reserved_tokens", -10)),
+            ("reserved 50 > capacity 100", lambda c: setattr(c, "reserved_tokens", 50)),
+            ("page 5 missing from the directory", lambda c: c.directory.remove(5, 0))]
+
+
+@pytest.mark.parametrize("needle,corrupt", corruptions(), ids=[n for n, _ in corruptions()])
+def test_check_integrity_raises_on_a_corrupted_cache(needle, corrupt):
+    c = consistent_cache()
+    corrupt(c)
+    with pytest.raises(IntegrityError, match=needle):
+        c.check_integrity()
+
+
+def test_check_integrity_is_not_an_assert_it_holds_under_python_O():
+    """The same corruptions raise with assertions compiled out."""
+    code = "\n".join([
+        "import sys; sys.path.insert(0, '.')",
+        "assert False, 'assertions are on'",  # compiled out under -O
+        "from tests.unit.test_sim_cache import consistent_cache, corruptions",
+        "from radix_sync.integrity import IntegrityError",
+        "n = 0",
+        "for needle, corrupt in corruptions():",
+        "    c = consistent_cache()",
+        "    corrupt(c)",
+        "    try:",
+        "        c.check_integrity()",
+        "    except IntegrityError as exc:",
+        "        n += needle in str(exc)",
+        "print(sys.flags.optimize, n)",
+    ])
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", str(len(corruptions()))]
