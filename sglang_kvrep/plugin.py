@@ -48,10 +48,6 @@ def _after_add_cli_args(result, parser, *args, **kwargs):
     return result
 
 
-def _namespace_in(args) -> argparse.Namespace | None:
-    return next((a for a in args if isinstance(a, argparse.Namespace)), None)
-
-
 def arrange_server_flags(ns: argparse.Namespace) -> KvrepConfig:
     """Check the user's flags and set what the extension needs. Mutates `ns`.
 
@@ -94,22 +90,22 @@ def arrange_server_flags(ns: argparse.Namespace) -> KvrepConfig:
 
 
 def _before_from_cli_args(*args, **kwargs):
-    ns = _namespace_in(args)
-    if ns is not None and getattr(ns, "enable_kv_replication", False):
+    ns = compat.launch_namespace(args)
+    if ns is not None and compat.replication_enabled(ns):
         try:
             compat.check_sglang_version()
         except RuntimeError as exc:
             raise KvrepFlagConflict(str(exc)) from None
         try:
-            ns._kvrep_config_json = arrange_server_flags(ns).to_json()
+            compat.attach_config(ns, arrange_server_flags(ns).to_json())
         except ValueError as exc:
             raise KvrepFlagConflict(str(exc)) from None
     return None
 
 
 def _after_from_cli_args(server_args, *args, **kwargs):
-    ns = _namespace_in(args)
-    text = getattr(ns, "_kvrep_config_json", None) if ns is not None else None
+    ns = compat.launch_namespace(args)
+    text = compat.attached_config(ns) if ns is not None else None
     if text:
         compat.attach_config(server_args, text)
     return server_args

@@ -32,8 +32,9 @@ CACHE_EVICT_FOR_ALLOC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCa
 `evict` (the agent's own replica expiry) does not."""
 
 CONFIG_ATTR = "_kvrep_config"
-"""The `ServerArgs` attribute that carries the extension's config (JSON) from the launcher to the scheduler
-process (ServerArgs reaches it whole)."""
+"""The attribute that carries the extension's config (JSON): on the launcher's namespace from the BEFORE hook of
+`from_cli_args` to its AFTER hook, then on the `ServerArgs` built from it, which reaches the scheduler process
+whole (`from_cli_args` copies only `ServerArgs`'s own fields from the namespace, hence the AFTER hook)."""
 
 
 def register_hook(target: str, fn: Callable, kind: str) -> None:
@@ -43,6 +44,16 @@ def register_hook(target: str, fn: Callable, kind: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ launcher side
+def launch_namespace(hook_args: tuple) -> Optional[argparse.Namespace]:
+    """The launcher's parsed flags among the positional arguments of a `from_cli_args` hook, or None."""
+    return next((a for a in hook_args if isinstance(a, argparse.Namespace)), None)
+
+
+def replication_enabled(ns: argparse.Namespace) -> bool:
+    """Whether the launch asked for replication (`--enable-kv-replication`, added by `sglang_kvrep.config`)."""
+    return bool(getattr(ns, "enable_kv_replication", False))
+
+
 @dataclass(frozen=True)
 class LaunchFlags:
     """What the extension reads of SGLang's own launch flags (`sglang.launch_server`'s parsed namespace)."""
@@ -84,14 +95,15 @@ def set_launch_flags(ns: argparse.Namespace, *, radix_eviction_policy: Optional[
         ns.kv_events_config = kv_events_config
 
 
-def attach_config(server_args: Any, text: str) -> None:
-    """Put the extension's config (JSON) on `ServerArgs`, which SGLang hands to the scheduler process."""
-    setattr(server_args, CONFIG_ATTR, text)
+def attach_config(launch: Any, text: str) -> None:
+    """Put the extension's config (JSON) on the launcher's namespace or on `ServerArgs` (`CONFIG_ATTR`)."""
+    setattr(launch, CONFIG_ATTR, text)
 
 
-def attached_config(server_args: Any) -> Optional[str]:
-    """The extension's config attached to `server_args`, or None (replication is off)."""
-    return getattr(server_args, CONFIG_ATTR, None)
+def attached_config(launch: Any) -> Optional[str]:
+    """The extension's config attached to the launcher's namespace or to `ServerArgs`, or None (replication is
+    off)."""
+    return getattr(launch, CONFIG_ATTR, None)
 
 
 def scheduler_config(scheduler: Any) -> Optional[str]:

@@ -95,7 +95,22 @@ def test_flag_off_does_nothing(monkeypatch):
     ns = parse("--kvrep-coordinator", "tcp://1.2.3.4:1")
     assert plugin._before_from_cli_args(ns) is None
     assert ns.radix_eviction_policy == "lru" and ns.kv_events_config is None
-    assert not hasattr(ns, "_kvrep_config_json")
+    assert compat.attached_config(ns) is None
+    server_args = argparse.Namespace()
+    assert plugin._after_from_cli_args(server_args, ns) is server_args
+    assert compat.attached_config(server_args) is None
+
+
+def test_the_config_reaches_server_args_through_the_two_from_cli_args_hooks():
+    """BEFORE arranges the flags and keeps the config on the launcher's namespace (found among the hook's
+    arguments); AFTER puts it on the `ServerArgs` built from it, which the scheduler process reads."""
+    ns = parse("--enable-kv-replication", "--kvrep-coordinator", "tcp://127.0.0.2:5600")
+    assert plugin._before_from_cli_args(object, ns) is None
+    assert ns.radix_eviction_policy == "priority"
+    server_args = argparse.Namespace()
+    assert plugin._after_from_cli_args(server_args, object, ns) is server_args
+    cfg = KvrepConfig.from_json(compat.scheduler_config(argparse.Namespace(server_args=server_args)))
+    assert cfg.coordinator == "tcp://127.0.0.2:5600" and cfg.worker_id == "127.0.0.1:30000"
 
 
 def test_another_sglang_version_is_refused_when_enabled(monkeypatch):
@@ -106,7 +121,7 @@ def test_another_sglang_version_is_refused_when_enabled(monkeypatch):
         plugin._before_from_cli_args(ns)
     assert str(exc.value).startswith("error: --enable-kv-replication: sglang-kvrep supports sglang 0.5.23 only, "
                                      "but sglang 0.5.24 is installed")
-    assert not hasattr(ns, "_kvrep_config_json") and ns.radix_eviction_policy == "lru"
+    assert compat.attached_config(ns) is None and ns.radix_eviction_policy == "lru"
 
 
 def test_every_flag_default_is_the_dataclass_default():
