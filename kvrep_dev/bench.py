@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from kvrep_dev import testbed
 from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_port, http_json, local_keys, model_path,
                                stop_all, stream_generate)
+from kvrep_dev.report import bench_progress as _say
 
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
@@ -68,10 +69,6 @@ PULL_ARMS = ("pull", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
 WORKLOADS = ("agent", "fanout", "flash", "shared", "unique")
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "claude_code_sample"
-
-
-def _say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def build_workload(name: str, args) -> "Workload":

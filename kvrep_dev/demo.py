@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 import statistics
-import sys
 import time
 
 from kvrep_dev.cluster import ROOT, Coordinator, Worker, local_keys, stop_all
+from kvrep_dev.report import copy_demo_progress as _progress
 
 
 def _ttft(worker: Worker, ids: list[int]) -> tuple[float, dict]:
@@ -21,10 +21,6 @@ def _ttft(worker: Worker, ids: list[int]) -> tuple[float, dict]:
     client_s = time.perf_counter() - t0
     server_s = out["meta_info"].get("first_token_latency")
     return (server_s if server_s is not None else client_s), out
-
-
-def _progress(msg: str) -> None:
-    print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
 def run_demo(args) -> int:

@@ -16,10 +16,7 @@ import time
 from kvrep_dev.bench import testbed_worker_kwargs
 from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, local_keys, make_keys, model_path,
                                stop_all)
-
-
-def _say(msg: str) -> None:
-    print(f"[kvrep up] {msg}", flush=True)
+from kvrep_dev.report import up_progress as _say
 
 
 def run_up(args) -> int:
