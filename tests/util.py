@@ -1,5 +1,7 @@
-"""Small helpers shared by the component and integration tests."""
+"""Small helpers shared by the tests."""
 import contextlib
+import subprocess
+import sys
 import time
 
 
@@ -28,3 +30,32 @@ async def serve_app(app):
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+def integrity_errors_under_python_O(module: str, consistent: str) -> tuple[int, int]:
+    """Runs every corruption of `<module>.corruptions()` (pairs: what the error must name, a function that breaks
+    one invariant) on a fresh `<module>.<consistent>()` in a `python -O` process, where assertions are compiled out,
+    and counts the `IntegrityError`s of `check_integrity()` that name what was broken.
+
+    Returns:
+        (`sys.flags.optimize` in that process, the count); (1, len(corruptions())) when every check is a real one.
+    """
+    code = "\n".join([
+        "import sys; sys.path.insert(0, '.')",
+        "assert False, 'assertions are on'",  # compiled out under -O
+        "from radix_sync.integrity import IntegrityError",
+        f"from {module} import {consistent} as consistent, corruptions",
+        "n = 0",
+        "for needle, corrupt in corruptions():",
+        "    owner = consistent()",
+        "    corrupt(owner)",
+        "    try:",
+        "        owner.check_integrity()",
+        "    except IntegrityError as exc:",
+        "        n += needle in str(exc)",
+        "print(sys.flags.optimize, n)",
+    ])
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    optimize, count = out.stdout.split()
+    return int(optimize), int(count)

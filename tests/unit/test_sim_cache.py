@@ -1,14 +1,12 @@
 """Exact eviction order, locks and replica handling of the page tree and the worker cache, and their integrity
 checks (real exceptions, also under `python -O`)."""
 
-import subprocess
-import sys
-
 import pytest
 
 from radix_sync.integrity import IntegrityError
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.sim.cache import Directory, WorkerCache
+from tests.util import integrity_errors_under_python_O
 
 
 def evicted_in_order(tree, n):
@@ -208,21 +206,4 @@ def test_check_integrity_raises_on_a_corrupted_cache(needle, corrupt):
 
 def test_check_integrity_is_not_an_assert_it_holds_under_python_O():
     """The same corruptions raise with assertions compiled out."""
-    code = "\n".join([
-        "import sys; sys.path.insert(0, '.')",
-        "assert False, 'assertions are on'",  # compiled out under -O
-        "from tests.unit.test_sim_cache import consistent_cache, corruptions",
-        "from radix_sync.integrity import IntegrityError",
-        "n = 0",
-        "for needle, corrupt in corruptions():",
-        "    c = consistent_cache()",
-        "    corrupt(c)",
-        "    try:",
-        "        c.check_integrity()",
-        "    except IntegrityError as exc:",
-        "        n += needle in str(exc)",
-        "print(sys.flags.optimize, n)",
-    ])
-    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", str(len(corruptions()))]
+    assert integrity_errors_under_python_O("tests.unit.test_sim_cache", "consistent_cache") == (1, len(corruptions()))
