@@ -66,3 +66,48 @@ def test_a_process_that_ignores_sigterm_is_killed_with_its_group(tmp_path):
     stop_all([p], timeout_s=0.5)
     assert p.popen.returncode == -9
     _wait_for(lambda: not _alive(child), "the child outlived its group's SIGKILL")
+
+
+def test_a_signal_at_a_process_start_is_held_until_it_is_registered(tmp_path, monkeypatch):
+    """A SIGTERM that arrives just as a process starts (in the window between the child's creation and its
+    registration, where `Stopped` used to leave a started worker that nobody stopped) is handled only once the
+    process is in `running()`, and the child does not inherit the held-back mask (SIGTERM still stops it)."""
+    import os
+    import signal
+    import subprocess
+
+    from kvrep_dev import cluster
+
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*a, **kw):
+        child = real_popen(*a, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives before __init__ has registered the process
+        return child
+
+    class Caught(Exception):
+        pass
+
+    seen = []
+
+    def handler(signum, frame):
+        seen.append([p.name for p in cluster.running()])
+        raise Caught()
+
+    monkeypatch.setattr(cluster.subprocess, "Popen", popen_then_signal)
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        try:
+            proc = cluster.Proc("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"],
+                                tmp_path / "sleeper.log")
+            raise AssertionError("the held SIGTERM was never delivered")
+        except Caught:
+            pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert seen == [["sleeper"]]  # delivered after the registration
+    (proc,) = [p for p in cluster.running() if p.name == "sleeper"]
+    mask = open(f"/proc/{proc.pid}/status").read().split("SigBlk:")[1].split()[0]
+    assert int(mask, 16) & (1 << (signal.SIGTERM - 1)) == 0  # the child's SIGTERM is not blocked
+    stop_all([proc], timeout_s=10)
+    assert not proc.alive() and proc not in cluster.running()
