@@ -25,6 +25,10 @@ the same workload (same lengths, same sharing, same times), so nothing one arm c
 identical scaled workloads (same seed, the workers sharing this machine's cores: `EngineConfig.shared_cores`) and
 prints simulated vs measured TTFT per arm (the simulator validation).
 
+`--client sglang` (or `both`) also runs SGLang's own benchmark client through every arm (`kvrep_dev.sglclient`:
+multi-turn generated-shared-prefix over the chat API, workload `sgl-gsp`), every worker's cache flushed before
+each arm; its per-request TTFTs go into the same tables.
+
 Every live table carries bootstrap intervals (`kvrep_dev.stats`): of each cell's TTFT mean and P99, and of the
 ratios the claims rest on (`CLAIMS`: active/shadow, active/pull, active/smg-ca) over every round's requests pooled.
 """
@@ -670,7 +674,7 @@ def run_bench(args) -> int:
             w.generate(list(range(100, 1100)), 4)
             w.generate(list(range(2000, 2064)), 4)
         tok = AutoTokenizer.from_pretrained(model_path(args.model))
-        if args.simulate:
+        if args.simulate and workloads:  # (SGLang's own client's rows are not simulated)
             speed = probe_speed([w.url for w in workers], Renderer(tok).words, args.profile,
                                 headers=workers[0].headers)
             _say(f"this machine now vs the {args.profile} profile: prefill x{speed['prefill']:.2f}, "
@@ -787,7 +791,7 @@ def run_bench(args) -> int:
     if claims:
         print()
         print(format_claims(claims))
-    if args.simulate:
+    if args.simulate and workloads:
         print()
         print(validation_table(rows, args.profile))
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
