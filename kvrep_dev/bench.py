@@ -25,6 +25,10 @@ the same workload (same lengths, same sharing, same times), so nothing one arm c
 identical scaled workloads (same seed, the workers sharing this machine's cores: `EngineConfig.shared_cores`) and
 prints simulated vs measured TTFT per arm (the simulator validation).
 
+`--client sglang` (or `both`) also runs SGLang's own benchmark client through every arm (`kvrep_dev.sglclient`:
+multi-turn generated-shared-prefix over the chat API, workload `sgl-gsp`), every worker's cache flushed before
+each arm; its per-request TTFTs go into the same tables.
+
 Every live table carries bootstrap intervals (`kvrep_dev.stats`): of each cell's TTFT mean and P99, and of the
 ratios the claims rest on (`CLAIMS`: active/shadow, active/pull, active/smg-ca) over every round's requests pooled.
 """
@@ -44,7 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from kvrep_dev import testbed
+from kvrep_dev import sglclient, testbed
 from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_port, http_json, local_keys, model_path,
                                stop_all, stream_generate)
 from kvrep_dev.report import bench_progress as _say
@@ -68,6 +72,8 @@ DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
 PULL_ARMS = ("pull", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
 WORKLOADS = ("agent", "fanout", "flash", "shared", "unique")
+CLIENTS = ("kvrep", "sglang", "both")
+"""`--client`: our load generator (the default), SGLang's own `sglang.benchmark.serving`, or both."""
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "claude_code_sample"
 
 
@@ -589,6 +595,12 @@ def run_bench(args) -> int:
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    client = getattr(args, "client", CLIENTS[0])
+    if client not in CLIENTS:
+        print(f"kvrep bench: unknown client {client!r}; known: {', '.join(CLIENTS)}", file=sys.stderr)
+        return 2
+    if client == "sglang":
+        workloads = []
     for a in arms:
         if a not in ARMS:
             print(f"kvrep bench: unknown arm {a!r}; known: {', '.join(ARMS)}", file=sys.stderr)
@@ -609,6 +621,10 @@ def run_bench(args) -> int:
         return 2
     for w, wl in built.items():
         _say(f"workload {w}: {workload_size(wl)} (page = {wl.page_len} tokens)")
+    gsp = gsp_config(args) if client in ("sglang", "both") else None
+    if gsp is not None:
+        built[sglclient.WORKLOAD] = None  # SGLang's own client's workload: it generates its requests itself
+        _say(f"workload {sglclient.WORKLOAD} (sglang.benchmark.serving): {gsp}, {gsp.requests} requests")
     out_dir = ROOT / args.out_dir if not Path(args.out_dir).is_absolute() else Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = out_dir / "logs"
@@ -655,7 +671,7 @@ def run_bench(args) -> int:
             w.generate(list(range(100, 1100)), 4)
             w.generate(list(range(2000, 2064)), 4)
         tok = AutoTokenizer.from_pretrained(model_path(args.model))
-        if args.simulate:
+        if args.simulate and workloads:  # (SGLang's own client's rows are not simulated)
             speed = probe_speed([w.url for w in workers], Renderer(tok).words, args.profile,
                                 headers=workers[0].headers)
             _say(f"this machine now vs the {args.profile} profile: prefill x{speed['prefill']:.2f}, "
@@ -683,6 +699,27 @@ def run_bench(args) -> int:
                         smg.wait_ready()
                         url, hints = smg.url, None
                     before = {r["id"] for r in coord.get("/replications")[1]}
+                    if wl is None:  # SGLang's own client: its text does not change per arm, so the caches go
+                        flush_workers(workers)
+                        t0 = time.monotonic()
+                        reqs = sglclient.run(url, model_path(args.model), out_dir / f"sglang-{arm}-{rnd}.jsonl",
+                                             args.seed + rnd, gsp, smg.api_key if smg is not None else None,
+                                             logs / f"sglang-{arm}-{rnd}.log")
+                        _wait_idle(coord)
+                        reps = [r for r in coord.get("/replications")[1] if r["id"] not in before]
+                        row = {"workload": wname, "arm": arm, "repeat": rnd, "client": "sglang",
+                               "live": summarize(sglclient.results(reqs)), "replication": _replication_stats(reps),
+                               "wall_s": time.monotonic() - t0, "replications": reps, "requests": reqs}
+                        samples.setdefault((wname, arm), []).extend(q["ttft_s"] for q in reqs if q["error"] is None)
+                        rows.append(row)
+                        t = row["live"]["ttft_s"]
+                        _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
+                             f"{row['replication']['count']} copies, {row['live']['errors']} errors "
+                             f"({row['wall_s']:.0f} s)")
+                        if smg is not None:
+                            smg.stop()
+                            procs.remove(smg)
+                        continue
                     demoted_before = coord.get("/status")[1]["demotions"]
                     renderer = Renderer(tok, salt=zlib.crc32(
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
@@ -751,7 +788,7 @@ def run_bench(args) -> int:
     if claims:
         print()
         print(format_claims(claims))
-    if args.simulate:
+    if args.simulate and workloads:
         print()
         print(validation_table(rows, args.profile))
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
@@ -766,6 +803,24 @@ def run_bench(args) -> int:
     except ImportError:
         print(f"\nresults: {out_dir / 'results.json'} (no matplotlib: no plot)   logs: {logs}")
     return 0 if all(r["live"]["errors"] == 0 for r in rows) else 1
+
+
+def flush_workers(workers: list[Worker]) -> None:
+    """Empties every worker's prefix cache (SGLang's `/flush_cache`, with the workers' key)."""
+    import urllib.request
+
+    for w in workers:
+        req = urllib.request.Request(w.url + "/flush_cache", data=b"", method="POST", headers=w.headers)
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{w.url}/flush_cache: HTTP {resp.status}")
+
+
+def gsp_config(args) -> sglclient.GspConfig:
+    """`--sgl-*` -> the SGLang client's generated-shared-prefix workload."""
+    return sglclient.GspConfig(groups=args.sgl_groups, conversations=args.sgl_conversations, turns=args.sgl_turns,
+                               system_len=args.sgl_system_len, question_len=args.sgl_question_len,
+                               output_len=args.max_output, rate=args.sgl_rate)
 
 
 def add_testbed_arguments(p) -> None:
@@ -809,6 +864,17 @@ def add_arguments(p, *, demo: bool = False) -> None:
                    help="flash-crowd requests/s, mean over the run (the peak, held over the second half, is 4/3 of it)")
     p.add_argument("--flash-prefix", type=int, default=2048, help="flash crowd: the hot prefix, tokens")
     p.add_argument("--shared-rate", type=float, default=1.0, help="shared/unique requests per second")
+    d = sglclient.GspConfig()
+    p.add_argument("--client", choices=CLIENTS, default=CLIENTS[0],
+                   help="load generator: ours (kvrep), SGLang's `python -m sglang.benchmark.serving` (multi-turn "
+                        "generated-shared-prefix over the chat API, workload sgl-gsp), or both")
+    p.add_argument("--sgl-groups", type=int, default=d.groups, help="sglang client: shared system prompts")
+    p.add_argument("--sgl-conversations", type=int, default=d.conversations,
+                   help="sglang client: conversations per system prompt")
+    p.add_argument("--sgl-turns", type=int, default=d.turns, help="sglang client: turns per conversation")
+    p.add_argument("--sgl-system-len", type=int, default=d.system_len, help="sglang client: system prompt, tokens")
+    p.add_argument("--sgl-question-len", type=int, default=d.question_len, help="sglang client: question, tokens")
+    p.add_argument("--sgl-rate", type=float, default=d.rate, help="sglang client: requests/s")
     p.add_argument("--max-prompt", type=int, default=3072, help="live prompts cut at this many tokens")
     p.add_argument("--max-output", type=int, default=8, help="output tokens per request at most")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool per worker, tokens")

@@ -92,3 +92,30 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     while [p for p in started if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [p for p in started if alive(p)] == [], "the bench left processes behind"
+
+
+def test_bench_with_sglangs_own_client_through_our_router_and_smg(tmp_path):
+    """`--client sglang`: `python -m sglang.benchmark.serving` (multi-turn generated-shared-prefix over the chat API)
+    through our router (no key) and smg (the workers' key, as OPENAI_API_KEY); its per-request TTFTs tabulated."""
+    out_dir = tmp_path / "bench"
+    argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2", "--client", "sglang",
+            "--arms", "active,smg-ca", "--sgl-groups", "2", "--sgl-conversations", "2", "--sgl-turns", "2",
+            "--sgl-system-len", "512", "--sgl-rate", "4", "--no-simulate", "--out-dir", str(out_dir)]
+    proc, started = run_watched(argv, tmp_path / "run")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "sgl-gsp  active" in proc.stdout and "sgl-gsp  smg-ca" in proc.stdout
+    res = json.loads((out_dir / "results.json").read_text())
+    rows = {r["arm"]: r for r in res["rows"]}
+    assert set(rows) == {"active", "smg-ca"}
+    for r in rows.values():
+        assert r["client"] == "sglang" and r["workload"] == "sgl-gsp"
+        assert r["live"]["requests"] == 8 and r["live"]["errors"] == 0  # 2 groups x 2 conversations x 2 turns
+        assert all(q["ttft_s"] > 0 and q["prompt_tokens"] > 512 for q in r["requests"])
+        c = r["ci"]["p99"]
+        assert 0 < c["lo"] <= c["hi"] and c["value"] == pytest.approx(r["live"]["ttft_s"]["p99"], abs=1e-3)
+    assert rows["active"]["ratio_vs"] == "smg-ca" and rows["active"]["p99_ratio"] > 0
+    assert {(c["num"], c["den"]) for c in res["claims"]} == {("active", "smg-ca")}
+    deadline = time.monotonic() + 10  # a liveness bound for init to reap them
+    while [p for p in started if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in started if alive(p)] == [], "the bench left processes behind"
