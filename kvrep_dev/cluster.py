@@ -58,10 +58,12 @@ def prepared() -> dict:
 
 def server_env(extra: Optional[dict] = None) -> dict:
     env = dict(os.environ)
+    from kvrep_dev.prepare import with_stand_in
+
     info = prepared()
     env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    if info["libcuda_dir"]:
-        env["LD_LIBRARY_PATH"] = info["libcuda_dir"] + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+    if info["libcuda_dir"]:  # last on the path: never ahead of a real driver (kvrep_dev/prepare.py)
+        env["LD_LIBRARY_PATH"] = with_stand_in(env.get("LD_LIBRARY_PATH", ""), info["libcuda_dir"])
     env.update(extra or {})
     return env
 

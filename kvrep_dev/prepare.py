@@ -8,7 +8,9 @@
   the whole sequence), so with `small` a hit on a 2,000-token prefix saves only ~63% of the cold prefill; on a GPU
   it saves nearly all of it. `scripts/hit_savings.py` measures it (docs/testbed.md).
 - `libcuda/libcuda.so.1`: a stand-in that lets the CUDA-only `sgl_kernel` wheel import on a host without an
-  NVIDIA driver (only built there). Every function returns CUDA_ERROR_NO_DEVICE.
+  NVIDIA driver (only built where no driver's `libcuda.so.1` can be loaded at all: a dlopen check, which follows
+  LD_LIBRARY_PATH and the loader cache). Every function returns CUDA_ERROR_NO_DEVICE. Put last on LD_LIBRARY_PATH,
+  never ahead of a real one (`with_stand_in`).
 
 Usage: `python -m kvrep_dev.prepare <cache dir>`; idempotent (a marker file per artefact).
 """
@@ -23,6 +25,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 MODELS = {
     # name: (hidden, layers, heads, kv_heads, intermediate, head_dim)
@@ -43,30 +46,68 @@ CUresult cuGetProcAddress_v2(const char *s, void **p, int v, unsigned long long 
 """
 
 
-def has_nvidia_driver() -> bool:
-    if os.path.exists("/proc/driver/nvidia/version"):
-        return True
+STUB_MARKER = ".kvrep-libcuda-stand-in"  # next to our stand-in: such a folder is never taken for a driver
+# A symbol every real libcuda.so.1 exports and the stand-in does not, so that a stand-in found first on the loader's
+# path is never taken for a driver.
+_DRIVER_SYMBOL = "cuMemAlloc_v2"
+_PROBE = (
+    "import ctypes, sys\n"
+    "try:\n"
+    "    lib = ctypes.CDLL('libcuda.so.1')\n"
+    "except OSError:\n"
+    "    sys.exit(1)\n"
+    f"sys.exit(0 if hasattr(lib, '{_DRIVER_SYMBOL}') else 1)\n"
+)
+
+
+def _without_stand_ins(ld_library_path: str) -> str:
+    """LD_LIBRARY_PATH less the folders holding one of our stand-ins (any clone's)."""
+    keep = [d for d in ld_library_path.split(os.pathsep) if d and not os.path.exists(os.path.join(d, STUB_MARKER))]
+    return os.pathsep.join(keep)
+
+
+def _dlopen_libcuda(ld_library_path: str) -> bool:
+    """Whether `libcuda.so.1` loads (dlopen: LD_LIBRARY_PATH, then the loader cache and the default folders) and is
+    a driver. In a child process: the loader reads LD_LIBRARY_PATH only at process start, and this one's stays
+    free of a loaded libcuda."""
+    env = dict(os.environ, LD_LIBRARY_PATH=ld_library_path)
     try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
-    return "libcuda.so.1" in out
 
 
-def build_libcuda_stub(out_dir: Path) -> Path | None:
-    """Returns the folder to put on LD_LIBRARY_PATH, or None on hosts with a driver."""
-    if has_nvidia_driver():
+def has_nvidia_driver(load: Callable[[str], bool] = _dlopen_libcuda, ld_library_path: str | None = None) -> bool:
+    """Whether a driver's `libcuda.so.1` can be loaded at all, our stand-ins left off the path. `load` takes the
+    LD_LIBRARY_PATH to try and says whether a driver loads with it (injectable for tests)."""
+    if ld_library_path is None:
+        ld_library_path = os.environ.get("LD_LIBRARY_PATH", "")
+    return load(_without_stand_ins(ld_library_path))
+
+
+def build_libcuda_stub(out_dir: Path, driver: Callable[[], bool] = has_nvidia_driver) -> Path | None:
+    """Returns the folder to put on LD_LIBRARY_PATH (after any other entry: `with_stand_in`), or None where a
+    driver can be loaded."""
+    if driver():
         return None
     target = out_dir / "libcuda.so.1"
-    if target.exists():
-        return out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "stub.c"
-        src.write_text(_STUB_C)
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(target), str(src)],
-                       check=True)
+    if not target.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "stub.c"
+            src.write_text(_STUB_C)
+            subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(target), str(src)],
+                           check=True)
+    (out_dir / STUB_MARKER).touch()
     return out_dir
+
+
+def with_stand_in(ld_library_path: str, stub_dir: str | None) -> str:
+    """LD_LIBRARY_PATH with the stand-in's folder last, so that it never hides a libcuda found on the path."""
+    dirs = [d for d in ld_library_path.split(os.pathsep) if d and d != stub_dir]
+    if stub_dir:
+        dirs.append(stub_dir)
+    return os.pathsep.join(dirs)
 
 
 def _train_tokenizer(out_dir: Path):

@@ -418,6 +418,8 @@ class IoSide:
             self.transport.send(msg.header, msg.target_endpoint, target_id)
         elif isinstance(msg, m.ChunkGathered):
             self.transport.push_chunk(msg.transfer_id, msg.index, msg.buffer, msg.gather_s)
+        elif isinstance(msg, m.GatherFailed):  # reported as the transport's TransferFailed(role="source")
+            self.transport.cancel(msg.transfer_id, msg.error)
         elif isinstance(msg, m.Installed):
             self.installed(msg)
         elif isinstance(msg, m.InstallFailed):

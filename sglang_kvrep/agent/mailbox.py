@@ -76,6 +76,14 @@ class ChunkGathered(msgspec.Struct, frozen=True):
     gather_s: float
 
 
+class GatherFailed(msgspec.Struct, frozen=True):
+    """Source: gathering a chunk of `transfer_id` (or copying it to the host) failed; the scheduler side already
+    released the prefix's lock. End the transfer and report it failed."""
+
+    transfer_id: str
+    error: str
+
+
 class Installed(msgspec.Struct, frozen=True):
     """Target: the transfer is in the pool and the tree (`inserted_len` tokens were new)."""
 
@@ -110,8 +118,8 @@ class Stop(msgspec.Struct, frozen=True):
     """End the I/O loop."""
 
 
-ToIo = Union[ToCoordinator, PrefixMatched, StartSend, ChunkGathered, Installed, InstallFailed, ReplicaRoom,
-             Reannounce, Stop]
+ToIo = Union[ToCoordinator, PrefixMatched, StartSend, ChunkGathered, GatherFailed, Installed, InstallFailed,
+             ReplicaRoom, Reannounce, Stop]
 
 
 # ================================================================================= I/O -> scheduler thread

@@ -361,12 +361,22 @@ class WorkerAgent:
                     return
                 t0 = time.perf_counter()
                 first = job.next_chunk * h.pages_per_chunk
-                k_bufs, v_bufs, layout = self.view.kv_buffers()
-                buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
-                                      layout=layout)
+                try:
+                    k_bufs, v_bufs, layout = self.view.kv_buffers()
+                    buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
+                                          layout=layout)
+                    # NOTE: the I/O thread reads the payload as host memory (`wire.payload_view`): a device buffer is
+                    # copied to the host here, on this thread (a blocking copy for now; issue 18 item 1 makes it async)
+                    if buffer.device.type != "cpu":
+                        buffer = buffer.cpu()
+                except Exception as exc:  # release the prefix, end the transfer, report it failed; keep serving
+                    log.exception("kvrep: gathering chunk %d of transfer %s failed", job.next_chunk, tid)
+                    self._end_gather(tid, job)
+                    self.to_io(m.GatherFailed(tid, f"gather of chunk {job.next_chunk} failed: {exc!r}"))
+                    break
                 self.to_io(m.ChunkGathered(tid, job.next_chunk, buffer, time.perf_counter() - t0))
                 job.next_chunk += 1
-            if job.next_chunk == h.num_chunks:
+            if tid in self.gathers and job.next_chunk == h.num_chunks:
                 self._end_gather(tid, job)
 
     def _end_gather(self, tid: str, job: "_GatherJob") -> None:

@@ -119,6 +119,10 @@ class Transport(Protocol):
         page bytes) that the transport keeps alive until sent. Chunks leave in the order pushed, under the
         per-link rate cap (`config.send_rate_mbps`). Ignored for a transfer that already ended."""
 
+    def cancel(self, transfer_id: str, error: str) -> None:
+        """Source: end an outgoing transfer now (its gather failed): nothing more of it is sent, and it is reported
+        as `TransferFailed(role="source", error)`. Ignored for a transfer that already ended (it was reported)."""
+
     def progress(self, ready: Container) -> float:
         """Do the I/O that is possible now: receive (`ready` is what the owner's poller returned), send, check
         stalls; facts go to `on_event` as they happen. Returns seconds until the next call is due at the latest."""

@@ -109,6 +109,15 @@ class ZmqTransport:
             out.chunks.append((index, buffer))
             out.gather_s += gather_s
 
+    def cancel(self, transfer_id: str, error: str) -> None:
+        out = self.outgoing.get(transfer_id)
+        if out is None or out.end_sent_s is not None:
+            return  # ended and reported already, or all sent: the target's answer decides it
+        del self.outgoing[transfer_id]  # `_pump_sends` drops it from the send queue
+        log.warning("kvrep: transfer %s cancelled by its source: %s", transfer_id, error)
+        # the target stops hearing from it and times out (as with a source that died mid-way)
+        self.on_event(TransferFailed(transfer_id, out.header.replication_id, "source", error))
+
     def progress(self, ready: Container) -> float:
         if self.data in ready:
             for _ in range(256):

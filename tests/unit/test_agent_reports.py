@@ -1,5 +1,6 @@
 """The worker agent's scheduler-thread duties, on a stand-in for SGLang's scheduler (no I/O thread started): KV
 events are flushed every iteration, and a worker that goes idle reports its load at once."""
+import pytest
 import torch
 
 from radix_sync import protocol as p
@@ -176,3 +177,39 @@ def test_progress_reports_do_not_count_against_the_per_iteration_command_budget(
     assert len(agent.demoted) == MAX_COMMANDS  # the last command waits for the next iteration
     agent.on_iteration()
     assert len(agent.demoted) == MAX_COMMANDS + 1
+
+
+@pytest.mark.parametrize("failure", ["gather", "host copy"])
+def test_a_failed_gather_releases_the_lock_and_ends_the_transfer(monkeypatch, failure):
+    """A chunk whose gather (or its copy to the host) fails: the prefix's lock is released, the I/O side is told
+    to end the transfer (it reports it failed), nothing more is gathered, and the agent keeps serving."""
+    from sglang_kvrep.agent import scheduler_side
+
+    monkeypatch.setattr(scheduler_side, "GATHER_SLICE_S", 3600.0)
+    real, calls = scheduler_side.gather_pages, []
+
+    def flaky(*args, **kw):
+        calls.append(1)
+        buf = real(*args, **kw)
+        if len(calls) == 3:
+            if failure == "gather":
+                raise RuntimeError("injected: device gather failed")
+            return buf.to("meta")  # a buffer off the host whose copy to the host fails
+        return buf
+
+    monkeypatch.setattr(scheduler_side, "gather_pages", flaky)
+    view = SourceView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", chunk_bytes=4096, load_interval_s=3600.0))
+    cmd = p.ReplicatePages(replication_id="r1", auth_token="t", token_ids=list(range(256)), namespace="",
+                           target_id="x", target_endpoint="tcp://127.0.0.1:1", target_fingerprint=agent.fingerprint,
+                           ttl_s=5.0)
+    agent._on_message(m.Replicate(cmd))
+    msgs = posted(agent, (m.StartSend, m.ChunkGathered, m.GatherFailed))
+    tid = msgs[0].header.transfer_id
+    assert [type(x) for x in msgs] == [m.StartSend, m.ChunkGathered, m.ChunkGathered, m.GatherFailed]
+    assert all(c.buffer.device.type == "cpu" for c in msgs[1:3])
+    assert msgs[3].transfer_id == tid and "chunk 2" in msgs[3].error
+    assert not agent.gathers and view.unlocked == ["lock1"] and not agent.disabled
+    agent.mailbox.post_to_scheduler(m.ChunksSent(tid, 2))
+    agent.on_iteration()
+    assert posted(agent, (m.ChunkGathered, m.GatherFailed)) == [] and len(calls) == 3

@@ -3,7 +3,8 @@
 The kernel is decorated while ``TRITON_INTERPRET=1`` is set (a module fixture reloads
 `kvrep_kernels.triton_copy` under the variable and reloads it again without it afterwards), so the
 interpreter covers these tests only and no other module's Triton kernels. The CUDA test at the end runs the
-compiled kernel and is skipped only where no CUDA device exists.
+compiled kernel (its own fixture clears the variable, which the module fixture keeps set until the file ends,
+and reloads the module) and is skipped only where no CUDA device exists.
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ def triton_copy():
     else:
         os.environ["TRITON_INTERPRET"] = old
     importlib.reload(module)
+
+
+@pytest.fixture
+def compiled_copy():
+    """`kvrep_kernels.triton_copy` decorated without the interpreter, for this test only: the module fixture's
+    ``TRITON_INTERPRET=1`` stays set until the whole file is done, so it is cleared here and put back after."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    old = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        module = importlib.reload(importlib.import_module("kvrep_kernels.triton_copy"))
+        assert not isinstance(module._copy_pages_kernel, InterpretedFunction)
+        yield module
+    finally:
+        if old is not None:
+            os.environ["TRITON_INTERPRET"] = old
+        importlib.reload(importlib.import_module("kvrep_kernels.triton_copy"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -95,10 +113,27 @@ def test_triton_checks_bounds_before_launch(triton_copy):
     assert all(bits_equal(a, b) for a, b in zip(before, pool.tensors))
 
 
+def test_the_compiled_kernel_fixture_clears_the_interpreter(triton_copy, compiled_copy):
+    """With the module fixture's interpreter setting active (as it is for the CUDA test when the file runs
+    whole), `compiled_copy` gives the compiled kernel and no interpreter setting; afterwards the setting and the
+    interpreted kernel are back for the rest of the file."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    assert "TRITON_INTERPRET" not in os.environ
+    assert not isinstance(compiled_copy._copy_pages_kernel, InterpretedFunction)
+    assert importlib.import_module("kvrep_kernels.triton_copy") is compiled_copy
+
+
+def test_the_interpreter_is_back_after_the_compiled_kernel_fixture(triton_copy):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    assert isinstance(importlib.import_module("kvrep_kernels.triton_copy")._copy_pages_kernel, InterpretedFunction)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind,layout", CASES)
-def test_cuda_matches_cpu_reference_on_a_side_stream(kind, layout):
-    importlib.reload(importlib.import_module("kvrep_kernels.triton_copy"))  # compiled, not interpreted
+def test_cuda_matches_cpu_reference_on_a_side_stream(compiled_copy, kind, layout):
     pool = make_pool(kind, torch.bfloat16, 16, num_pages=40, head_dim=24 if kind == "mla" else 128, seed=1)
     ids = torch.tensor(page_list(pool.num_pages, gen_seed=8))
     ref = kk.gather_pages(pool.k, pool.v, ids, 16, layout=layout)

@@ -559,3 +559,37 @@ def test_a_resync_announces_held_replicas_with_the_ttl_left_and_never_an_expired
         io.coord.close(0)
         io.ctx.term()
         coord.sock.close()
+
+
+def test_a_cancelled_send_is_reported_failed_once_and_sends_nothing_more(ctx):
+    src = Side(ctx)
+    h = header()
+    src.t.send(h, "tcp://127.0.0.1:1")  # nobody listens: nothing leaves, the transfer stays open
+    src.t.push_chunk(h.transfer_id, 0, chunk(h, payload_of(h), 0), 0.0)
+    src.t.cancel(h.transfer_id, "gather of chunk 1 failed")
+    [failed] = src.of(TransferFailed)
+    assert (failed.transfer_id, failed.replication_id, failed.role, failed.error, failed.tell_coordinator) == (
+        h.transfer_id, "r1", "source", "gather of chunk 1 failed", True)
+    assert not src.t.outgoing
+    src.t.cancel(h.transfer_id, "again")  # ended: not reported twice
+    src.t.push_chunk(h.transfer_id, 1, chunk(h, payload_of(h), 1), 0.0)  # ignored
+    src.step()
+    assert len(src.of(TransferFailed)) == 1 and not src.t.outgoing and not src.t.send_queue
+    src.t.close()
+
+
+def test_io_side_reports_a_failed_gather_to_the_coordinator(ctx):
+    coord = FakeCoordinator(ctx)
+    a = StubAgent("a", coord.endpoint)
+    try:
+        coord.wait_for(p.Hello)
+        h = header()
+        a.to_io(m.StartSend(h, "tcp://127.0.0.1:1"))
+        a.to_io(m.ChunkGathered(h.transfer_id, 0, chunk(h, payload_of(h), 0), 0.0))
+        a.to_io(m.GatherFailed(h.transfer_id, "gather of chunk 1 failed: injected"))
+        [failed] = coord.wait_for(p.ReplicationFailed)
+        assert (failed.worker_id, failed.replication_id, failed.role) == ("a", "r1", "source")
+        assert "gather of chunk 1 failed" in failed.error
+        assert a.wait_for(m.SendCancelled) == [m.SendCancelled(h.transfer_id)]
+    finally:
+        a.close()
