@@ -196,22 +196,10 @@ STOP_TIMEOUT_S = 20.0
 """How long a stopped process may take to exit after SIGTERM before its group gets SIGKILL."""
 
 
-_RUNNING: list["Proc"] = []
-"""Every `Proc` started in this process and not stopped yet (registered as it starts, with SIGINT/SIGTERM held
-back, so a signal never falls between a process's start and its registration)."""
-
-
-def running() -> list["Proc"]:
-    """Returns: the processes started here and not stopped yet (what a command's own list may have missed: one a
-    signal interrupted between its start and the caller's `append`)."""
-    return list(_RUNNING)
-
-
 def stop_all(procs: list["Proc"], timeout_s: float = STOP_TIMEOUT_S) -> None:
     """Stops every process together: SIGTERM to every process group first, then one wait of at most `timeout_s`
     for all of them (not `timeout_s` each, one after the other), then SIGKILL to whatever is left of each group
     (SGLang's scheduler and detokenizer included)."""
-    procs = list(procs)
     for p in procs:
         if p.alive():
             p.kill(signal.SIGTERM)
@@ -229,18 +217,6 @@ def stop_all(procs: list["Proc"], timeout_s: float = STOP_TIMEOUT_S) -> None:
         except subprocess.TimeoutExpired:
             pass
         p._log.close()
-        if p in _RUNNING:
-            _RUNNING.remove(p)
-
-
-def _child_setup(pin):
-    """The child's set-up between fork and exec: the signal mask the parent held back is cleared (a mask is
-    inherited across exec), then the core pinning, if any."""
-    def setup() -> None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        if pin is not None:
-            pin()
-    return setup
 
 
 class Proc:
@@ -254,16 +230,8 @@ class Proc:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-        # NOTE: SIGINT/SIGTERM held back from the start to the registration: `Stopped` raised in between would
-        # leave a started process that nobody stops (a worker left running after a Ctrl-C during start-up)
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
-            self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                          env=env or os.environ.copy(), start_new_session=True, cwd=str(ROOT),
-                                          preexec_fn=_child_setup(pin))
-            _RUNNING.append(self)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
+                                      start_new_session=True, cwd=str(ROOT), preexec_fn=pin)
 
     @property
     def pid(self) -> int:
