@@ -261,23 +261,30 @@ def test_a_long_admin_lookup_is_refused_before_it_takes_the_lock(coord):
     assert coord.post("/directory/lookup", {"input_ids": list(range(1000))})[0] == 200
 
 
+def land_replica(coord, a: "FakeWorker", b: "FakeWorker", prompt, ttl_s: float):
+    """`a` stores `prompt`, the admin asks for a copy to `b` with `ttl_s`, both play their part, and `b` reports it
+    landed. Returns: the `ReplicaStored` fact `b` sent (to re-send, changed, as a resync would)."""
+    a.store(prompt)
+    wait_for(lambda: lookup(coord, prompt).get(a.wid) == len(prompt), "the source's pages")
+    status, rep = coord.post("/replicate", {"source": a.wid, "target": b.wid, "input_ids": prompt, "ttl_s": ttl_s})
+    assert status == 200, rep
+    expect = b.recv()
+    b.fact(p.ReplicaExpected(worker_id=b.wid, seq=0, replication_id=rep["id"]))
+    assert isinstance(a.recv(), p.ReplicatePages)
+    landed = p.ReplicaStored(worker_id=b.wid, seq=0, replication_id=rep["id"], namespace="",
+                             block_hashes=expect.block_hashes, inserted_len=len(prompt), expires_in_s=ttl_s,
+                             num_bytes=64, receive_s=0.01, scatter_s=0.01, insert_s=0.01)
+    b.fact(msgspec.structs.replace(landed))
+    wait_for(lambda: lookup(coord, prompt).get(b.wid) == len(prompt), "the replica in the directory")
+    return landed
+
+
 # ------------------------------------------------------------------------------------------------------ restart
 def test_an_expired_replica_is_never_resurrected_by_a_re_report(coord):
     a, b = FakeWorker(coord, "src-3"), FakeWorker(coord, "dst-3")
     try:
         prompt = list(range(3000, 3016))
-        a.store(prompt)
-        wait_for(lambda: lookup(coord, prompt).get("src-3") == 16, "the source's pages")
-        status, rep = coord.post("/replicate", {"source": "src-3", "target": "dst-3", "input_ids": prompt,
-                                                "ttl_s": 0.5})
-        expect = b.recv()
-        b.fact(p.ReplicaExpected(worker_id="dst-3", seq=0, replication_id=rep["id"]))
-        assert isinstance(a.recv(), p.ReplicatePages)
-        landed = p.ReplicaStored(worker_id="dst-3", seq=0, replication_id=rep["id"], namespace="",
-                                 block_hashes=expect.block_hashes, inserted_len=16, expires_in_s=0.5, num_bytes=64,
-                                 receive_s=0.01, scatter_s=0.01, insert_s=0.01)
-        b.fact(msgspec.structs.replace(landed))
-        wait_for(lambda: lookup(coord, prompt).get("dst-3") == 16, "the replica in the directory")
+        landed = land_replica(coord, a, b, prompt, 0.5)
         time.sleep(0.6)  # its TTL passes (the worker, busy, has not evicted it yet)
         # a resync re-reports it with its first TTL: refused, the expiry is absolute
         b.fact(msgspec.structs.replace(landed, expires_in_s=30.0))
@@ -336,17 +343,7 @@ def test_after_a_real_restart_an_expired_replica_stays_gone(tmp_path):
     prompt = list(range(5000, 5016))
     try:
         a, b = FakeWorker(old, "src-9"), FakeWorker(old, "dst-9")
-        a.store(prompt)
-        wait_for(lambda: lookup(old, prompt).get("src-9") == 16, "the source's pages")
-        rep = old.post("/replicate", {"source": "src-9", "target": "dst-9", "input_ids": prompt, "ttl_s": 0.5})[1]
-        expect = b.recv()
-        b.fact(p.ReplicaExpected(worker_id="dst-9", seq=0, replication_id=rep["id"]))
-        assert isinstance(a.recv(), p.ReplicatePages)
-        landed = p.ReplicaStored(worker_id="dst-9", seq=0, replication_id=rep["id"], namespace="",
-                                 block_hashes=expect.block_hashes, inserted_len=16, expires_in_s=0.5, num_bytes=64,
-                                 receive_s=0.01, scatter_s=0.01, insert_s=0.01)
-        b.fact(msgspec.structs.replace(landed))
-        wait_for(lambda: lookup(old, prompt).get("dst-9") == 16, "the replica in the directory")
+        landed = land_replica(old, a, b, prompt, 0.5)
         a.close()
         b.close()
         time.sleep(0.6)  # its TTL passes
