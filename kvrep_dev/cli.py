@@ -30,7 +30,7 @@ def _stoppable(run, args, *, on_signal: int | None = None) -> int:
     """Runs a command so that Ctrl-C or SIGTERM stops it at once at any point (start-up included): the signal
     unwinds the command, whose `finally` stops every process it started. Exit status 128 + signal number, or
     `on_signal` where a signal is the normal way to end the command (`kvrep up`)."""
-    from kvrep_dev.cluster import Stopped, stop_on_signals
+    from kvrep_dev.cluster import Stopped, running, stop_all, stop_on_signals
 
     try:
         with stop_on_signals():
@@ -38,6 +38,12 @@ def _stoppable(run, args, *, on_signal: int | None = None) -> int:
     except Stopped as stopped:
         print(f"[kvrep] {stopped}: stopped", flush=True)
         return 128 + stopped.signum if on_signal is None else on_signal
+    finally:
+        # what the command's own clean-up missed (a process the signal caught between its start and the
+        # command's list); SIGINT/SIGTERM are ignored from the first one on, so this is not interrupted
+        left = running()
+        if left:
+            stop_all(left)
 
 
 def _run_bench(args) -> int:

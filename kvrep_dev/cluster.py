@@ -175,25 +175,64 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+_HOLD = {"depth": 0, "pending": None, "installed": False}
+"""The signal deferral of `stop_on_signals`: while `depth` > 0 (a process is being started and registered), the
+first SIGINT/SIGTERM is kept in `pending` and raised as `Stopped` when the hold ends. Python runs signal handlers
+in the main thread whatever thread the kernel delivered to, so a flag checked by the handler holds them back where
+a thread's signal mask cannot (another thread would take the signal)."""
+
+
 @contextlib.contextmanager
 def stop_on_signals():
-    """Within the block, the first SIGINT/SIGTERM raises `Stopped` in the main thread; later ones are ignored, so
-    the clean-up that follows (stopping process groups) is not itself interrupted. Handlers restored after."""
+    """Within the block, the first SIGINT/SIGTERM raises `Stopped` in the main thread (held back while a process
+    is being started and registered, see `_held_signals`); later ones are ignored, so the clean-up that follows
+    (stopping process groups) is not itself interrupted. Handlers restored after."""
     def handler(signum, _frame):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        if _HOLD["depth"] > 0:
+            _HOLD["pending"] = _HOLD["pending"] or signum
+            return
         raise Stopped(signum)
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _HOLD.update(depth=0, pending=None, installed=True)
     try:
         yield
     finally:
+        _HOLD.update(depth=0, pending=None, installed=False)
         for sig, h in old.items():
             signal.signal(sig, h)
 
 
+@contextlib.contextmanager
+def _held_signals():
+    """Under `stop_on_signals`, a SIGINT/SIGTERM arriving inside the block is raised as `Stopped` only at its
+    end: a process started inside is registered (`running()`) before anything unwinds."""
+    _HOLD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HOLD["depth"] -= 1
+        pending = _HOLD["pending"]
+        if _HOLD["depth"] == 0 and pending is not None and _HOLD["installed"]:
+            _HOLD["pending"] = None
+            raise Stopped(pending)
+
+
 STOP_TIMEOUT_S = 20.0
 """How long a stopped process may take to exit after SIGTERM before its group gets SIGKILL."""
+
+
+_RUNNING: list["Proc"] = []
+"""Every `Proc` started in this process and not stopped yet (registered as it starts, with SIGINT/SIGTERM held
+back, so a signal never falls between a process's start and its registration)."""
+
+
+def running() -> list["Proc"]:
+    """Returns: the processes started here and not stopped yet (what a command's own list may have missed: one a
+    signal interrupted between its start and the caller's list, a list comprehension half built)."""
+    return list(_RUNNING)
 
 
 def stop_all(procs: list["Proc"], timeout_s: float = STOP_TIMEOUT_S) -> None:
@@ -217,6 +256,8 @@ def stop_all(procs: list["Proc"], timeout_s: float = STOP_TIMEOUT_S) -> None:
         except subprocess.TimeoutExpired:
             pass
         p._log.close()
+        if p in _RUNNING:
+            _RUNNING.remove(p)
 
 
 class Proc:
@@ -230,8 +271,12 @@ class Proc:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                                      start_new_session=True, cwd=str(ROOT), preexec_fn=pin)
+        # NOTE: a signal between the start and the registration would leave a started process nobody stops
+        with _held_signals():
+            self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                          env=env or os.environ.copy(), start_new_session=True, cwd=str(ROOT),
+                                          preexec_fn=pin)
+            _RUNNING.append(self)
 
     @property
     def pid(self) -> int:

@@ -66,3 +66,52 @@ def test_a_process_that_ignores_sigterm_is_killed_with_its_group(tmp_path):
     stop_all([p], timeout_s=0.5)
     assert p.popen.returncode == -9
     _wait_for(lambda: not _alive(child), "the child outlived its group's SIGKILL")
+
+
+def test_a_signal_at_a_process_start_unwinds_only_once_the_process_is_registered(tmp_path, monkeypatch):
+    """A SIGTERM arriving just as a process starts (between the child's creation and its registration, where
+    `Stopped` used to leave a started worker that nobody stopped: test_up_signal's start-up case, seen in CI) is
+    raised only once the process is in `running()`, from which the command's way out (`kvrep_dev.cli._stoppable`)
+    stops it."""
+    import os
+    import signal
+    import subprocess
+
+    from kvrep_dev import cluster
+
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*a, **kw):
+        child = real_popen(*a, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30  # until the handler has run (Python runs it in the main thread, soon)
+        while cluster._HOLD["pending"] is None:
+            assert time.monotonic() < deadline, "the SIGTERM handler never ran"
+            time.sleep(0.01)
+        return child
+
+    monkeypatch.setattr(cluster.subprocess, "Popen", popen_then_signal)
+    before = set(map(id, cluster.running()))
+    stopped = None
+    try:
+        with cluster.stop_on_signals():
+            cluster.Proc("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path / "s.log")
+    except cluster.Stopped as exc:
+        stopped = exc
+    assert stopped is not None and stopped.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # handlers restored after the block
+    (proc,) = [p for p in cluster.running() if id(p) not in before]
+    assert proc.name == "sleeper" and proc.alive()
+    stop_all([proc], timeout_s=10)
+    assert not proc.alive() and proc not in cluster.running()
+
+
+def test_without_a_signal_the_hold_changes_nothing(tmp_path):
+    from kvrep_dev import cluster
+
+    with cluster.stop_on_signals():
+        proc = cluster.Proc("quick", [sys.executable, "-c", "pass"], tmp_path / "q.log")
+    assert proc in cluster.running() and cluster._HOLD["depth"] == 0
+    assert proc.popen.wait(30) == 0
+    stop_all([proc], timeout_s=10)
+    assert proc not in cluster.running()
