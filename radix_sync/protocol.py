@@ -133,6 +133,9 @@ class LoadReported(_Msg, tag="LoadReported"):
     runs between iterations, so on a busy worker it waits up to this long."""
     demoted_chains: Count = 0
     """Chains demoted and still waiting to be evicted first."""
+    demoted_tokens: Count = 0
+    """Tokens of those chains (evicted before any replica or ordinary page: the planner's gate counts them as
+    room a landing copy takes first)."""
     demoted_evicted_tokens: Count = 0
     """Tokens freed from demoted chains so far (cumulative)."""
     demotions_taken_back: Count = 0

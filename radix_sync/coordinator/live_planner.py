@@ -16,11 +16,12 @@ Who builds it: `radix_sync.coordinator.policies` registers it as the live policy
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radix_sync.coordinator.state import PENDING, RUNNING, ClusterState
+from radix_sync.coordinator.state import DONE, PENDING, RUNNING, ClusterState
 from radix_sync.directory import REPLICA
 from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostModel, load_profile
@@ -128,13 +129,27 @@ def _holder_bits(holders, index: dict[str, int]) -> int:
 class LivePlanner:
     name = "kvrep"
 
-    def __init__(self, profile: str = "cpu-local",
-                 cfg: PlannerConfig = PlannerConfig(allow_pull=False, endpoint_wait=True)) -> None:
-        # NOTE: allow_pull=False because no live router copies on the request's path yet; with pulls assumed, a
-        # pre-copy for requests due now could never beat the (imaginary) pull and the planner would stay idle.
+    PULL_WINDOW_S = 30.0
+    """Routers' pulls (critical copies, origin `pull`) within this long make the planner value a pre-copy against
+    a pull, and give each link its recent pull rate, s."""
+    WANTED_AFTER_LANDING_S = 5.0
+    """A pull's replica counts as wanted (its request, sent when it landed, is queued there) this long after it
+    landed, s."""
+
+    def __init__(self, profile: str = "cpu-local", cfg: PlannerConfig = PlannerConfig(endpoint_wait=True),
+                 router_pulls: Optional[bool] = None) -> None:
+        """`router_pulls`: whether the routers in front copy a missing prefix on the request's path (`kvrep router
+        --pull`); None (the default): yes while a pull was asked for within `PULL_WINDOW_S`. The planner then
+        values a pre-copy against that pull (`PlannerConfig.allow_pull`, as the simulator's `kvrep`), else
+        against waiting for the holder or recomputing. `cfg.allow_pull` is overridden by it."""
+        # NOTE: with pulls assumed where no router pulls, a pre-copy for requests due now could never beat the
+        # (imaginary) pull and the planner would stay idle; without them where the router does pull, it copies
+        # ahead what the pull would bring as fast, and takes the links the pulls need.
         self.profile = load_profile(profile)
         self.cost = CostModel(self.profile)
-        self.planner = KvrepPlanner(self.cost, cfg=cfg)
+        self.router_pulls = router_pulls
+        self._cfgs = {allow: dataclasses.replace(cfg, allow_pull=allow) for allow in (False, True)}
+        self.planner = KvrepPlanner(self.cost, cfg=self._cfgs[False])
         self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
         self._namespaces: dict[str, int] = {"": 0}
@@ -229,7 +244,10 @@ class LivePlanner:
         kvb = next((b for b in (kv_bytes_per_token(state.workers[w].hello.fingerprint_fields) for w in ids) if b),
                    self.profile.kv_bytes_per_token)
         busy = self._link_busy_until(in_flight, kvb, now_s)
-        workers = self._worker_views(state, ids, in_flight, busy, now_s)
+        pulls = [r for r in state.replications.values()
+                 if r.origin == "pull" and now_s - r.created_s <= self.PULL_WINDOW_S]
+        workers = self._worker_views(state, ids, in_flight, busy, now_s, pulls)
+        self.planner.cfg = self._cfgs[self.pulls_assumed(pulls)]
         page_len = min((state.workers[w].hello.page_size for w in ids), default=1)
         demand = _demand_times(state)
         self._add_hints(state, demand, now_s)
@@ -256,13 +274,31 @@ class LivePlanner:
                 busy[wid] = max(busy.get(wid, now_s), now_s) + seconds
         return busy
 
+    def pulls_assumed(self, pulls: list) -> bool:
+        """Whether the planner values pre-copies against a pull: `router_pulls`, or, unset, whether `pulls` (the
+        recent critical copies) is not empty."""
+        return self.router_pulls if self.router_pulls is not None else bool(pulls)
+
     def _worker_views(self, state: ClusterState, ids: list[str], in_flight: list, busy: dict[str, float],
-                      now_s: float) -> list[WorkerView]:
-        """Returns: each worker's last load report as the planner sees it, in `ids` order."""
+                      now_s: float, pulls: list = ()) -> list[WorkerView]:
+        """Returns: each worker's last load report as the planner sees it, in `ids` order, with the gate's fields
+        (`radix_sync.policy.gate`) from what the coordinator knows: the copies coming in (`incoming_tokens`), the
+        replica and demoted tokens the worker reported, the pulls of the last `PULL_WINDOW_S` per link (rates) and
+        the replicas pulls landed within `WANTED_AFTER_LANDING_S` (wanted: their requests are queued there). No
+        copy is decided but unbooked live (every one in flight is booked on its links): the pending bytes stay 0."""
         bw = self.profile.nic_bandwidth_bytes_per_s
         incoming: dict[str, int] = {}  # replica tokens on their way to each worker (not in its load report yet)
         for r in in_flight:
             incoming[r.target] = incoming.get(r.target, 0) + r.num_tokens
+        egress_pulls: dict[str, int] = {}
+        ingress_pulls: dict[str, int] = {}
+        wanted: dict[str, int] = {}
+        for r in pulls:
+            egress_pulls[r.source] = egress_pulls.get(r.source, 0) + 1
+            ingress_pulls[r.target] = ingress_pulls.get(r.target, 0) + 1
+            if r.state == DONE and r.finished_s is not None and now_s - r.finished_s <= self.WANTED_AFTER_LANDING_S:
+                wanted[r.target] = wanted.get(r.target, 0) + r.inserted_len
+        window = self.PULL_WINDOW_S
         workers = []
         for i, wid in enumerate(ids):
             rec = state.workers[wid]
@@ -278,7 +314,13 @@ class LivePlanner:
                 replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)
                                           - incoming.get(wid, 0)),
                 egress_busy_until_s=busy.get(wid, now_s), ingress_busy_until_s=busy.get(wid, now_s),
-                nic_bandwidth_bytes_per_s=bw))
+                nic_bandwidth_bytes_per_s=bw,
+                replica_tokens=load.replica_tokens if load else -1,
+                demoted_tokens=load.demoted_tokens if load else 0,
+                incoming_tokens=incoming.get(wid, 0),
+                waited_evict_first_tokens=wanted.get(wid, 0),
+                egress_pull_rate_per_s=egress_pulls.get(wid, 0) / window,
+                ingress_pull_rate_per_s=ingress_pulls.get(wid, 0) / window))
         return workers
 
     def _add_hints(self, state: ClusterState, demand: _Demand, now_s: float) -> None:

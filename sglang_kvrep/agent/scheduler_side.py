@@ -179,6 +179,7 @@ class WorkerAgent:
                                         replica_tokens=self.replicas.live_tokens(),
                                         iteration_s=round(finite_s(self._iteration_s), 4),
                                         demoted_chains=len(self.demoted),
+                                        demoted_tokens=self._demoted_tokens,
                                         demoted_evicted_tokens=self.demote_stats["evicted_tokens"],
                                         demotions_taken_back=self.demote_stats["taken_back"], **load))
             self._reported_busy = load["num_running_reqs"] + load["num_waiting_reqs"] > 0

@@ -313,3 +313,56 @@ def test_demotions_are_taken_once():
     st.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b", "class": "acme"}, 2.0)
     planner.consume(st, 2.0)
     assert len(planner.take_demotions()) == 1 and planner.take_demotions() == []
+
+
+def test_the_gate_fields_come_from_loads_copies_in_flight_and_recent_pulls():
+    """Live, the planner's gate (`radix_sync.policy.gate`) sees what the simulator's sees: the copies coming in,
+    the replica and demoted tokens each worker reported, each link's recent pull rate, and the replicas pulls
+    landed a moment ago (their requests queued there: wanted)."""
+    tokens = list(range(100, 100 + 4096))
+    st = state_with_prefix(tokens, waiting_on_a=6)
+    st.handle(b"B", p.LoadReported(worker_id="b", seq=2, num_running_reqs=0, num_waiting_reqs=0,
+                                   num_waiting_tokens=0, available_tokens=50000, evictable_tokens=0,
+                                   replica_tokens=3000, demoted_chains=2, demoted_tokens=700), 0.95)
+    planner = LivePlanner("cpu-local")
+    snap, ids = planner.snapshot(st, 1.0)
+    assert ids == ["a", "b"]
+    assert [(w.replica_tokens, w.demoted_tokens, w.incoming_tokens) for w in snap.workers] == [(0, 0, 0),
+                                                                                                (3000, 700, 0)]
+    assert [(w.egress_pull_rate_per_s, w.ingress_pull_rate_per_s) for w in snap.workers] == [(0.0, 0.0)] * 2
+    assert not planner.pulls_assumed([]) and planner.planner.cfg.allow_pull is False
+    # two pulls a -> b (a router's critical copies), one of them landed 2 s ago with 1024 tokens
+    landed, _, _ = st.request_replication("a", "b", tokens[:1024], "", 30.0, now_s=2.0, origin="pull")
+    landed.state, landed.finished_s, landed.inserted_len = "done", 3.0, 1024
+    st.request_replication("a", "b", tokens, "", 30.0, now_s=4.0, origin="pull")
+    snap, _ = planner.snapshot(st, 5.0)
+    a, b = snap.workers
+    window = LivePlanner.PULL_WINDOW_S
+    assert (a.egress_pull_rate_per_s, b.ingress_pull_rate_per_s) == (2 / window, 2 / window)
+    assert (a.ingress_pull_rate_per_s, b.egress_pull_rate_per_s) == (0.0, 0.0)
+    assert (b.incoming_tokens, b.waited_evict_first_tokens, a.waited_evict_first_tokens) == (4096, 1024, 0)
+    assert planner.planner.cfg.allow_pull is True  # a router pulls: pre-copies are valued against a pull
+    # the landed pull's request has had its time; the pulls leave the window
+    snap, _ = planner.snapshot(st, 4.0 + window + 1.0)
+    assert snap.workers[1].waited_evict_first_tokens == 0 and planner.planner.cfg.allow_pull is False
+    # told outright, the planner does not look at the pulls
+    assert LivePlanner("cpu-local", router_pulls=True).pulls_assumed([]) is True
+    assert LivePlanner("cpu-local", router_pulls=False).pulls_assumed([landed]) is False
+
+
+def test_with_a_pulling_router_a_copy_ahead_is_worth_only_what_it_saves_over_the_pull():
+    """The fan-out of `test_fanout_on_a_busy_holder_is_copied_to_the_idle_worker`, with the router pulling: without
+    a copy the branches sent to the idle worker pull the trunk on their own path (a 4,096-token copy, ~0.05 s on
+    `cpu-local`'s link) instead of recomputing it, so the same copy ahead is worth less (the simulator's `kvrep`
+    weighs it so), and still made: the holder is ~4 s behind."""
+    tokens = list(range(100, 100 + 4096))
+    gains = {}
+    for router_pulls in (False, True):
+        st = state_with_prefix(tokens, waiting_on_a=6)
+        st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 8}, 1.0)
+        planner = LivePlanner("cpu-local", router_pulls=router_pulls)
+        [d] = planner.decide(st, 1.0)
+        assert (d.source, d.target, d.depth_len) == ("a", "b", 4096)
+        assert planner.planner.cfg.allow_pull is router_pulls
+        gains[router_pulls] = d.gain_s
+    assert 0 < gains[True] < gains[False] - 1.0, gains
