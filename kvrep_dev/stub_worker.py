@@ -25,7 +25,7 @@ from aiohttp import web
 def _meta(name: str, body: dict, n: int) -> dict:
     prompt = body.get("input_ids") or body.get("prompt") or body.get("text") or body.get("messages") or []
     return {"id": "stub", "served_by": name, "cache_salt": body.get("cache_salt"), "extra_key": body.get("extra_key"),
-            "prompt_tokens": len(prompt), "completion_tokens": n, "cached_tokens": 0, "finish_reason": {"type": "length"}}
+            "kv_hints": body.get("kv_hints"), "prompt_tokens": len(prompt), "completion_tokens": n, "cached_tokens": 0, "finish_reason": {"type": "length"}}
 
 
 def _out_of_vocab(body: dict, vocab_size: int) -> bool:

@@ -125,10 +125,12 @@ class DemandItems(_Body):
 
 
 class HintRequest(_Body):
-    """`POST /hints`: `fanout` (k branches will extend this prefix after about `delay_s`) or `keepalive` (a
-    session's next turn is expected within `ttl_s`)."""
+    """`POST /hints`: `fanout` (k branches will extend this prefix after about `delay_s`), `keepalive` (a
+    session's next turn is expected within `ttl_s`) or `end` (no turn extends this prefix again: its live hints
+    are dropped and its open session closed). The router sends them for `/kvrep/hints` and for the actions of
+    SGLang's `kv_hints` envelope (`radix_sync.kv_hints`)."""
 
-    kind: Literal["fanout", "keepalive"]
+    kind: Literal["fanout", "keepalive", "end"]
     input_ids: TokenIds
     cache_salt: Optional[CacheSalt] = None
     k: Annotated[int, Meta(ge=1, le=1_000_000)] = 1

@@ -77,8 +77,9 @@ class DemandLog:
         self.finishes: deque[FinishRecord] = deque()
         self.events: deque[DemandEvent] = deque(maxlen=max_events)
         """(kind, record, the prompt's page hashes, pages held somewhere at arrival, (pages the worker it was
-        routed to held, the other workers holding exactly as much)) of each arrival (`arrival`) and finish
-        (`finish`) in the order recorded; the predictive planner drains it (`LivePlanner`)."""
+        routed to held, the other workers holding exactly as much)) of each arrival (`arrival`), finish
+        (`finish`) and session end (`end`: the hint's record, [its prefix's last page hash], 1, (0, [])) in the
+        order recorded; the predictive planner drains it (`LivePlanner`)."""
         self.hint_counts: dict[str, int] = {}
         """Live hints per namespace (tenant): capped by `ClusterState`'s `max_hints_per_namespace`."""
         self._hint_buckets: dict[str, tuple[float, float]] = {}
@@ -109,6 +110,24 @@ class DemandLog:
             times = self.hint_times.setdefault(rec.block_hash, {"hint_s": rec.time_s})
             if already_stored:
                 times.setdefault("stored_s", rec.time_s)
+
+    def end_session(self, rec: HintRecord) -> int:
+        """An `end` hint: the live hints on its prefix (its namespace's) are dropped, and an `end` event queued for
+        the planner (which closes the session there).
+
+        Returns:
+            the hints dropped.
+        """
+        kept = deque(h for h in self.hints if not (h.block_hash == rec.block_hash and h.namespace == rec.namespace))
+        dropped = len(self.hints) - len(kept)
+        if dropped:
+            self.hints = kept
+            self.hint_counts[rec.namespace] -= dropped
+            if not self.hint_counts[rec.namespace]:
+                del self.hint_counts[rec.namespace]
+        if rec.block_hash is not None:
+            self.events.append(("end", rec, [rec.block_hash], 1, (0, [])))
+        return dropped
 
     def take_hint_token(self, namespace: str, now_s: float, rate_per_s: float, burst: float) -> bool:
         """The per-namespace token bucket of hints: True (and one token taken) when `namespace` may hint now."""
@@ -177,7 +196,7 @@ class DemandLog:
         if counts != {ns: n for ns, n in self.hint_counts.items() if n}:
             raise IntegrityError(f"live hints per namespace {counts} but counted {self.hint_counts}")
         for kind, rec, hashes, held, (num_at_worker, _) in self.events:
-            if kind not in ("arrival", "finish"):
+            if kind not in ("arrival", "finish", "end"):
                 raise IntegrityError(f"demand event of unknown kind {kind!r}")
             if not 0 <= held <= len(hashes) or not 0 <= num_at_worker <= held:
                 raise IntegrityError(f"{kind} event holds {held} (worker: {num_at_worker}) of {len(hashes)} "

@@ -157,6 +157,8 @@ class LivePlanner:
         """A fan-out hint stops asking for copies this long after its branches were due, s."""
         self.num_followups = 0
         """Arrivals recognised as the next turn of a finished response."""
+        self.num_sessions_ended = 0
+        """Open sessions closed by an `end` hint (`kvrep.session_end`)."""
         self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
         self.demote_stale = True
         """Demote a session's old copies when its next turn moves to another worker (the simulator's
@@ -198,6 +200,9 @@ class LivePlanner:
             if kind == "finish":
                 tracker.on_finish(hashes, rec.class_key, self._ns(rec.namespace), rec.stop, rec.time_s)
                 continue
+            if kind == "end":
+                self.num_sessions_ended += tracker.on_end(hashes[-1])
+                continue
             # the deepest finished prompt this arrival's held prefix runs through is the turn it follows (a
             # worker also caches the response's own tokens, so the match usually runs past the prompt)
             nodes, abandoned = tracker.nodes, tracker.abandoned
@@ -229,6 +234,7 @@ class LivePlanner:
             "followups": round(m.num_continued, 1), "ended": round(m.num_ended, 1)}
             for (cls, tool), m in self.planner.predictor.gap_models().items()}
         return {"open": open_nodes, "followups": self.num_followups, "abandoned": len(self.tracker.abandoned),
+                "ended_by_hint": self.num_sessions_ended,
                 "gap_models": models}
 
     def snapshot(self, state: ClusterState, now_s: float) -> tuple[ClusterSnapshot, list[str]]:

@@ -384,7 +384,8 @@ class ClusterState:
         self.check_prompt(req.input_ids)
         namespace = api.namespace_of(req.cache_salt)
         cfg, demand = self.config, self._demand
-        if demand.hint_counts.get(namespace, 0) >= cfg.max_hints_per_namespace or len(demand.hints) >= cfg.max_hints:
+        if req.kind != "end" and (demand.hint_counts.get(namespace, 0) >= cfg.max_hints_per_namespace
+                                  or len(demand.hints) >= cfg.max_hints):
             raise AdminError(f"too many live hints for this tenant (at most {cfg.max_hints_per_namespace})", 429)
         if not demand.take_hint_token(namespace, now_s, cfg.hint_rate_per_s, cfg.hint_burst):
             raise AdminError(f"hint rate limit: at most {cfg.hint_rate_per_s:g}/s per tenant", 429)
@@ -393,6 +394,9 @@ class ClusterState:
         block_hash, prefix_len = (hashes[-1] if hashes else None), len(hashes) * page_size
         rec = HintRecord(now_s, req.kind, namespace, block_hash, prefix_len, req.k, min(req.ttl_s, cfg.max_hint_ttl_s),
                          req.delay_s)
+        if req.kind == "end":  # not a live hint: it ends those on its prefix
+            demand.end_session(rec)
+            return rec
         demand.add_hint(rec, block_hash is not None and self.directory.node(block_hash) is not None)
         return rec
 

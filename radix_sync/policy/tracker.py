@@ -92,6 +92,25 @@ class NodeTracker:
         n.owner, n.owner_eta_s = owner, owner_eta_s
         return n
 
+    def on_end(self, node_id: int) -> bool:
+        """The client said no turn extends this node again (`kvrep.session_end`): an open session there is
+        closed and counts as ended for its gap model (as an abandonment, known at once); its fan-out hint, if
+        any, is dropped.
+
+        Returns:
+            whether a session was open there.
+        """
+        n = self.nodes.get(node_id)
+        if n is None:
+            return False
+        n.fanout_hint = n.hint_left = 0
+        n.hint_at_s = None
+        if n.last_finish_s is None:
+            return False
+        self.predictor.observe_abandoned(n.class_key, n.last_stop)
+        n.last_finish_s = None
+        return True
+
     def on_arrival(self, pages: list, match_pages: int, class_key: str, namespace: int, prompt_len: int,
                    page_len: int, now: float) -> Optional[TrackedNode]:
         """A request arrived whose prompt's first `match_pages` pages are cached somewhere.

@@ -19,6 +19,7 @@ from typing import Optional
 import aiohttp
 from aiohttp import web
 
+from radix_sync import kv_hints
 from radix_sync.fastjson import loads as _loads
 from radix_sync.router.auth import READ, WRITE, RouterSecrets, admin_level, admin_middleware, refuse
 from radix_sync.router.config import RouterConfig
@@ -98,6 +99,72 @@ async def _prompt_ids(r: Router, endpoint: str, body: dict) -> list[int]:
         raise _error(web.HTTPBadRequest, str(exc)) from None
 
 
+def _num_prompts(endpoint: str, body: dict) -> int:
+    """Prompts in a request as SGLang counts them for `kv_hints` (a batch: one per prompt)."""
+    if endpoint == "chat":
+        return 1
+    for key in (("text", "input_ids") if endpoint == "generate" else ("prompt",)):
+        value = body.get(key)
+        if isinstance(value, list) and value and isinstance(value[0], (list, str)):
+            return len(value)
+    return 1
+
+
+def _kv_hints(r: Router, request: web.Request, endpoint: str, body: dict) -> list[dict]:
+    """The kvrep actions of the body's `kv_hints` envelope (`radix_sync.kv_hints`), or 400 if it is malformed."""
+    if body.get("kv_hints") is None:
+        return []
+    try:
+        return kv_hints.parse(body["kv_hints"], _num_prompts(endpoint, body))
+    except kv_hints.KvHintsError as exc:
+        r.metrics.refused.labels("bad_request").inc()
+        raise _error(web.HTTPBadRequest, str(exc)) from None
+
+
+def _send_kv_hints(r: Router, request: web.Request, tenant: Tenant, hints: list[dict], ids: list[int]) -> str:
+    """Sends the envelope's actions to the coordinator in the background (the request does not wait for them),
+    as `/kvrep/hints` would: allowed for a tenant's own key (tenants configured) or the router's write token,
+    within the tenant's hint rate, on the request's own prompt in the tenant's namespace.
+
+    Returns:
+        what happened, for the `x-kvrep-kv-hints` response header.
+    """
+    if not r.tenants.required and admin_level(r.secrets.admin, request.headers.get("Authorization")) != WRITE:
+        r.metrics.kv_hints.labels("unauthorized").inc(len(hints))
+        return "ignored: hints need a tenant's API key or the router's write token"
+    if r.link is None:
+        r.metrics.kv_hints.labels("unreachable").inc(len(hints))
+        return "ignored: no coordinator configured"
+    if not ids:
+        r.metrics.kv_hints.labels("refused").inc(len(hints))
+        return "ignored: no token ids for the prompt (text needs a tokenizer)"
+    now = time.monotonic()
+    sent = []
+    for hint in hints:
+        if r.hint_buckets.take(tenant.name, now) is not None:
+            r.metrics.kv_hints.labels("rate_limited").inc()
+            continue
+        sent.append({**hint, "input_ids": ids, "cache_salt": tenant.namespace})
+    if sent:
+        task = asyncio.get_running_loop().create_task(_post_hints(r, sent))
+        _HINT_TASKS.add(task)
+        task.add_done_callback(_HINT_TASKS.discard)
+    return f"{len(sent)} of {len(hints)} sent" + ("" if len(sent) == len(hints) else " (hint rate limit)")
+
+
+_HINT_TASKS: set = set()
+"""The background sends of `_send_kv_hints` (a reference each, so none is collected before it ends)."""
+
+
+async def _post_hints(r: Router, hints: list[dict]) -> None:
+    for hint in hints:
+        status, answer = await r.link.hint(hint)
+        outcome = "sent" if status == 200 else "unreachable" if status == 503 else "refused"
+        r.metrics.kv_hints.labels(outcome).inc()
+        if status != 200:
+            log.info("kv_hints action %s not recorded: %s %s", hint["kind"], status, answer.get("error"))
+
+
 def _proxy_handler(endpoint: str):
     async def handler(request: web.Request) -> web.StreamResponse:
         r = _router(request)
@@ -105,6 +172,8 @@ def _proxy_handler(endpoint: str):
         body = await _json_body(request)
         t0 = time.perf_counter()
         ids = await _prompt_ids(r, endpoint, body)
+        hints = _kv_hints(r, request, endpoint, body)
+        hinted = _send_kv_hints(r, request, tenant, hints, ids) if hints else None
         try:
             decision, hashes, hash_page_size = await r.decide(ids, tenant.namespace)
             decision_s = time.perf_counter() - t0
@@ -113,6 +182,8 @@ def _proxy_handler(endpoint: str):
                                    hashes, tenant, hash_page_size)
             if not resp.prepared:  # streams have sent their headers already
                 resp.headers["x-kvrep-decision-us"] = str(int(decision_s * 1e6))
+                if hinted is not None:
+                    resp.headers["x-kvrep-kv-hints"] = hinted
             return resp
         except NoWorker as exc:
             r.metrics.no_worker.inc()

@@ -62,6 +62,12 @@ class RouterMetrics:
         self.decision_seconds = Histogram("kvrep_router_decision_seconds",
                                           "Time to pick a worker (tokenize, lookup, policy).",
                                           buckets=DECISION_BUCKETS_S, registry=reg)
+        self.kv_hints = Counter("kvrep_router_kv_hints",
+                                "Actions of SGLang's `kv_hints` envelope (radix_sync.kv_hints) on proxied requests, by "
+                                "outcome (sent: recorded by the coordinator; refused: the coordinator said no; "
+                                "unauthorized: the caller may not hint, see /kvrep/hints; rate_limited; "
+                                "unreachable: no coordinator). The request is served whatever the outcome.",
+                                ("outcome",), registry=reg)
         # copies on the critical path (`--pull`, radix_sync.router.pull)
         self.pulls_started = Counter("kvrep_router_pulls_started",
                                      "Copies on the critical path asked of the coordinator.", registry=reg)

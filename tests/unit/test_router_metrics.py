@@ -19,6 +19,7 @@ def parse(metrics):
 FAMILIES = {"kvrep_router_requests": "counter", "kvrep_router_upstream_failures": "counter",
             "kvrep_router_failovers": "counter", "kvrep_router_fallback_decisions": "counter",
             "kvrep_router_unauthorized": "counter", "kvrep_router_no_worker": "counter", "kvrep_router_refused": "counter",
+            "kvrep_router_kv_hints": "counter",
             "kvrep_router_arrivals_dropped": "counter", "kvrep_router_decision_seconds": "histogram",
             "kvrep_router_pulls_started": "counter", "kvrep_router_pulls_done": "counter",
             "kvrep_router_pulls_fallen_back": "counter", "kvrep_router_pull_wait_seconds": "histogram"}
