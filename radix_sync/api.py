@@ -137,6 +137,9 @@ class HintRequest(_Body):
     ttl_s: Annotated[float, Meta(gt=0, le=MAX_TTL_S)] = 60.0
     """Capped to the coordinator's `max_hint_ttl_s`."""
     delay_s: Annotated[float, Meta(ge=0, le=60)] = 0.5
+    hint_id: Annotated[str, Meta(max_length=600)] = ""
+    """Makes the hint idempotent (per namespace, within the coordinator's hit window): a `kv_hints` action's
+    envelope message id and action id, which the router and the worker both see and may both send."""
 
 
 class ReplicateRequest(_Body):

@@ -103,7 +103,7 @@ def parse(value: Any, num_prompts: int = 1) -> list[dict]:
         num_prompts: prompts in the request (a list must have this many entries).
     Returns:
         the hints to send for the request's first prompt, each a `/kvrep/hints` body without its prompt
-        (`{"kind": ..., <payload fields>}`), in the envelope's order; [] for null, or when the envelope has none
+        (`{"kind": ..., <payload fields>, "hint_id": "<message_id>/<action_id>"}`), in the envelope's order; [] for null, or when the envelope has none
         of our action types. A batch's other prompts' envelopes are validated, not acted on (the router routes
         a batch by its first prompt).
     Raises:
@@ -138,7 +138,8 @@ def parse(value: Any, num_prompts: int = 1) -> list[dict]:
                 raise KvHintsError(f"kv_hints action {action.action_id!r} ({action.action_type}): payload: {exc}") \
                     from None
             if i == 0:
-                out.append({"kind": kind, **msgspec.structs.asdict(payload)})
+                out.append({"kind": kind, **msgspec.structs.asdict(payload),
+                            "hint_id": f"{env.message_id}/{action.action_id}"})
     return out
 
 

@@ -173,6 +173,23 @@ class ReplicaExpired(_Msg, tag="ReplicaExpired"):
     num_evicted_tokens: Count
 
 
+class HintReported(_Msg, tag="HintReported"):
+    """A request reached this worker with one of kvrep's actions in SGLang's `kv_hints` envelope
+    (`radix_sync.kv_hints`): the hint, on the request's prompt, as `/kvrep/hints` takes it. `hint_id` (the
+    envelope's message id and the action's id) makes it idempotent: the router that forwarded the request may have
+    sent the same hint already."""
+
+    worker_id: WorkerId
+    seq: Seq
+    namespace: Namespace
+    token_ids: TokenIds
+    kind: Literal["fanout", "keepalive", "end"]
+    k: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
+    ttl_s: Annotated[float, Meta(gt=0, le=MAX_TTL_S)] = 60.0
+    delay_s: Annotated[float, Meta(ge=0, le=60)] = 0.5
+    hint_id: Annotated[str, Meta(max_length=600)] = ""
+
+
 class ReplicaExpected(_Msg, tag="ReplicaExpected"):
     """Target side: ready to accept the transfer the coordinator announced with `ExpectReplica`."""
 
@@ -316,7 +333,7 @@ class TransferRefused(_Msg, tag="TransferRefused"):
 
 WorkerToCoordinator = Union[
     Hello, PagesStored, PagesRemoved, AllPagesCleared, PrefixHit, LoadReported, ReplicaStored, ReplicaPromoted,
-    ReplicaExpired, ReplicaExpected, ReplicationFailed, SourceSent,
+    ReplicaExpired, ReplicaExpected, ReplicationFailed, SourceSent, HintReported,
 ]
 CoordinatorToWorker = Union[HelloAck, ResyncRequested, ExpectReplica, ReplicatePages, DropReplica, DemotePrefix,
                             Error]

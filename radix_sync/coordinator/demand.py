@@ -6,13 +6,15 @@ planner drains (`LivePlanner.consume`). What a record says (which prefix, held b
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Optional
 
 from radix_sync.integrity import IntegrityError
 
 HINT_KINDS = ("fanout", "keepalive")
+MAX_HINT_IDS = 65_536
+"""Hint ids remembered for idempotency at most (`DemandLog.hint_ids`)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class DemandLog:
         """Live hints per namespace (tenant): capped by `ClusterState`'s `max_hints_per_namespace`."""
         self._hint_buckets: dict[str, tuple[float, float]] = {}
         """Namespace -> (hint tokens left, when last refilled): the per-tenant rate limit (`take_hint_token`)."""
+        self.hint_ids: "OrderedDict[tuple[str, str, str], HintRecord]" = OrderedDict()
+        """(namespace, hint id, kind) -> the hint recorded with it, oldest first, kept the hit window (at most
+        `MAX_HINT_IDS`): a hint sent again with its id (by the router and by the worker) is recorded once."""
         self.hint_times: dict[int, dict[str, float]] = {}
         """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
         trunk's prefill is done) and `copy_s` (the first copy of it was issued): when a fan-out's branches are
@@ -141,7 +146,7 @@ class DemandLog:
 
     def clear(self) -> None:
         """Forgets every demand signal (a policy switch with `reset_demand`)."""
-        for log in (self.hits, self.arrivals, self.finishes, self.hints, self.events):
+        for log in (self.hits, self.arrivals, self.finishes, self.hints, self.events, self.hint_ids):
             log.clear()
         self.hint_times.clear()
         self.hint_counts.clear()
@@ -159,9 +164,22 @@ class DemandLog:
             self.hint_times[block_hash].setdefault("copy_s", now_s)
 
     # ------------------------------------------------------------------------------------------------ timers
+    def seen_hint(self, namespace: str, hint_id: str, kind: str) -> Optional[HintRecord]:
+        """The hint of this kind recorded with this id (idempotency), if any."""
+        return self.hint_ids.get((namespace, hint_id, kind)) if hint_id else None
+
+    def remember_hint_id(self, namespace: str, hint_id: str, rec: HintRecord) -> None:
+        if hint_id:
+            self.hint_ids[(namespace, hint_id, rec.kind)] = rec
+            while len(self.hint_ids) > MAX_HINT_IDS:
+                self.hint_ids.popitem(last=False)
+
     def trim(self, now_s: float, window_s: float) -> None:
         """Forgets hits, arrivals and finishes older than `window_s`, and hints older than both their TTL and
         `window_s` (TTLs are capped when a hint is recorded, so no hint outlives the cap)."""
+        ids = self.hint_ids
+        while ids and now_s - next(iter(ids.values())).time_s > window_s:
+            ids.popitem(last=False)
         for log in (self.hits, self.arrivals, self.finishes):
             while log and now_s - log[0].time_s > window_s:
                 log.popleft()

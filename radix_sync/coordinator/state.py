@@ -159,6 +159,12 @@ class ClusterState:
                 self._replications.promoted(msg)
         elif isinstance(msg, p.ReplicaExpired):
             d.remove_replica(wid, msg.replication_id)  # (its own holdings only)
+        elif isinstance(msg, p.HintReported):
+            # a hint is demand, not a fact about KV: checked and rate-limited as a router's (the worker's own
+            # namespace, the prompt's tokens against the vocabulary); AdminError (429, 400) refuses it
+            self.record_hint(api.HintRequest(kind=msg.kind, input_ids=list(msg.token_ids),
+                                             cache_salt=msg.namespace or None, k=msg.k, ttl_s=msg.ttl_s,
+                                             delay_s=msg.delay_s, hint_id=msg.hint_id), now_s)
         elif isinstance(msg, p.ReplicationFailed):
             if self._replications.party(msg.replication_id, wid, (msg.role,)) is None:
                 raise AdminError(f"{wid} is not the {msg.role} of replication {msg.replication_id!r}")
@@ -384,6 +390,9 @@ class ClusterState:
         self.check_prompt(req.input_ids)
         namespace = api.namespace_of(req.cache_salt)
         cfg, demand = self.config, self._demand
+        seen = demand.seen_hint(namespace, req.hint_id, req.kind)
+        if seen is not None:  # sent again (by the worker after the router, or retried): recorded once
+            return seen
         if req.kind != "end" and (demand.hint_counts.get(namespace, 0) >= cfg.max_hints_per_namespace
                                   or len(demand.hints) >= cfg.max_hints):
             raise AdminError(f"too many live hints for this tenant (at most {cfg.max_hints_per_namespace})", 429)
@@ -394,6 +403,7 @@ class ClusterState:
         block_hash, prefix_len = (hashes[-1] if hashes else None), len(hashes) * page_size
         rec = HintRecord(now_s, req.kind, namespace, block_hash, prefix_len, req.k, min(req.ttl_s, cfg.max_hint_ttl_s),
                          req.delay_s)
+        demand.remember_hint_id(namespace, req.hint_id, rec)
         if req.kind == "end":  # not a live hint: it ends those on its prefix
             demand.end_session(rec)
             return rec

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
+from radix_sync import kv_hints
 from radix_sync import protocol as p
 from sglang_kvrep import compat, events, fingerprint
 from sglang_kvrep.agent import mailbox as m
@@ -83,6 +84,8 @@ class WorkerAgent:
         self.demote_stats = {"evicted_tokens": 0, "taken_back": 0}
         """Reported with the load: tokens freed from demoted chains, chains taken back by a hit."""
         self._demoted_tokens = 0
+        self.kv_hint_stats = {"reported": 0, "malformed": 0}
+        """kvrep actions of requests' `kv_hints` envelopes reported to the coordinator, and refused here."""
 
     def _set_fingerprint(self, fields: dict[str, str]) -> None:
         self.fingerprint_fields = fields
@@ -395,6 +398,27 @@ class WorkerAgent:
         self._room_changed()
         self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
 
+    def _report_kv_hints(self, hit: compat.RequestMatch) -> None:
+        """kvrep's actions in the request's `kv_hints` envelope (`radix_sync.kv_hints`) go to the coordinator as
+        hints on the request's prompt (a request sent straight to this worker, or through a router that sent them
+        already: the hint id makes them idempotent). SGLang checked the envelope's shape; one of our actions it
+        cannot check (a bad version or payload) is logged and dropped: the request is served regardless."""
+        if not isinstance(hit.kv_hints, dict):  # SGLang gives each request of a batch its own envelope
+            return
+        try:
+            hints = kv_hints.parse(hit.kv_hints)
+        except kv_hints.KvHintsError as exc:
+            self.kv_hint_stats["malformed"] += 1
+            log.warning("kvrep: request %s: %s (not acted on)", hit.rid, exc)
+            return
+        if not hints:
+            return
+        ids = [int(t) for t in hit.token_ids[:p.MAX_PREFIX_TOKENS]]
+        for hint in hints:
+            self.kv_hint_stats["reported"] += 1
+            self._report(p.HintReported(worker_id=self.config.worker_id, seq=0, namespace=hit.namespace,
+                                        token_ids=ids, **hint))
+
     def on_request_match_safe(self, params: Any, result: Any) -> None:
         """SGLang matched a request's prompt (`match_prefix`'s arguments and result): report the hit once per
         request, and take back a demotion the request reuses exactly."""
@@ -407,6 +431,8 @@ class WorkerAgent:
             self._seen_rids[hit.rid] = None
             if len(self._seen_rids) > 8192:
                 self._seen_rids.popitem(last=False)
+            if hit.kv_hints is not None:
+                self._report_kv_hints(hit)
             matched = hit.matched_len
             if matched <= 0:
                 return

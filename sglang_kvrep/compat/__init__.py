@@ -135,6 +135,9 @@ class RequestMatch:
     matched_len: int
     """Tokens matched on the device."""
     key_len: int
+    kv_hints: Any = None
+    """The request's `kv_hints` envelope as JSON values (SGLang decoded and shape-checked it: `Req.kv_hints`,
+    `sglang/srt/managers/kv_hints.py`), or None."""
 
 
 def matched_request(params: Any, result: Any) -> Optional[RequestMatch]:
@@ -143,8 +146,13 @@ def matched_request(params: Any, result: Any) -> Optional[RequestMatch]:
     if req is None:
         return None
     key = params.key
+    hints = getattr(req, "kv_hints", None)
+    if hints is not None and not isinstance(hints, (dict, list)):
+        import msgspec
+
+        hints = msgspec.to_builtins(hints)  # SGLang's KvHintsEnvelope struct
     return RequestMatch(rid=getattr(req, "rid", None), namespace=key.cache_salt or "", token_ids=key.token_ids,
-                        matched_len=int(result.device_prefix_len), key_len=len(key.token_ids))
+                        matched_len=int(result.device_prefix_len), key_len=len(key.token_ids), kv_hints=hints)
 
 
 def evict_request_tokens(params: Any) -> int:

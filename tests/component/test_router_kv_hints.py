@@ -43,7 +43,7 @@ def headers_of(router, body, headers, path="/generate"):
 
 
 def test_a_fanout_action_becomes_a_hint_and_the_body_reaches_the_worker_unchanged(env):
-    hints = envelope(("kvrep.fanout", {"k": 4, "delay_s": 0.3}), ("someone.else", {"x": [1]}))
+    hints = envelope(("kvrep.fanout", {"k": 4, "delay_s": 0.3}), ("someone.else", {"x": [1]}), message_id="fan-1")
     before = live_hints(env)
     status, headers, out = headers_of(env.router, {"input_ids": PROMPT, "kv_hints": hints}, ACME)
     assert status == 200 and headers["x-kvrep-kv-hints"] == "1 of 1 sent", headers
@@ -51,8 +51,8 @@ def test_a_fanout_action_becomes_a_hint_and_the_body_reaches_the_worker_unchange
     wait_until(lambda: live_hints(env) == before + 1, what="the coordinator recorded the fan-out hint")
     assert metric(env.router, "kvrep_router_kv_hints_total", outcome="sent") >= 1
     # a session end on the same prompt drops that hint
-    status, headers, _ = headers_of(env.router, {"input_ids": PROMPT, "kv_hints": envelope(("kvrep.session_end", {}))},
-                                    ACME)
+    end = envelope(("kvrep.session_end", {}), message_id="end-1")
+    status, headers, _ = headers_of(env.router, {"input_ids": PROMPT, "kv_hints": end}, ACME)
     assert status == 200 and headers["x-kvrep-kv-hints"] == "1 of 1 sent", headers
     wait_until(lambda: live_hints(env) == before, what="the session end dropped the prefix's hint")
     # a chat prompt this router cannot tokenize (no tokenizer here): served, the hints not acted on, and said so
@@ -86,7 +86,9 @@ def test_a_caller_who_may_not_hint_is_served_and_told_and_the_rate_limit_never_l
     assert out["meta_info"]["kv_hints"] == hints
     assert metric(env.open, "kvrep_router_kv_hints_total", outcome="unauthorized") == 1
     # over the tenant's hint rate (burst 3 in this env): every request served, the hints beyond it dropped
-    answers = [headers_of(env.router, {"input_ids": PROMPT, "kv_hints": hints}, ACME) for _ in range(4)]
+    answers = [headers_of(env.router, {"input_ids": PROMPT, "kv_hints": envelope(("kvrep.keepalive", {"ttl_s": 30}),
+                                                                              message_id=f"ka-{i}")}, ACME)
+               for i in range(4)]
     assert [a[0] for a in answers] == [200] * 4
     assert answers[-1][1]["x-kvrep-kv-hints"] == "0 of 1 sent (hint rate limit)", answers[-1][1]
     assert metric(env.router, "kvrep_router_kv_hints_total", outcome="rate_limited") >= 1

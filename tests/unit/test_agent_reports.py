@@ -213,3 +213,38 @@ def test_a_failed_gather_releases_the_lock_and_ends_the_transfer(monkeypatch, fa
     agent.mailbox.post_to_scheduler(m.ChunksSent(tid, 2))
     agent.on_iteration()
     assert posted(agent, (m.ChunkGathered, m.GatherFailed)) == [] and len(calls) == 3
+
+
+def test_kvrep_actions_of_a_requests_kv_hints_envelope_go_to_the_coordinator_once_per_request():
+    """A request sent straight to the worker with SGLang's `kv_hints` envelope (no router of ours in front): its
+    kvrep actions are reported as hints on its prompt, with the envelope's ids (idempotent with a router's send);
+    other consumers' actions are left alone; a bad action of ours is dropped, never the request."""
+    import types
+
+    import msgspec
+    from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
+
+    from radix_sync.kv_hints import envelope
+
+    agent = WorkerAgent(FakeView(), KvrepConfig(worker_id="w", load_interval_s=3600.0))
+    prompt = list(range(100, 140))
+
+    def match(rid, hints, matched=0):
+        req = types.SimpleNamespace(rid=rid, kv_hints=None if hints is None else decode_kv_hints_envelope(hints))
+        params = types.SimpleNamespace(req=req, key=types.SimpleNamespace(token_ids=prompt, cache_salt="t1"))
+        agent.on_request_match_safe(params, types.SimpleNamespace(device_prefix_len=matched))
+
+    hints = envelope(("kvrep.fanout", {"k": 4}), ("acme.x", {"y": 1}), ("kvrep.keepalive", {"ttl_s": 9}),
+                     message_id="msg-7")
+    match("r1", hints)
+    match("r1", hints, matched=16)  # the same request matched again (a retraction, a chunk): reported once
+    match("r2", None)
+    reported = [x.message for x in posted(agent, m.ToCoordinator) if isinstance(x.message, p.HintReported)]
+    assert [(h.kind, h.k, h.ttl_s, h.hint_id, h.namespace, h.token_ids) for h in reported] == [
+        ("fanout", 4, 60.0, "msg-7/a-0", "t1", prompt), ("keepalive", 1, 9.0, "msg-7/a-2", "t1", prompt)]
+    for h in reported:  # what goes on the wire decodes as the coordinator reads it
+        assert p.decode_for_coordinator(p.encode(h)) == h
+    match("r3", envelope(("kvrep.fanout", {"k": 4, "delay_s": 99})))  # SGLang cannot check our payloads
+    assert [x for x in posted(agent, m.ToCoordinator) if isinstance(x.message, p.HintReported)] == []
+    assert agent.kv_hint_stats == {"reported": 2, "malformed": 1}
+    assert msgspec.to_builtins(decode_kv_hints_envelope(hints)) == hints  # what compat hands over

@@ -3,6 +3,7 @@
 import pytest
 
 from radix_sync import kv_hints as kh
+from radix_sync import protocol as p
 from radix_sync.coordinator.live_planner import LivePlanner
 from radix_sync.hashing import page_hashes
 from tests.unit.test_live_planner import PS, finish, hello, state_with_prefix
@@ -19,11 +20,13 @@ def env(*actions, **extra):
 def test_our_actions_become_hints_in_order_and_other_consumers_actions_are_left_alone():
     value = env(action("kvrep.fanout", {"k": 8, "delay_s": 0.2}), action("acme.prefetch", {"anything": [1, 2]}),
                 action("kvrep.keepalive", {"ttl_s": 30}), action("kvrep.session_end", {}), unknown_key=1)
-    assert kh.parse(value) == [{"kind": "fanout", "k": 8, "delay_s": 0.2}, {"kind": "keepalive", "ttl_s": 30.0},
-                               {"kind": "end"}]
-    assert kh.parse(env(action("kvrep.fanout", {"k": 2}))) == [{"kind": "fanout", "k": 2, "delay_s": 0.5}]
+    assert kh.parse(value) == [{"kind": "fanout", "k": 8, "delay_s": 0.2, "hint_id": "m/a"},
+                               {"kind": "keepalive", "ttl_s": 30.0, "hint_id": "m/a"}, {"kind": "end", "hint_id": "m/a"}]
+    assert kh.parse(env(action("kvrep.fanout", {"k": 2}, aid="b7"))) == [{"kind": "fanout", "k": 2, "delay_s": 0.5,
+                                                                         "hint_id": "m/b7"}]
     assert kh.parse(None) == [] and kh.parse(env()) == [] and kh.parse(env(action("x.y", {}, version="9"))) == []
-    assert kh.parse(kh.envelope(("kvrep.fanout", {"k": 3}))) == [{"kind": "fanout", "k": 3, "delay_s": 0.5}]
+    assert kh.parse(kh.envelope(("kvrep.fanout", {"k": 3}))) == [{"kind": "fanout", "k": 3, "delay_s": 0.5,
+                                                                  "hint_id": "m-1/a-0"}]
 
 
 @pytest.mark.parametrize("value,what", [
@@ -54,7 +57,7 @@ def test_a_malformed_envelope_or_action_is_refused_with_what_is_wrong(value, wha
 
 def test_a_batch_takes_one_envelope_per_prompt_and_acts_on_the_first():
     first, second = env(action("kvrep.fanout", {"k": 4})), env(action("kvrep.session_end", {}))
-    assert kh.parse([first, second], num_prompts=2) == [{"kind": "fanout", "k": 4, "delay_s": 0.5}]
+    assert kh.parse([first, second], num_prompts=2) == [{"kind": "fanout", "k": 4, "delay_s": 0.5, "hint_id": "m/a"}]
     assert kh.parse([None, second], num_prompts=2) == []
     with pytest.raises(kh.KvHintsError, match="2 envelopes for 3 prompt"):
         kh.parse([first, second], num_prompts=3)
@@ -119,3 +122,41 @@ def test_end_hints_are_not_capped_as_live_hints_but_are_rate_limited():
     st.record_hint({"kind": "end", "input_ids": list(range(1, 65))}, 0.3)  # the cap does not apply
     with pytest.raises(AdminError, match="rate limit"):
         st.record_hint({"kind": "end", "input_ids": list(range(2, 66))}, 0.4)
+
+
+def test_a_hint_sent_by_the_router_and_again_by_the_worker_is_recorded_once():
+    """The router acts on the envelope and forwards it; the worker's plugin reports the same actions: the hint id
+    (message id / action id) makes the second a no-op, in the same namespace, for the hit window."""
+    from radix_sync.api import HintRequest
+
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=0)
+    first = st.record_hint(HintRequest(kind="fanout", input_ids=tokens, k=4, hint_id="m-1/a-0"), 1.0)
+    # the worker's report of the same action, over the wire
+    out = st.handle(b"A", p.HintReported(worker_id="a", seq=3, namespace="", token_ids=tokens, kind="fanout", k=4,
+                                         hint_id="m-1/a-0"), 1.1)
+    assert out == [] and len(st.hints) == 1
+    assert st.record_hint(HintRequest(kind="fanout", input_ids=tokens, k=4, hint_id="m-1/a-0"), 1.2) is first
+    # another action, another namespace, or no id: each its own hint
+    st.handle(b"A", p.HintReported(worker_id="a", seq=4, namespace="", token_ids=tokens, kind="keepalive",
+                                   ttl_s=5, hint_id="m-1/a-1"), 1.3)
+    st.record_hint(HintRequest(kind="fanout", input_ids=tokens, k=4, cache_salt="t9", hint_id="m-1/a-0"), 1.4)
+    st.record_hint(HintRequest(kind="fanout", input_ids=tokens, k=4), 1.5)
+    assert [h.kind for h in st.hints] == ["fanout", "keepalive", "fanout", "fanout"]
+    # a client reusing a message id for another kind of action: not taken for a repeat
+    st.record_hint(HintRequest(kind="keepalive", input_ids=tokens, ttl_s=3, hint_id="m-1/a-0"), 1.6)
+    assert [h.kind for h in st.hints][-1] == "keepalive" and len(st.hints) == 5
+    st._demand.check_integrity()
+    # past the hit window the id is forgotten with the rest of the demand
+    st.tick(1.5 + st.config.hit_window_s + 1.0)
+    assert st._demand.hint_ids == {} or all(r.time_s > 1.5 for r in st._demand.hint_ids.values())
+
+
+def test_a_worker_hint_out_of_bounds_is_refused_and_answered_with_an_error():
+    tokens = list(range(100, 100 + 1024))
+    st = state_with_prefix(tokens, waiting_on_a=0)
+    too_long = [1] * (st.config.max_prompt_tokens + 1)
+    out = st.handle(b"A", p.HintReported(worker_id="a", seq=3, namespace="", token_ids=too_long, kind="fanout",
+                                         k=2), 1.0)
+    assert len(out) == 1 and isinstance(out[0][1], p.Error) and out[0][1].in_reply_to == "HintReported"
+    assert len(st.hints) == 0 and st.num_refused_facts == {"HintReported": 1}
