@@ -636,7 +636,9 @@ def run_bench(args) -> int:
     try:
         _say(f"starting the coordinator and {args.workers} CPU SGLang workers (model '{args.model}')")
         keys = local_keys(logs / "keys")
-        coord = Coordinator(logs, extra_args=("--policy", "kvrep", "--mode", "shadow", "--profile", args.profile))
+        # NOTE: no copy-ledger holdout: the arms are the comparison here (`active` is the planner at full strength)
+        coord = Coordinator(logs, extra_args=("--policy", "kvrep", "--mode", "shadow", "--profile", args.profile,
+                                              "--ledger-holdout", "0"))
         procs.append(coord)
         coord.wait_ready()
         workers = []

@@ -107,6 +107,9 @@ class FinishReport(_Body):
     stop: Optional[StopReason] = None
     class_key: Optional[ClassKey] = field(default=None, name="class")
     seq: ReportSeq = 0
+    ttft_s: Optional[Annotated[float, Meta(ge=0, le=86400)]] = None
+    """Time to first token the router measured (from its decision, a pull's wait included): the copy ledger's
+    evidence (`radix_sync.coordinator.ledger`)."""
 
 
 class DemandBatch(_Body):

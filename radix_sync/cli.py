@@ -39,6 +39,9 @@ def _add_coordinator(sub) -> None:
     p.add_argument("--max-pages-per-worker", type=int, default=S.max_pages_per_worker)
     p.add_argument("--max-hint-ttl-s", type=float, default=S.max_hint_ttl_s, help="hints' TTLs are capped to it")
     p.add_argument("--hint-rate-per-s", type=float, default=S.hint_rate_per_s, help="hints per second per tenant")
+    p.add_argument("--ledger-holdout", type=float, default=S.ledger_holdout,
+                   help="fraction of the prefixes the planner decides on whose copies are held back, to measure "
+                        "whether copies pay (GET /status `ledger`; 0: off)")
     p.add_argument("--keys", default=C.keys, metavar="DIR",
                    help="key directory from `kvrep keys`: CurveZMQ on the workers' socket, only its workers' keys "
                         "admitted, each bound to its worker id (required to bind a non-loopback address)")
@@ -74,7 +77,7 @@ def _run_coordinator(args) -> int:
                               replication_timeout_s=args.replication_timeout_s,
                               max_prompt_tokens=args.max_prompt_tokens,
                               max_pages_per_worker=args.max_pages_per_worker, max_hint_ttl_s=args.max_hint_ttl_s,
-                              hint_rate_per_s=args.hint_rate_per_s),
+                              hint_rate_per_s=args.hint_rate_per_s, ledger_holdout=args.ledger_holdout),
             admin_tokens=args.admin_tokens, state_dir=args.state_dir)
         coord = Coordinator(config)
     except ValueError as exc:

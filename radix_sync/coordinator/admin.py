@@ -167,6 +167,7 @@ class AdminServer:
                              for (w, r), v in st.directory.replicas().items()],
                 "sessions": coord.policy.session_stats(),
                 "loop": coord.loop_stats.summary(),
+                "ledger": st.ledger.status(time.monotonic()),
                 "demotions": {**coord.num_demotions, "recent": coord.recent_demotions[-20:]},
                 "hints": [{"block_hash": b, **{k: round(v, 3) for k, v in t.items()},
                            "planner": [[round(when, 3), what] for when, what in

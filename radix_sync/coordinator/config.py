@@ -37,6 +37,9 @@ class StateConfig:
     hint_burst: int = 200
     max_replica_ttl_s: float = 3600.0
     """A replica fact is never believed to live longer than this, s."""
+    ledger_holdout: float = 0.2
+    """Fraction of the prefixes the planner decides on whose copies are not made, so the copy ledger can tell
+    whether copies pay (`radix_sync.coordinator.ledger`; 0: no holdout, no verdict, never paused)."""
 
     def __post_init__(self) -> None:
         for name in ("worker_timeout_s", "replication_timeout_s", "hit_window_s", "max_hint_ttl_s",
@@ -47,5 +50,7 @@ class StateConfig:
                      "max_hints_per_namespace", "max_hints", "hint_burst"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.ledger_holdout <= 1.0:
+            raise ValueError(f"ledger_holdout must be in [0, 1], got {self.ledger_holdout}")
         if self.max_prompt_tokens > p.MAX_PREFIX_TOKENS:
             raise ValueError(f"max_prompt_tokens must be <= {p.MAX_PREFIX_TOKENS}, got {self.max_prompt_tokens}")

@@ -290,6 +290,10 @@ class Coordinator:
                                                   "prefix_len": prefix_len})
                     del self.shadow_decisions[:-1000]
                     continue
+                # the copy ledger's holdout: some prefixes' copies are not made, to measure whether copies pay (and
+                # none while they are shown to cost: the planner is paused)
+                if not self.state.ledger.assign(block_hash, now):
+                    continue
                 tokens = self.state.directory.prefix_tokens(block_hash)
                 if tokens is None:
                     continue

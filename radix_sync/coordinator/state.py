@@ -22,6 +22,7 @@ from radix_sync import api
 from radix_sync import protocol as p
 from radix_sync.api import AdminError
 from radix_sync.coordinator.config import StateConfig
+from radix_sync.coordinator.ledger import CopyLedger, LedgerConfig
 from radix_sync.coordinator.demand import ArrivalRecord, DemandLog, FinishRecord, HintRecord
 from radix_sync.coordinator.replications import (FAILED, DONE, PENDING, RUNNING, Replication, ReplicationBook,
                                                  check_token_ids)
@@ -45,6 +46,8 @@ class ClusterState:
         self._workers = WorkerRegistry()
         self._replications = ReplicationBook(config.replication_timeout_s)
         self._demand = DemandLog(config.max_demand_events)
+        self.ledger = CopyLedger(LedgerConfig(holdout=config.ledger_holdout))
+        """Whether the planner's copies pay, live (a holdout of prefixes; `radix_sync.coordinator.ledger`)."""
         self.num_protocol_errors = 0
         self.num_refused_facts: dict[str, int] = {}
         """Facts refused after decoding, by type (unverifiable pages, a replication's fact from a non-party,
@@ -369,13 +372,14 @@ class ClusterState:
     def _parse_finish(self, report: api.FinishReport) -> tuple:
         namespace = api.namespace_of(report.cache_salt)
         hashes = self._prompt_hashes(report, namespace)
-        return hashes, namespace, report.worker, report.stop, report.class_key or ""
+        return hashes, namespace, report.worker, report.stop, report.class_key or "", report.ttft_s
 
     def _record_finish(self, parsed: tuple, now_s: float) -> FinishRecord:
-        hashes, namespace, worker_id, stop, class_key = parsed
+        hashes, namespace, worker_id, stop, class_key, ttft_s = parsed
         rec = FinishRecord(now_s, namespace, hashes[-1] if hashes else None, len(hashes), stop, class_key,
                            worker_id)
         self._demand.add_finish(rec, hashes)
+        self.ledger.finished(hashes, ttft_s, now_s)
         return rec
 
     def record_hint(self, req: Union[api.HintRequest, dict], now_s: float) -> HintRecord:

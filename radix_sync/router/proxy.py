@@ -74,7 +74,7 @@ class Proxy:
     async def forward(self, request: web.Request, path: str, body: dict, decision: Decision, prompt_len: int,
                       wait_for_copy: Callable[[str], Awaitable[None]],
                       on_dispatched: Callable[[str, int], None],
-                      on_finished: Callable[[str, Optional[str]], None]) -> web.StreamResponse:
+                      on_finished: Callable[[str, Optional[str], Optional[float]], None]) -> web.StreamResponse:
         """Sends the body to the ranked workers in turn until one answers; streams or returns its answer.
 
         From the decision until the worker starts answering, the request counts as queued on the worker it is
@@ -88,7 +88,8 @@ class Proxy:
             prompt_len: tokens of the prompt.
             wait_for_copy: holds the request (bounded) for the copy in flight to a worker.
             on_dispatched: called with (url, attempt) once a worker accepted the request.
-            on_finished: called with (url, how the answer ended) after a 200 answer.
+            on_finished: called with (url, how the answer ended, when its first output came: `time.monotonic()`)
+                after a 200 answer.
         Returns:
             the response sent to the client.
         Raises:
@@ -112,9 +113,16 @@ class Proxy:
                     started = True
                     on_dispatched(url, attempt)
                     # its prefill counts as queued work until the first output arrives (a stream's first chunk)
-                    resp, tail = await self._relay(request, up, unqueue, url)
+                    first: list[float] = []
+
+                    def first_output(unqueue=unqueue, first=first) -> None:
+                        if not first:
+                            first.append(time.monotonic())
+                        unqueue()
+
+                    resp, tail = await self._relay(request, up, first_output, url)
                     if up.status == 200:
-                        on_finished(url, finish_reason(tail))
+                        on_finished(url, finish_reason(tail), first[0] if first else None)
                     return resp
             except _RETRYABLE as exc:
                 if started:

@@ -204,14 +204,16 @@ class Router:
                       hash_page_size: int = 0) -> web.StreamResponse:
         """Forwards a decided request (`Proxy.forward`), recording and reporting where it went and how it ended."""
         pull = None
+        t0 = time.monotonic()  # the time to first token reported with the finish counts a pull's wait too
         if decision.pull is not None:  # a copy on the critical path first (radix_sync.router.pull)
             decision, pull = await self.puller.run(decision, ids, tenant.namespace)
 
         def dispatched(url: str, attempt: int) -> None:
             self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size, pull)
 
-        def finished(url: str, stop: Optional[str]) -> None:
-            self._on_finished(url, ids, hashes, hash_page_size, tenant, stop)
+        def finished(url: str, stop: Optional[str], first_output_s: Optional[float]) -> None:
+            self._on_finished(url, ids, hashes, hash_page_size, tenant, stop,
+                              None if first_output_s is None else first_output_s - t0)
 
         return await self.proxy.forward(request, path, body, decision, len(ids), self._wait_for_copy, dispatched,
                                         finished)
@@ -267,10 +269,14 @@ class Router:
         return item
 
     def _on_finished(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int, tenant: Tenant,
-                     stop: Optional[str]) -> None:
-        """Reports an answer's end and how it ended, so the coordinator can predict the session's next turn."""
+                     stop: Optional[str], ttft_s: Optional[float] = None) -> None:
+        """Reports an answer's end, how it ended (so the coordinator can predict the session's next turn) and its
+        time to first token from the router's decision (the coordinator's copy ledger judges copies by it)."""
         if self.link is not None and ids:
-            self.link.report_finish({**self._report_fields(url, ids, hashes, hash_page_size, tenant), "stop": stop})
+            item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "stop": stop}
+            if ttft_s is not None and ttft_s >= 0:
+                item["ttft_s"] = round(ttft_s, 6)
+            self.link.report_finish(item)
 
     def status(self) -> dict:
         """Returns: what `/kvrep/status` shows: the coordinator link, the workers, the last decisions."""

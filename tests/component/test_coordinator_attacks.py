@@ -25,7 +25,7 @@ def coord(tmp_path_factory):
     c = Coordinator(tmp_path_factory.mktemp("attacks"), extra_args=(
         "--policy", "rules", "--rule-min-hits", "1", "--rule-min-prefix-len", "4", "--rule-max-queue", "0",
         "--worker-timeout-s", "60", "--max-prompt-tokens", "1000", "--hint-rate-per-s", "0.001",
-        "--max-hint-ttl-s", "120"))
+        "--max-hint-ttl-s", "120", "--ledger-holdout", "0"))
     try:
         c.wait_ready()
         yield c

@@ -238,9 +238,12 @@ def test_finished_answers_reach_the_coordinator_and_the_next_turn_is_recognised(
         assert model["followups"] == 3.0  # the prior's 2 pseudo-observations + this one
         # another tenant's identical prompt is another namespace: no follow-up of acme's session
         before = env.coord.get("/status")[1]["num_recent_finishes"]
+        timed = env.coord.get("/status")[1]["ledger"]["answers_timed"]
         status, _, raw = call(env.url + "/generate", {"input_ids": p11 + [1, 2, 3, 4, 5]}, GLOBEX)
         assert status == 200
         wait_until(lambda: env.coord.get("/status")[1]["num_recent_finishes"] > before, what="globex's finish")
+        # every finish carries the router's time to first token: the copy ledger's evidence
+        assert env.coord.get("/status")[1]["ledger"]["answers_timed"] > timed
         assert sessions()["followups"] == 1
     finally:
         env.coord.post("/policy", {"policy": "none", "mode": "shadow", "reset_demand": True})
