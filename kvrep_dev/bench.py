@@ -71,6 +71,28 @@ DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
 """`kvrep demo`'s arms: routing alone, reactive copies, predictive + reactive, today's router."""
 PULL_ARMS = ("pull", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
+MAX_FRONTS = 16
+"""`ARM@N`: an arm served by N front doors at most."""
+
+
+def split_arm(arm: str) -> tuple[str, int]:
+    """`ARM@N` -> (ARM, N): the arm served by N routers in front of the same workers (ours: N processes sharing the
+    coordinator's directory; smg: N gateways, each with its own cache-aware tree), the client spreading requests
+    over them in turn (a load balancer in front of a fleet's gateways). `ARM` alone: (ARM, 1).
+
+    Raises:
+        ValueError: an unknown arm or a count outside [1, MAX_FRONTS].
+    """
+    base, _, n = arm.partition("@")
+    if base not in ARMS:
+        raise ValueError(f"unknown arm {base!r}; known: {', '.join(ARMS)} (each optionally @N)")
+    try:
+        fronts = int(n) if n else 1
+    except ValueError:
+        raise ValueError(f"arm {arm!r}: the count after @ must be an integer") from None
+    if not 1 <= fronts <= MAX_FRONTS:
+        raise ValueError(f"arm {arm!r}: 1 to {MAX_FRONTS} front doors")
+    return base, fronts
 WORKLOADS = ("agent", "fanout", "flash", "shared", "unique")
 CLIENTS = ("kvrep", "sglang", "both")
 """`--client`: our load generator (the default), SGLang's own `sglang.benchmark.serving`, or both."""
@@ -602,13 +624,16 @@ def run_bench(args) -> int:
     if client == "sglang":
         workloads = []
     for a in arms:
-        if a not in ARMS:
-            print(f"kvrep bench: unknown arm {a!r}; known: {', '.join(ARMS)}", file=sys.stderr)
+        try:
+            split_arm(a)
+        except ValueError as exc:
+            print(f"kvrep bench: {exc}", file=sys.stderr)
             return 2
+    bases = {split_arm(a)[0] for a in arms}
     if args.repeats < 1:
         print(f"kvrep bench: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    if any(a in SMG_POLICY for a in arms):
+    if any(a in SMG_POLICY for a in bases):
         try:
             import smg  # noqa: F401
         except ImportError:
@@ -659,7 +684,7 @@ def run_bench(args) -> int:
         router_url = router.url
         routers: dict[str, Router] = {}
         pull_router = None
-        if any(a in PULL_ARMS for a in arms):  # the same router with --pull, for the arms that copy on the path
+        if any(a in PULL_ARMS for a in bases):  # the same router with --pull, for the arms that copy on the path
             pull_router = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name="router-pull",
                                  extra_args=("--profile", args.profile, "--pull"))
             procs.append(pull_router)
@@ -685,7 +710,9 @@ def run_bench(args) -> int:
                 for k, arm in enumerate(arms):
                     label = f"{wname}/{arm}" + (f" #{rnd + 1}" if args.repeats > 1 else "")
                     smg = None
-                    policy, mode = COORDINATOR_ARM.get(arm, ("kvrep", "shadow"))
+                    base, fronts = split_arm(arm)
+                    extra: list[Proc] = []  # the arm's other front doors (`ARM@N`), stopped after it
+                    policy, mode = COORDINATOR_ARM.get(base, ("kvrep", "shadow"))
                     status, answer = coord.post("/policy", {"policy": policy, "mode": mode, "reset_demand": True})
                     if status != 200:
                         raise RuntimeError(f"coordinator refused /policy: {answer}")
@@ -693,13 +720,28 @@ def run_bench(args) -> int:
                     # minutes) that this arm's copies need
                     coord.post("/replicas/drop", {})
                     _wait_no_replicas(coord)
-                    ours = router_urls.get(arm, router_url)
+                    ours = router_urls.get(base, router_url)
                     url, hints = ours, ours + "/kvrep/hints"
-                    if arm in SMG_POLICY:
-                        smg = SmgRouter(SMG_POLICY[arm], [w.url for w in workers], logs, workers[0].api_key)
+                    if base in SMG_POLICY:
+                        smg = SmgRouter(SMG_POLICY[base], [w.url for w in workers], logs, workers[0].api_key)
                         procs.append(smg)
                         smg.wait_ready()
                         url, hints = smg.url, None
+                    for j in range(1, fronts):
+                        if base in SMG_POLICY:
+                            front = SmgRouter(SMG_POLICY[base], [w.url for w in workers], logs, workers[0].api_key)
+                        else:
+                            front = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model),
+                                           name=f"router-{arm}-{j}",
+                                           extra_args=("--profile", args.profile,
+                                                       *(("--pull",) if base in PULL_ARMS else ())))
+                        procs.append(front)
+                        extra.append(front)
+                    for front in extra:
+                        if base in SMG_POLICY:
+                            front.wait_ready()
+                        else:
+                            front.wait_http(front.url + "/health", 120)
                     before = {r["id"] for r in coord.get("/replications")[1]}
                     if wl is None:  # SGLang's own client: its text does not change per arm, so the caches go
                         flush_workers(workers)
@@ -727,6 +769,7 @@ def run_bench(args) -> int:
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
                     todo = copy.deepcopy(wl)
                     cfg = ReplayConfig(url=url, hints_url=hints, api_key=smg.api_key if smg is not None else None,
+                                       more_urls=tuple(f.url for f in extra),
                                        hints_api_key=router.admin("write")["Authorization"].split(" ", 1)[1],
                                        on_done=_progress(label, workload_size(wl)["requests"]))
                     t0 = time.monotonic()
@@ -740,8 +783,10 @@ def run_bench(args) -> int:
                                          "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
                                          "key": r.key, "error": r.error} for r in results]}
-                    if arm not in SMG_POLICY:
-                        row["router_decisions"] = routers.get(arm, router).status().get("last_decisions")
+                    if fronts > 1:
+                        row["fronts"] = fronts
+                    if base not in SMG_POLICY:
+                        row["router_decisions"] = routers.get(base, router).status().get("last_decisions")
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
                         row["sessions"] = st.get("sessions")
@@ -760,7 +805,7 @@ def run_bench(args) -> int:
                     if errors:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
                     samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
-                    if args.simulate and rnd == 0:  # the simulator is deterministic: once is enough
+                    if args.simulate and rnd == 0 and fronts == 1:  # deterministic: once is enough; one router
                         row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                               args.max_total_tokens, args.max_running, speed)
                     rows.append(row)
@@ -770,6 +815,10 @@ def run_bench(args) -> int:
                     if smg is not None:
                         smg.stop()
                         procs.remove(smg)
+                    if extra:
+                        stop_all(extra)
+                        for front in extra:
+                            procs.remove(front)
         coord.post("/policy", {"policy": "kvrep", "mode": "shadow"})
     finally:
         stop_all(procs)
@@ -851,7 +900,8 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--workloads", default="agent,fanout" if demo else ",".join(WORKLOADS),
                    help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--arms", default=",".join(DEMO_ARMS) if demo else ",".join(ARMS),
-                   help=f"comma-separated, from {', '.join(ARMS)}")
+                   help=f"comma-separated, from {', '.join(ARMS)}; ARM@N: the arm behind N front doors (ours: N "
+                        f"routers on the coordinator's one directory; smg: N gateways), requests spread in turn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every arm (interleaved); > 1 adds medians and ranges over the rounds")

@@ -146,6 +146,10 @@ class ReplayConfig:
     url: str
     hints_url: Optional[str] = None
     """Where fan-out hints go (`<router>/kvrep/hints`); None: the endpoint takes no hints."""
+    more_urls: tuple[str, ...] = ()
+    """Other front doors of the same fleet: request `rid` goes to `(url, *more_urls)[rid % n]` (a load balancer
+    spreading requests over gateways in turn). Hints still go to `hints_url` (every router of ours forwards them
+    to the same coordinator)."""
     timeout_s: float = 300.0
     api_key: Optional[str] = None
     hints_api_key: Optional[str] = None
@@ -155,6 +159,14 @@ class ReplayConfig:
     on_done: Optional[object] = None
     """Called with each Result (progress)."""
     results: list = field(default_factory=list)
+
+
+def _front(cfg: ReplayConfig, rid: int) -> str:
+    """The front door request `rid` goes to."""
+    if not cfg.more_urls:
+        return cfg.url
+    fronts = (cfg.url, *cfg.more_urls)
+    return fronts[rid % len(fronts)]
 
 
 async def _one(session, cfg: ReplayConfig, req: SimRequest, text: str, kind: str, t0: float) -> Result:
@@ -167,7 +179,7 @@ async def _one(session, cfg: ReplayConfig, req: SimRequest, text: str, kind: str
     start = time.perf_counter()
     last = None
     try:
-        async with session.post(cfg.url + "/generate", json=body, headers=headers,
+        async with session.post(_front(cfg, req.rid) + "/generate", json=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as resp:
             if resp.status != 200:
                 res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"

@@ -39,7 +39,8 @@ def run_watched(argv: list[str], out_dir, timeout_s: float = 600) -> tuple[subpr
 def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     out_dir = tmp_path / "bench"
     argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2",
-            "--workloads", "fanout", "--arms", "shadow,active,smg-ca", "--duration-s", "8", "--fanout-rate", "2",
+            "--workloads", "fanout", "--arms", "shadow,active,smg-ca,shadow@2,smg-ca@2", "--duration-s", "8",
+            "--fanout-rate", "2",
             "--fanout-k", "3", "--simulate", "--out-dir", str(out_dir)]
     proc, started = run_watched(argv, tmp_path / "run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -47,8 +48,15 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     assert f"simulator ({testbed.PROFILE} profile) vs live" in proc.stdout
     assert "within 20% of the measured value" in proc.stdout and "within 0.1 of the measured ratio" in proc.stdout
     res = json.loads((out_dir / "results.json").read_text())
-    rows = {r["arm"]: r for r in res["rows"]}
+    fronts = {r["arm"]: r for r in res["rows"] if "@" in r["arm"]}
+    rows = {r["arm"]: r for r in res["rows"] if "@" not in r["arm"]}
     assert set(rows) == {"shadow", "active", "smg-ca"}
+    # `ARM@N`: the same arm behind N front doors (ours: N routers on one directory; smg: N gateways), served in turn
+    assert set(fronts) == {"shadow@2", "smg-ca@2"} and "fanout   shadow@2" in proc.stdout
+    for r in fronts.values():
+        assert r["fronts"] == 2 and "sim" not in r and r["live"]["errors"] == 0
+        assert r["live"]["requests"] == rows[r["arm"].split("@")[0]]["live"]["requests"]
+    assert (out_dir / "logs" / "router-shadow@2-1.log").exists()  # the second front door of ours ran
     # P99 ratios are against the baseline users run today, measured in the same run
     assert rows["active"]["ratio_vs"] == "smg-ca" and rows["active"]["p99_ratio"] > 0
     assert rows["smg-ca"]["replication"]["count"] == 0 and "router_decisions" not in rows["smg-ca"]

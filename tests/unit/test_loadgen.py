@@ -147,3 +147,18 @@ def test_replay_sends_sessions_closed_loop_with_hints_then_all_branches():
     t0, trunk_words = seen[0]
     branches = [t for t, words in seen if words == trunk_words + 16]
     assert len(branches) == 3 and min(branches) >= t0 + 0.03 + 0.1
+
+
+def test_an_arm_at_n_front_doors_and_the_client_spreading_requests_over_them():
+    import pytest
+
+    from kvrep_dev.bench import MAX_FRONTS, split_arm
+    from kvrep_dev.loadgen import ReplayConfig, _front
+
+    assert split_arm("shadow") == ("shadow", 1) and split_arm("smg-ca@4") == ("smg-ca", 4)
+    for bad in ("nope@2", "shadow@0", f"shadow@{MAX_FRONTS + 1}", "shadow@x"):
+        with pytest.raises(ValueError):
+            split_arm(bad)
+    cfg = ReplayConfig(url="http://a", more_urls=("http://b", "http://c"))
+    assert [_front(cfg, rid) for rid in range(5)] == ["http://a", "http://b", "http://c", "http://a", "http://b"]
+    assert _front(ReplayConfig(url="http://a"), 7) == "http://a"
