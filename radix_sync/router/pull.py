@@ -48,7 +48,9 @@ class PullRunner:
         self.link: Optional[CoordinatorLink] = None
         """Set by the router once it has one (no link: no pull is ever decided)."""
         self.in_flight: dict[str, CopyInFlight] = {}
-        """Replication id -> this router's pulls not finished yet (coordinator ids, as `ClusterState.copies`)."""
+        """Replication id (`asked-<n>` until the coordinator answered) -> this router's pulls not finished yet
+        (coordinator ids, as `ClusterState.copies`)."""
+        self._num_asked = 0
 
     def targets(self) -> set[str]:
         """Returns: coordinator ids of the workers a pull of this router is headed for."""
@@ -107,7 +109,16 @@ class PullRunner:
             return UNKNOWN_WORKER, f"no coordinator id for {plan.source if source is None else plan.target}", None
         req = api.ReplicateRequest(source=source, target=target, input_ids=list(ids[:plan.pull_len]),
                                    cache_salt=namespace or None, ttl_s=self.cfg.ttl_s, critical=True)
-        info, why = await link.replicate(req)
+        # NOTE: in flight from the decision on, not from the coordinator's answer: the branches of a fan-out arrive
+        # together, and each one decided while this call was out pulled the same prefix to the same target again
+        # (live fan-out: 2-3 copies of one trunk within 60 ms)
+        self._num_asked += 1
+        provisional = f"asked-{self._num_asked}"
+        self.in_flight[provisional] = CopyInFlight(source, target, namespace, plan.pull_len)
+        try:
+            info, why = await link.replicate(req)
+        finally:
+            self.in_flight.pop(provisional, None)
         if info is None:
             return (REFUSED if why.startswith("refused") else UNREACHABLE), why, None
         rid = info.id

@@ -119,3 +119,50 @@ def test_the_live_decision_is_the_simulators_kvrep_pull_rule():
     assert d.pull.expected_ttft_s == pytest.approx(route.expected_ttft_s)
     assert d.pull.copy_eta_s == pytest.approx(route.pull_eta_s)
     assert CostModel(COSTS.profile()).transfer_s(80) == pytest.approx(0.4)
+
+
+def test_a_pull_counts_as_in_flight_from_its_decision_so_a_sibling_waits_for_it_instead_of_pulling_again():
+    """The branches of a fan-out arrive together: a branch decided while the first branch's `/replicate` call is
+    still out must see that copy (live, before the fix: 2-3 copies of one trunk to one target within 60 ms)."""
+    import asyncio
+
+    from radix_sync import api
+    from radix_sync.router.metrics import RouterMetrics
+    from radix_sync.router.pool import WorkerPool
+    from radix_sync.router.pull import PullRunner
+
+    workers = [w("a", waiting=1, waiting_tokens=100), w("b")]
+    first = decide(workers, {"a": 80})
+    assert first.pull is not None and (first.pull.source, first.pull.target) == ("a", "b")
+
+    pool = WorkerPool(["a", "b"], 16, 1.0)
+    pool.coordinator_ids.update({"a": "wa", "b": "wb"})
+    pool._url_of = {"wa": "a", "wb": "b"}
+    answered = asyncio.Event()
+    seen = []
+
+    class Link:
+        async def replicate(self, req):
+            seen.append(dict(runner.in_flight))  # what a sibling deciding now sees
+            await answered.wait()
+            return api.ReplicationInfo(id="r1", source="wa", target="wb", namespace="", num_tokens=80,
+                                       ttl_s=30.0, origin="pull", state="done", error=None, num_bytes=80), ""
+
+    runner = PullRunner(PullConfig(), pool, RouterMetrics())
+    runner.link = Link()
+
+    async def scenario():
+        task = asyncio.create_task(runner.run(first, list(range(100)), ""))
+        while not seen:
+            await asyncio.sleep(0)
+        copies = pool.copies_by_url(runner.in_flight.values())
+        sibling = decide(workers, {"a": 80}, copies)
+        answered.set()
+        decision, record = await task
+        return copies, sibling, decision, record
+
+    copies, sibling, decision, record = asyncio.run(scenario())
+    assert seen == [{"asked-1": CopyInFlight("wa", "wb", "", 80)}]
+    assert copies == [CopyInFlight("a", "b", "", 80)]
+    assert sibling.pull is None and sibling.ranked[0] == "b" and sibling.wait_inflight  # waits for the copy
+    assert record["outcome"] == "done" and decision.ranked[0] == "b" and runner.in_flight == {}
