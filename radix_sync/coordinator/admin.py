@@ -160,7 +160,7 @@ class AdminServer:
                 "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
                 "feed": {"epoch": st.directory.feed.epoch, "seq": st.directory.feed.seq},
                 "num_protocol_errors": st.num_protocol_errors, "num_refused_facts": dict(st.num_refused_facts),
-                "num_tick_errors": coord.num_tick_errors,
+                "num_tick_errors": coord.num_tick_errors, "num_critical_joined": coord.num_critical_joined,
                 "num_recent_arrivals": len(st.arrivals),
                 "num_recent_finishes": len(st.finishes), "num_live_hints": len(st.hints),
                 "replicas": [{"worker": w, "replication_id": r, **v}

@@ -4,16 +4,20 @@ and the long poll the router waits on.
 A router that pulls holds a client's request until the copy lands, so a copy that cannot succeed must be refused at
 once (HTTP 409, the router falls back) rather than fail later: `check_critical` refuses one in shadow mode, one
 whose source no longer holds the whole prefix, and one that would exceed the target's replica budget (what the
-target would refuse on arrival, counting the copies already headed there). `wait_replication` answers when the
+target would refuse on arrival, counting the copies already headed there); `join_critical` finds the copy of the
+same prefix already headed for the same target (the request waits for it: one copy, not one per router or per
+sibling request). `wait_replication` answers when the
 copy is done or failed, or at the caller's deadline. Called by `server.Coordinator.admin_replicate` and the admin
 API (`admin.py`), under `coord.lock` for every read of the state.
 """
 from __future__ import annotations
 
 import asyncio
+from typing import Optional
 
 from radix_sync import api
 from radix_sync.api import AdminError
+from radix_sync.hashing import page_hashes
 
 CONFLICT = 409
 POLL_S = 0.005
@@ -53,6 +57,29 @@ def check_critical(state, req: api.ReplicateRequest, mode: str) -> None:
         raise AdminError(f"target {req.target} has room for {max(0, free)} replica tokens, the copy needs "
                          f"{num_tokens} (budget {dst.hello.replica_budget_tokens}, live {live}, in flight {headed})",
                          CONFLICT)
+
+
+def critical_prefix_hash(state, req: api.ReplicateRequest) -> Optional[int]:
+    """The hash naming the (page-aligned) prefix a critical copy asks for, at the source's page size; None when
+    shorter than a page or the source is unknown."""
+    src = state.workers.get(req.source)
+    if src is None:
+        return None
+    hashes = page_hashes(req.input_ids, src.hello.page_size, api.namespace_of(req.cache_salt))
+    return hashes[-1] if hashes else None
+
+
+def join_critical(state, req: api.ReplicateRequest, block_hash: Optional[int]):
+    """The copy of exactly this prefix already in flight to the same target (another router's pull, or a sibling
+    request's), which a critical copy waits for instead of copying the same pages again; None if there is none.
+    Caller holds the coordinator's lock."""
+    if block_hash is None:
+        return None
+    namespace = api.namespace_of(req.cache_salt)
+    for rep in state.replications.values():
+        if rep.in_flight and rep.target == req.target and rep.namespace == namespace and rep.block_hash == block_hash:
+            return rep
+    return None
 
 
 async def wait_replication(coord, req: api.ReplicationWaitRequest) -> api.ReplicationInfo:

@@ -24,7 +24,7 @@ from radix_sync.api import AdminError
 from radix_sync.coordinator.admin import AdminServer
 from radix_sync.coordinator.metrics import CoordinatorMetrics
 from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
-from radix_sync.coordinator.pull import check_critical
+from radix_sync.coordinator.pull import check_critical, critical_prefix_hash, join_critical
 from radix_sync.coordinator.state import ClusterState, StateConfig
 from radix_sync.policy.rules import RuleConfig
 
@@ -94,6 +94,8 @@ class Coordinator:
         self._plan_now = False  # set by the ZMQ loop thread only
         self.num_tick_errors = 0
         """Policy ticks that raised (logged; the coordinator keeps serving)."""
+        self.num_critical_joined = 0
+        """Critical copies (pulls) answered with the copy of the same prefix already in flight to their target."""
         self.metrics = CoordinatorMetrics(self)
         self.loop_stats = self.metrics.loop
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
@@ -352,11 +354,17 @@ class Coordinator:
         ttl_s = self.config.rules.ttl_s if req.ttl_s is api.UNSET else req.ttl_s
         now = time.monotonic()
         with self.lock:
+            block_hash = None
             if req.critical:
                 check_critical(self.state, req, self.mode)
+                block_hash = critical_prefix_hash(self.state, req)
+                joined = join_critical(self.state, req, block_hash)
+                if joined is not None:  # the same pages are on their way there already: wait for that copy
+                    self.num_critical_joined += 1
+                    return joined.to_info()
             rep, target_rid, expect = self.state.request_replication(
                 req.source, req.target, req.input_ids, api.namespace_of(req.cache_salt), ttl_s, now,
-                origin="pull" if req.critical else "admin")
+                origin="pull" if req.critical else "admin", block_hash=block_hash)
             out = rep.to_info()
         self.send(target_rid, expect)
         return out

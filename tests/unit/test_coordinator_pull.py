@@ -103,3 +103,49 @@ def test_the_wait_request_is_bounded():
         api.convert({"id": "r1", "wait_s": 31}, api.ReplicationWaitRequest)
     with pytest.raises(AdminError, match="id"):
         api.convert({"id": "x" * 65}, api.ReplicationWaitRequest)
+
+
+def test_a_pull_of_a_prefix_already_headed_for_its_target_joins_that_copy(st):
+    """Two routers (or two sibling requests) pull the same prefix to the same target: the second waits for the
+    first copy; another prefix, another target, another tenant or a finished copy: a copy of its own."""
+    from radix_sync.coordinator.pull import critical_prefix_hash, join_critical
+
+    toks = list(range(40))
+    h = critical_prefix_hash(st, critical(toks + [7, 7]))
+    assert h == page_hashes(toks, 4)[-1]  # page-aligned, at the source's page size
+    assert join_critical(st, critical(toks), h) is None  # nothing in flight yet
+    rep, _, _ = st.request_replication("a", "b", toks, "", 30.0, 2.0, origin="pull", block_hash=h)
+    assert join_critical(st, critical(toks + [5]), critical_prefix_hash(st, critical(toks + [5]))) is rep
+    shorter = critical(toks[:36])
+    assert join_critical(st, shorter, critical_prefix_hash(st, shorter)) is None  # another prefix
+    st.handle(b"C", hello("c"), 2.0)
+    assert join_critical(st, critical(toks, target="c"), h) is None
+    assert join_critical(st, critical(toks, ns="t2"), critical_prefix_hash(st, critical(toks, ns="t2"))) is None
+    rep.state = "done"
+    assert join_critical(st, critical(toks), h) is None
+    assert critical_prefix_hash(st, critical([1, 2])) is None and critical_prefix_hash(st, critical(toks, "zz")) is None
+
+
+def test_the_admin_replicate_of_two_routers_pulls_makes_one_copy(tmp_path):
+    import time
+
+    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
+
+    coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy="none", mode="active",
+                                          state_dir=str(tmp_path)))
+    try:
+        now = time.monotonic()
+        coord.state.handle(b"A", hello("a"), now)
+        coord.state.handle(b"B", hello("b"), now)
+        coord.state.handle(b"A", stored("a", 1, list(range(40))), now)
+        first = coord.admin_replicate(critical(list(range(40)) + [1]))
+        second = coord.admin_replicate(critical(list(range(40)) + [2]))
+        assert second.id == first.id and coord.num_critical_joined == 1
+        assert [r.origin for r in coord.state.replications.values()] == ["pull"]
+        third = coord.admin_replicate(critical(list(range(40)), target="b", ns=None))
+        assert third.id == first.id
+        plain = coord.admin_replicate(api.ReplicateRequest(source="a", target="b", input_ids=list(range(40))))
+        assert plain.id != first.id  # an admin's copy is its own (not a pull)
+    finally:
+        coord._sock.close(0)
+        coord._ctx.term()
