@@ -12,7 +12,8 @@ snapshot alone (pure functions, seconds and tokens):
 
        delay = r x (start - now) + r x^2 / 2          (`pull_delay_s`; seconds of TTFT, one request per pull)
 
-3. *What does it evict when it lands?* Replicas and demoted chains are evicted before any ordinary page. So once
+3. *What does it evict when it lands?* Replicas and demoted chains are evicted before any ordinary page (a demoted
+   page counts only while nothing live is below it: `WorkerView.demoted_tokens`). So once
    the target's memory is full, a landing copy first takes the evict-first pages, and if some of them are wanted
    (requests routed there wait to use them, or the planner predicts demand for a replica there) it can evict the
    very replica those requests will need, and they recompute it. Memory taken before the copy lands: the copies

@@ -211,3 +211,52 @@ def test_the_copy_goes_only_where_it_pays():
         cluster(link_bps=(1000.0, 1000.0, 4.0, 1000.0), waiting=(2000, 3000, 0, 0)), 0.0)
     assert [(d.target, d.depth_len) for d in out] == [(3, 100)]
     assert out[0].gain_s == pytest.approx(0.995)
+
+
+def test_demoted_pages_a_later_prefill_extended_are_no_room_for_a_copy():
+    """Issue 16 item 7, round 5 (fan-out rates 60-150: `kvrep` P99 up to 1.30x `kvrep_pull`): the simulator
+    reported every page marked demoted as evict-first room, including the demoted chains a later prefill had
+    extended. Such a page is no leaf while its (live) child is there, so the eviction takes the replicas before it:
+    the gate saw room where a landing copy evicts a replica that requests routed there wait for.
+
+    Worker 1's cache, pages of 64 tokens (the fan-out workload's), full (capacity = what it holds):
+    - chain A, 4 pages (256 tokens), demoted, then extended by one page (a prefill on top of it: 64 live tokens);
+    - replica R, 2 pages (128 tokens), which a queued request will use (waited for: 128 tokens).
+    The view: replica 128, demoted evict-first 0 (256 before: all 4 pages were counted), free 0.
+    Landing room (`gate.landing_room_tokens`) = free at landing 0 + unwanted evict-first
+    max(0, demoted + replica - waited): with 256 demoted, 0 + (256 + 128 - 128) = 256 tokens, and the 100-token copy of
+    node 7 was made (gain 0.995 - 0.3 x prefill(100) = 0.695 s, as in
+    `test_no_copy_that_would_evict_a_replica_requests_wait_for`); with 0 demoted, 0 + (0 + 128 - 128) = 0: refused,
+    at either depth (100 or 50 tokens). The truth: making room for 100 tokens there evicts 2 pages, both R's (the
+    wanted replica), and none of A's demoted pages.
+    """
+    from radix_sync.policy.cost import load_profile
+    from radix_sync.sim.config import EngineConfig
+    from radix_sync.sim.engine import Engine
+    from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
+    from radix_sync.sim.policies import build_policy
+
+    profile = load_profile("llama3.1-8b-h200")
+    wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=1.0, duration_s=1.0, seed=1,
+                        max_context_len=profile.max_context_len)
+    eng = Engine(profile, wl, build_policy("kvrep", profile, wl.page_len, 1), EngineConfig(num_workers=2, duration_s=1.0))
+    assert wl.page_len == 64
+    cache = eng.workers[1].cache
+    a, r = [101, 102, 103, 104, 105], [201, 202]
+    cache.insert(a, 4, 0.0)
+    assert cache.tree.demote(104) == 4
+    cache.insert(a, 5, 1.0)  # a later prefill extends the demoted chain
+    cache.insert(r, 2, 1.0, replica=True)
+    cache.capacity_tokens = 7 * 64
+    v = eng.loads.exact(eng.workers[1], 1.0, *eng.loads._consts())
+    assert (v.free_tokens, v.replica_tokens, v.demoted_tokens) == (0, 128, 0)
+    assert cache.tree.num_stale_pages == 4  # still marked, but not evict-first
+    snap = with_worker(snapshot(), 1, free_tokens=0, replica_tokens=v.replica_tokens, demoted_tokens=v.demoted_tokens,
+                       waited_evict_first_tokens=128)
+    assert refused(snap, WANTED)
+    # what the old count (256) let through
+    out = planner(allow_pull=False).plan(with_worker(snap, 1, demoted_tokens=256), 0.0)
+    assert [(d.target, d.depth_len, round(d.gain_s, 6)) for d in out] == [(1, 100, 0.695)]
+    # the truth: room for a 100-token copy takes R's two pages, not A's
+    assert cache.make_room(100)
+    assert cache.match_len(r) == 0 and cache.match_len(a) == 5
