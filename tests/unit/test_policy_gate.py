@@ -65,6 +65,16 @@ def test_landing_room_ends_where_wanted_pages_would_be_evicted():
     assert landing_room_tokens(w._replace(waiting_new_tokens=500), 400) == 0
 
 
+def test_landing_room_stops_at_the_evict_first_pages_when_ordinary_pages_are_wanted():
+    # full, 200 replica tokens none wanted: past them a copy takes ordinary pages in LRU order; 100 ordinary tokens
+    # there have predicted demand (their LRU place unknown): the room is the 200 evict-first tokens, not unlimited
+    w = WorkerView(0, free_tokens=0, replica_tokens=200)
+    assert landing_room_tokens(w, 0, 100) == 200
+    assert landing_room_tokens(w, 0, 0) == UNLIMITED
+    # with 50 of the replica tokens wanted as well: 150
+    assert landing_room_tokens(w, 50, 100) == 150
+
+
 def test_landing_room_is_unlimited_when_nothing_wanted_can_go():
     w = WorkerView(0, free_tokens=0, replica_tokens=500)
     assert landing_room_tokens(w) == UNLIMITED  # only unwanted replicas and ordinary pages are evicted
@@ -260,3 +270,27 @@ def test_demoted_pages_a_later_prefill_extended_are_no_room_for_a_copy():
     # the truth: room for a 100-token copy takes R's two pages, not A's
     assert cache.make_room(100)
     assert cache.match_len(r) == 0 and cache.match_len(a) == 5
+
+
+def test_no_copy_that_would_evict_an_ordinary_prefix_the_planner_predicts_demand_for():
+    """Issue 16 item 7, round 5 (fan-out 24 GB/s, seed 1: a copy planned at 40.0 s, when nothing was queued at its
+    target, landed at 40.139 s and evicted 22,400 ordinary tokens: the trunk of a hinted tree held there, whose
+    branches had been routed to it at 40.110 s; one recomputed it, six queued behind: TTFT 2.0 s). The gate counted
+    only evict-first pages as wanted, and with none wanted the room was unlimited.
+
+    Worker 1 is full (free 0) with 40 replica tokens, none wanted, and holds node 8 (300 tokens) as ordinary cache,
+    with a hinted request at t=5 (predicted demand; after node 7's request at t=1, so it adds nothing to the wait
+    node 7's request sees there). Node 7's copy (100 tokens, or 50 at half depth) would take the 40 evict-first
+    tokens and then ordinary pages in LRU order, node 8's among them maybe: room 0 + 40 = 40 < 50: refused. Before:
+    room unlimited, the 100-token copy made with gain 1.1 - 0.1 - 0.005 - 0.3 x prefill(100) = 0.695 s. With 120
+    replica tokens (room 120) the full copy fits and is made, same gain.
+    """
+    def with_trunk(replica_tokens):
+        snap = with_worker(snapshot(), 1, free_tokens=0, replica_tokens=replica_tokens, demoted_tokens=0)
+        trunk = PrefixView(node_id=8, token_len=300, holders=(HolderView(1, depth_len=300),), expected_new_len=10,
+                           fanout_hint=1, hint_at_s=5.0)
+        return snap.__class__(snap.workers, snap.prefixes + (trunk,), (), 1, 1)
+
+    assert refused(with_trunk(40), WANTED)
+    out = planner(allow_pull=False).plan(with_trunk(120), 0.0)
+    assert [(d.node_id, d.source, d.target, d.depth_len, round(d.gain_s, 6)) for d in out] == [(7, 0, 1, 100, 0.695)]
