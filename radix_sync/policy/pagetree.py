@@ -44,7 +44,8 @@ class _Node:
         self.stamp = -1
         self.stale = False
         self.live_children = 0
-        """Children that are live: not demoted, or demoted with a live child (`PageTree.num_evict_first_stale_pages`)."""
+        """Children that are live: not demoted, or demoted with a live child
+        (`PageTree.num_evict_first_stale_pages`)."""
 
 
 def chained_prefix_len(pages: Sequence[int], present: Container[int], limit: Optional[int] = None) -> int:

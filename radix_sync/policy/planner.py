@@ -10,7 +10,8 @@ booked, what is decided and not booked yet, and what this pass planned (and not 
 `max_link_backlog_s` ahead); it pays the delay it imposes on the critical-path pulls that want those links
 meanwhile; it may not land where it would evict a page that is wanted (requests routed there wait for it, or the
 planner predicts demand for that replica, or for an ordinary prefix held there, which a copy taking ordinary pages
-in LRU order may reach), after the copies still coming in and the queued prompts have taken their memory. When no copy clears `min_gain_s` net of all that, nothing is copied.
+in LRU order may reach), after the copies still coming in and the queued prompts have taken their memory. When no
+copy clears `min_gain_s` net of all that, nothing is copied.
 
 TTFT_without is the best of waiting at a holder, copying on the critical path (if the router may pull) and
 recomputing elsewhere, with queue waits taken from a per-worker forecast at the predicted arrival time (the

@@ -249,7 +249,8 @@ def test_demoted_pages_a_later_prefill_extended_are_no_room_for_a_copy():
     profile = load_profile("llama3.1-8b-h200")
     wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=1.0, duration_s=1.0, seed=1,
                         max_context_len=profile.max_context_len)
-    eng = Engine(profile, wl, build_policy("kvrep", profile, wl.page_len, 1), EngineConfig(num_workers=2, duration_s=1.0))
+    eng = Engine(profile, wl, build_policy("kvrep", profile, wl.page_len, 1),
+                 EngineConfig(num_workers=2, duration_s=1.0))
     assert wl.page_len == 64
     cache = eng.workers[1].cache
     a, r = [101, 102, 103, 104, 105], [201, 202]
