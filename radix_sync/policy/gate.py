@@ -12,10 +12,14 @@ snapshot alone (pure functions, seconds and tokens):
 
        delay = r x (start - now) + r x^2 / 2          (`pull_delay_s`; seconds of TTFT, one request per pull)
 
-3. *What does it evict when it lands?* Replicas and demoted chains are evicted before any ordinary page. So once
+3. *What does it evict when it lands?* Replicas and demoted chains are evicted before any ordinary page (a demoted
+   page counts only while nothing live is below it: `WorkerView.demoted_tokens`). So once
    the target's memory is full, a landing copy first takes the evict-first pages, and if some of them are wanted
    (requests routed there wait to use them, or the planner predicts demand for a replica there) it can evict the
-   very replica those requests will need, and they recompute it. Memory taken before the copy lands: the copies
+   very replica those requests will need, and they recompute it. Past the evict-first pages it takes ordinary
+   pages in LRU order, which the snapshot does not give: where the planner predicts demand for a prefix the
+   target holds as ordinary cache (a hinted trunk whose branches are still to come), those pages may be next,
+   so the copy must stay within the evict-first pages there. Memory taken before the copy lands: the copies
    still coming in and the prompts of the requests queued there. `landing_room_tokens` is how much a copy may take
    without reaching a wanted page (unlimited when nothing there is wanted, or when the target reports no
    replica accounting).
@@ -66,23 +70,27 @@ def pull_delay_s(pull_rate_per_s: float, start_s: float, xfer_s: float, now: flo
     return pull_rate_per_s * xfer_s * (max(0.0, start_s - now) + xfer_s / 2.0)
 
 
-def landing_room_tokens(w: WorkerView, wanted_replica_tokens: int = 0) -> int:
+def landing_room_tokens(w: WorkerView, wanted_replica_tokens: int = 0, wanted_ordinary_tokens: int = 0) -> int:
     """Tokens a copy may bring to `w` without evicting a page that is wanted (module docstring, question 3).
 
     Memory free at landing = free - queued prompts (admitted first) - copies still coming in. Beyond it the copy
     evicts evict-first pages (demoted, then replicas); the unwanted ones are taken first (they are the older ones:
-    a replica is wanted while its demand is to come), so the room ends where the wanted ones would go.
+    a replica is wanted while its demand is to come), so the room ends where the wanted ones would go. Beyond all
+    the evict-first pages it evicts ordinary pages, least recently used first; with wanted ordinary pages there
+    (their place in the LRU order unknown) the room ends at the evict-first pages too.
 
     Args:
         w: the target's view (`free_tokens`, `waiting_new_tokens`, `incoming_tokens`, `demoted_tokens`,
             `replica_tokens`, `waited_evict_first_tokens`).
         wanted_replica_tokens: replica tokens on `w` the planner predicts demand for (its own earlier copies).
+        wanted_ordinary_tokens: ordinary (not evict-first) tokens on `w` the planner predicts demand for (prefixes
+            it holds as their owner, e.g. a hinted trunk before its branches arrive).
     Returns:
         tokens (>= 0), or `UNLIMITED` when nothing wanted can be evicted there (nothing wanted, or `replica_tokens`
         not reported).
     """
     wanted = w.waited_evict_first_tokens + wanted_replica_tokens
-    if w.replica_tokens < 0 or wanted <= 0:
+    if w.replica_tokens < 0 or (wanted <= 0 and wanted_ordinary_tokens <= 0):
         return UNLIMITED
     evict_first = max(0, w.demoted_tokens) + w.replica_tokens
     unwanted = max(0, evict_first - wanted)

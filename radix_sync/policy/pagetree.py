@@ -29,7 +29,7 @@ from radix_sync.integrity import IntegrityError
 
 class _Node:
     __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp", "stale", "depth",
-                 "hist")
+                 "hist", "live_children")
 
     def __init__(self, parent: Optional[int], now: float, replica: bool, depth: int = 0) -> None:
         self.parent = parent
@@ -43,6 +43,9 @@ class _Node:
         self.replica = replica
         self.stamp = -1
         self.stale = False
+        self.live_children = 0
+        """Children that are live: not demoted, or demoted with a live child
+        (`PageTree.num_evict_first_stale_pages`)."""
 
 
 def chained_prefix_len(pages: Sequence[int], present: Container[int], limit: Optional[int] = None) -> int:
@@ -84,7 +87,12 @@ class PageTree:
         self.nodes: dict[int, _Node] = {}
         self.num_replica_pages = 0
         self.num_stale_pages = 0
-        """Pages of demoted chains (evicted first)."""
+        """Pages marked demoted, including those under a page that is not (which go only after it: see
+        `num_evict_first_stale_pages`)."""
+        self.num_evict_first_stale_pages = 0
+        """Demoted pages with no live page below them (a live page: one not demoted): those the eviction takes before
+        the replicas. A demoted page that a later prefill extended (a child not demoted) stays marked until a hit
+        touches it, but is a leaf only after that child is gone, so it is evicted as late as the child is."""
         self._heaps: tuple[list, list, list, list] = ([], [], [], [])  # ordinary, replica, TEL-safe, demoted leaves
         self._seq = 0
         self._tlru = tlru_slack_pages is not None
@@ -154,6 +162,10 @@ class PageTree:
             added.append(page)
             parent = page
         if added:
+            for p in added[:-1]:
+                nodes[p].live_children = 1
+            if start > 0:
+                self._live_changed(pages[start - 1], 1)
             if replica:
                 self.num_replica_pages += len(added)
             if tlru and start > 0:  # the branch now reaches `upto` pages: raise the high-water mark above it
@@ -174,6 +186,10 @@ class PageTree:
         while cur is not None and cur.stale:
             cur.stale = False
             self.num_stale_pages -= 1
+            if cur.live_children == 0:  # it was evict-first; now live
+                self.num_evict_first_stale_pages -= 1
+                if cur.parent is not None:
+                    self._live_changed(cur.parent, 1)
             cur = self.nodes[cur.parent] if cur.parent is not None else None
         self._push(page, node)
 
@@ -224,6 +240,10 @@ class PageTree:
             if not cur.stale and not cur.replica:
                 cur.stale = True
                 n += 1
+                if cur.live_children == 0:  # nothing live below: evict-first now
+                    self.num_evict_first_stale_pages += 1
+                    if cur.parent is not None:
+                        self._live_changed(cur.parent, -1)
             if cur.parent is None:
                 break
             parent = self.nodes[cur.parent]
@@ -241,6 +261,10 @@ class PageTree:
             self.num_replica_pages -= 1
         if node.stale:
             self.num_stale_pages -= 1
+            if node.live_children == 0:
+                self.num_evict_first_stale_pages -= 1
+        elif node.parent is not None:  # a live leaf is gone
+            self._live_changed(node.parent, -1)
         if node.parent is not None:
             parent = self.nodes[node.parent]
             parent.num_children -= 1
@@ -248,6 +272,21 @@ class PageTree:
                 if node.last_access_s > parent.last_access_s:
                     parent.last_access_s = node.last_access_s
                 self._push(node.parent, parent)
+
+    def _live_changed(self, page: int, delta: int) -> None:
+        """One child of `page` became live (`delta` 1) or stopped being live (-1): updates the live-children counts
+        up the path while a page's own liveness changes, and `num_evict_first_stale_pages`."""
+        nodes = self.nodes
+        cur: Optional[int] = page
+        while cur is not None:
+            node = nodes[cur]
+            before = node.live_children > 0
+            node.live_children += delta
+            after = node.live_children > 0
+            if before == after or not node.stale:
+                return  # a page not demoted is live either way
+            self.num_evict_first_stale_pages += -1 if after else 1
+            cur = node.parent
 
     def evict(self, num_pages: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
         """Evicts up to `num_pages` unlocked leaves: demoted pages first, then replicas, then (T-LRU) TEL-safe ones,
@@ -324,7 +363,29 @@ class PageTree:
         for page, node in self.nodes.items():
             if node.num_children != children.get(page, 0):
                 raise IntegrityError(f"page {page}: child count {node.num_children}")
+        depth: dict[int, int] = {}
+        for page in self.nodes:  # pages from the root, memoised
+            path, cur = [], page
+            while cur is not None and cur not in depth:
+                path.append(cur)
+                cur = self.nodes[cur].parent
+            d = depth[cur] if cur is not None else 0
+            for q in reversed(path):
+                d += 1
+                depth[q] = d
+        live: dict[int, int] = {}  # page -> live children, counted from the deepest pages up
+        for page in sorted(self.nodes, key=depth.__getitem__, reverse=True):
+            node = self.nodes[page]
+            if node.parent is not None and (not node.stale or live.get(page, 0) > 0):
+                live[node.parent] = live.get(node.parent, 0) + 1
+        num_free_stale = 0
+        for page, node in self.nodes.items():
+            if node.live_children != live.get(page, 0):
+                raise IntegrityError(f"page {page}: live child count {node.live_children} != {live.get(page, 0)}")
+            num_free_stale += node.stale and not live.get(page, 0)
         if num_replica != self.num_replica_pages:
             raise IntegrityError(f"replica count {self.num_replica_pages} != {num_replica}")
         if num_stale != self.num_stale_pages:
             raise IntegrityError(f"demoted count {self.num_stale_pages} != {num_stale}")
+        if num_free_stale != self.num_evict_first_stale_pages:
+            raise IntegrityError(f"evict-first demoted count {self.num_evict_first_stale_pages} != {num_free_stale}")

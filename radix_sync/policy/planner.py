@@ -9,8 +9,9 @@ The gate (`radix_sync.policy.gate`, issue 16's "never worse"): a copy starts whe
 booked, what is decided and not booked yet, and what this pass planned (and not at all if that is more than
 `max_link_backlog_s` ahead); it pays the delay it imposes on the critical-path pulls that want those links
 meanwhile; it may not land where it would evict a page that is wanted (requests routed there wait for it, or the
-planner predicts demand for that replica), after the copies still coming in and the queued prompts have taken
-their memory. When no copy clears `min_gain_s` net of all that, nothing is copied.
+planner predicts demand for that replica, or for an ordinary prefix held there, which a copy taking ordinary pages
+in LRU order may reach), after the copies still coming in and the queued prompts have taken their memory. When no
+copy clears `min_gain_s` net of all that, nothing is copied.
 
 TTFT_without is the best of waiting at a holder, copying on the critical path (if the router may pull) and
 recomputing elsewhere, with queue waits taken from a per-worker forecast at the predicted arrival time (the
@@ -240,7 +241,8 @@ class KvrepPlanner:
             fc.add_work(w, np_.demand.arrival_s, work)
             own[id(np_)] = (w, np_.demand.arrival_s, work)
         # the gate (`radix_sync.policy.gate`): links free after what is booked and what is decided but not booked;
-        # landing room that evicts no wanted page (requests routed there wait for it, or predicted demand)
+        # landing room that evicts no wanted page (requests routed there wait for it, or predicted demand for a
+        # replica or for an ordinary prefix held there)
         egress = [link_free_s(w.egress_busy_until_s, w.egress_pending_bytes, w.nic_bandwidth_bytes_per_s, now)
                   for w in workers]
         ingress = [link_free_s(w.ingress_busy_until_s, w.ingress_pending_bytes, w.nic_bandwidth_bytes_per_s, now)
@@ -248,11 +250,15 @@ class KvrepPlanner:
         budget = [w.replica_budget_tokens for w in workers]
         free = [w.free_tokens for w in workers]
         wanted = [0] * len(workers)
+        wanted_ordinary = [0] * len(workers)
         for np_ in plans:
             for h in np_.node.holders:
-                if h.role == REPLICA and h.eta_s is None and 0 <= h.worker_id < len(workers):
-                    wanted[h.worker_id] += h.depth_len
-        room = _Room(workers, wanted)
+                if h.eta_s is None and 0 <= h.worker_id < len(workers):
+                    if h.role == REPLICA:
+                        wanted[h.worker_id] += h.depth_len
+                    else:
+                        wanted_ordinary[h.worker_id] += h.depth_len
+        room = _Room(workers, wanted, wanted_ordinary)
         out: list[Replicate] = []
         for np_ in sorted(plans, key=lambda p: (p.demand.arrival_s, p.node.node_id)):
             if len(out) >= cfg.max_copies_per_tick:
@@ -405,11 +411,12 @@ class _Room:
     """Per target, the tokens a copy may still bring without evicting a wanted page (`gate.landing_room_tokens`),
     updated as the pass accepts copies (each one is incoming, then wanted)."""
 
-    def __init__(self, workers: tuple[WorkerView, ...], wanted: list[int]) -> None:
+    def __init__(self, workers: tuple[WorkerView, ...], wanted: list[int], wanted_ordinary: list[int]) -> None:
         self._workers = workers
         self._wanted = wanted
+        self._ordinary = wanted_ordinary
         self._incoming = [0] * len(workers)
-        self.tokens = [landing_room_tokens(w, wanted[i]) for i, w in enumerate(workers)]
+        self.tokens = [landing_room_tokens(w, wanted[i], wanted_ordinary[i]) for i, w in enumerate(workers)]
 
     def add(self, target: int, tokens: int) -> None:
         """A copy of `tokens` to `target` was accepted."""
@@ -417,4 +424,5 @@ class _Room:
         self._wanted[target] += tokens
         w = self._workers[target]
         self.tokens[target] = landing_room_tokens(
-            w._replace(incoming_tokens=w.incoming_tokens + self._incoming[target]), self._wanted[target])
+            w._replace(incoming_tokens=w.incoming_tokens + self._incoming[target]), self._wanted[target],
+            self._ordinary[target])

@@ -57,7 +57,11 @@ class WorkerView(NamedTuple):
     """KV tokens the worker holds as replicas (copied in, not yet hit), which its eviction takes before any ordinary
     page; -1: not reported (then the planner does not check what a copy would displace)."""
     demoted_tokens: int = 0
-    """KV tokens of demoted chains (evicted before the replicas); 0 where not reported."""
+    """KV tokens of demoted chains that the eviction takes before the replicas; 0 where not reported. Only pages with
+    nothing live below them: a demoted chain that a later prefill extended (a page on top of it that is not demoted)
+    goes only after that page, as ordinary cache, and is no evict-first room (the simulator:
+    `PageTree.num_evict_first_stale_pages`; it counted every demoted page before issue 16 round 5, and the gate saw
+    room where a landing copy evicts wanted replicas)."""
     # ---- the planner's gate (`radix_sync.policy.gate`); control-plane knowledge, 0 where not known ----
     egress_pending_bytes: int = 0
     """Bytes of copies already decided out of this worker that are not booked on its link yet (a chained copy

@@ -75,7 +75,7 @@ class LoadViews:
             w.waiting_attn_pairs, w.sum_ctx, busy,
             c.capacity_tokens - len(tree.nodes) * page - c.reserved_tokens,
             budget if budget > 0 else 0, net.egress_free_s[i], net.ingress_free_s[i], bw, 0.0,
-            tree.num_replica_pages * page, tree.num_stale_pages * page) + _NO_GATE)
+            tree.num_replica_pages * page, tree.num_evict_first_stale_pages * page) + _NO_GATE)
 
     def _consts(self) -> tuple[int, int, float]:
         eng = self.eng

@@ -65,6 +65,16 @@ def test_landing_room_ends_where_wanted_pages_would_be_evicted():
     assert landing_room_tokens(w._replace(waiting_new_tokens=500), 400) == 0
 
 
+def test_landing_room_stops_at_the_evict_first_pages_when_ordinary_pages_are_wanted():
+    # full, 200 replica tokens none wanted: past them a copy takes ordinary pages in LRU order; 100 ordinary tokens
+    # there have predicted demand (their LRU place unknown): the room is the 200 evict-first tokens, not unlimited
+    w = WorkerView(0, free_tokens=0, replica_tokens=200)
+    assert landing_room_tokens(w, 0, 100) == 200
+    assert landing_room_tokens(w, 0, 0) == UNLIMITED
+    # with 50 of the replica tokens wanted as well: 150
+    assert landing_room_tokens(w, 50, 100) == 150
+
+
 def test_landing_room_is_unlimited_when_nothing_wanted_can_go():
     w = WorkerView(0, free_tokens=0, replica_tokens=500)
     assert landing_room_tokens(w) == UNLIMITED  # only unwanted replicas and ordinary pages are evicted
@@ -211,3 +221,77 @@ def test_the_copy_goes_only_where_it_pays():
         cluster(link_bps=(1000.0, 1000.0, 4.0, 1000.0), waiting=(2000, 3000, 0, 0)), 0.0)
     assert [(d.target, d.depth_len) for d in out] == [(3, 100)]
     assert out[0].gain_s == pytest.approx(0.995)
+
+
+def test_demoted_pages_a_later_prefill_extended_are_no_room_for_a_copy():
+    """Issue 16 item 7, round 5 (fan-out rates 60-150: `kvrep` P99 up to 1.30x `kvrep_pull`): the simulator
+    reported every page marked demoted as evict-first room, including the demoted chains a later prefill had
+    extended. Such a page is no leaf while its (live) child is there, so the eviction takes the replicas before it:
+    the gate saw room where a landing copy evicts a replica that requests routed there wait for.
+
+    Worker 1's cache, pages of 64 tokens (the fan-out workload's), full (capacity = what it holds):
+    - chain A, 4 pages (256 tokens), demoted, then extended by one page (a prefill on top of it: 64 live tokens);
+    - replica R, 2 pages (128 tokens), which a queued request will use (waited for: 128 tokens).
+    The view: replica 128, demoted evict-first 0 (256 before: all 4 pages were counted), free 0.
+    Landing room (`gate.landing_room_tokens`) = free at landing 0 + unwanted evict-first
+    max(0, demoted + replica - waited): with 256 demoted, 0 + (256 + 128 - 128) = 256 tokens, and the 100-token copy of
+    node 7 was made (gain 0.995 - 0.3 x prefill(100) = 0.695 s, as in
+    `test_no_copy_that_would_evict_a_replica_requests_wait_for`); with 0 demoted, 0 + (0 + 128 - 128) = 0: refused,
+    at either depth (100 or 50 tokens). The truth: making room for 100 tokens there evicts 2 pages, both R's (the
+    wanted replica), and none of A's demoted pages.
+    """
+    from radix_sync.policy.cost import load_profile
+    from radix_sync.sim.config import EngineConfig
+    from radix_sync.sim.engine import Engine
+    from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
+    from radix_sync.sim.policies import build_policy
+
+    profile = load_profile("llama3.1-8b-h200")
+    wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=1.0, duration_s=1.0, seed=1,
+                        max_context_len=profile.max_context_len)
+    eng = Engine(profile, wl, build_policy("kvrep", profile, wl.page_len, 1),
+                 EngineConfig(num_workers=2, duration_s=1.0))
+    assert wl.page_len == 64
+    cache = eng.workers[1].cache
+    a, r = [101, 102, 103, 104, 105], [201, 202]
+    cache.insert(a, 4, 0.0)
+    assert cache.tree.demote(104) == 4
+    cache.insert(a, 5, 1.0)  # a later prefill extends the demoted chain
+    cache.insert(r, 2, 1.0, replica=True)
+    cache.capacity_tokens = 7 * 64
+    v = eng.loads.exact(eng.workers[1], 1.0, *eng.loads._consts())
+    assert (v.free_tokens, v.replica_tokens, v.demoted_tokens) == (0, 128, 0)
+    assert cache.tree.num_stale_pages == 4  # still marked, but not evict-first
+    snap = with_worker(snapshot(), 1, free_tokens=0, replica_tokens=v.replica_tokens, demoted_tokens=v.demoted_tokens,
+                       waited_evict_first_tokens=128)
+    assert refused(snap, WANTED)
+    # what the old count (256) let through
+    out = planner(allow_pull=False).plan(with_worker(snap, 1, demoted_tokens=256), 0.0)
+    assert [(d.target, d.depth_len, round(d.gain_s, 6)) for d in out] == [(1, 100, 0.695)]
+    # the truth: room for a 100-token copy takes R's two pages, not A's
+    assert cache.make_room(100)
+    assert cache.match_len(r) == 0 and cache.match_len(a) == 5
+
+
+def test_no_copy_that_would_evict_an_ordinary_prefix_the_planner_predicts_demand_for():
+    """Issue 16 item 7, round 5 (fan-out 24 GB/s, seed 1: a copy planned at 40.0 s, when nothing was queued at its
+    target, landed at 40.139 s and evicted 22,400 ordinary tokens: the trunk of a hinted tree held there, whose
+    branches had been routed to it at 40.110 s; one recomputed it, six queued behind: TTFT 2.0 s). The gate counted
+    only evict-first pages as wanted, and with none wanted the room was unlimited.
+
+    Worker 1 is full (free 0) with 40 replica tokens, none wanted, and holds node 8 (300 tokens) as ordinary cache,
+    with a hinted request at t=5 (predicted demand; after node 7's request at t=1, so it adds nothing to the wait
+    node 7's request sees there). Node 7's copy (100 tokens, or 50 at half depth) would take the 40 evict-first
+    tokens and then ordinary pages in LRU order, node 8's among them maybe: room 0 + 40 = 40 < 50: refused. Before:
+    room unlimited, the 100-token copy made with gain 1.1 - 0.1 - 0.005 - 0.3 x prefill(100) = 0.695 s. With 120
+    replica tokens (room 120) the full copy fits and is made, same gain.
+    """
+    def with_trunk(replica_tokens):
+        snap = with_worker(snapshot(), 1, free_tokens=0, replica_tokens=replica_tokens, demoted_tokens=0)
+        trunk = PrefixView(node_id=8, token_len=300, holders=(HolderView(1, depth_len=300),), expected_new_len=10,
+                           fanout_hint=1, hint_at_s=5.0)
+        return snap.__class__(snap.workers, snap.prefixes + (trunk,), (), 1, 1)
+
+    assert refused(with_trunk(40), WANTED)
+    out = planner(allow_pull=False).plan(with_trunk(120), 0.0)
+    assert [(d.node_id, d.source, d.target, d.depth_len, round(d.gain_s, 6)) for d in out] == [(7, 0, 1, 100, 0.695)]

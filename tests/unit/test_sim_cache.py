@@ -95,6 +95,25 @@ def test_demote_marks_the_unshared_chain_evict_first_and_a_hit_clears_it():
     t2.check_integrity()
 
 
+def test_only_demoted_pages_with_nothing_live_below_count_as_evict_first():
+    """A demoted chain that a later prefill extends stays marked, but goes only after the live page below it: it is
+    not evict-first room (`num_evict_first_stale_pages`, what the simulator reports as `demoted_tokens`)."""
+    t = PageTree()
+    t.insert([1, 2, 3], 3, 0.0)
+    t.insert([8, 9], 2, 0.0, replica=True)
+    assert t.demote(3) == 3 and (t.num_stale_pages, t.num_evict_first_stale_pages) == (3, 3)
+    t.insert([1, 2, 3, 4], 4, 1.0)      # a prefill on top of the demoted chain (no hit touched it)
+    assert (t.num_stale_pages, t.num_evict_first_stale_pages) == (3, 0)
+    t.check_integrity()
+    assert evicted_in_order(t, 2) == [9, 8]  # the replicas go first, not the demoted pages
+    assert evicted_in_order(t, 1) == [4]     # then the live leaf; its demoted parent is a leaf again:
+    assert t.num_evict_first_stale_pages == 3
+    t.check_integrity()
+    t.touch(2, 2.0)                       # a hit on the chain's first two pages takes them back; 3 stays demoted
+    assert (t.num_stale_pages, t.num_evict_first_stale_pages) == (1, 1)
+    t.check_integrity()
+
+
 def test_demote_leaves_replica_pages_counted_as_replicas():
     t = PageTree()
     t.insert([1, 2], 2, 0.0)
@@ -191,6 +210,8 @@ def corruptions():
             ("page 2: child count 3", lambda c: setattr(c.tree.nodes[2], "num_children", 3)),
             ("replica count 2 != 1", lambda c: setattr(c.tree, "num_replica_pages", 2)),
             ("demoted count 0 != 2", lambda c: setattr(c.tree, "num_stale_pages", 0)),
+            ("evict-first demoted count 0 != 2", lambda c: setattr(c.tree, "num_evict_first_stale_pages", 0)),
+            ("page 5: live child count 1 != 0", lambda c: setattr(c.tree.nodes[5], "live_children", 1)),
             ("reserved -10 < 0", lambda c: setattr(c, "reserved_tokens", -10)),
             ("reserved 50 > capacity 100", lambda c: setattr(c, "reserved_tokens", 50)),
             ("page 5 missing from the directory", lambda c: c.directory.remove(5, 0))]

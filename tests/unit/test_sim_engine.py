@@ -107,4 +107,4 @@ def test_worker_views_fill_every_field_by_name():
         assert v.free_tokens == w.cache.free_tokens and v.nic_bandwidth_bytes_per_s == PROFILE.nic_bandwidth_bytes_per_s
         assert v.replica_budget_tokens == int(0.25 * PROFILE.kv_capacity_tokens) - w.cache.tree.num_replica_pages * 64
         assert v.num_running == w.num_running and v.num_waiting == w.num_waiting
-        assert v.replica_tokens == w.cache.tree.num_replica_pages * 64 and v.demoted_tokens == w.cache.tree.num_stale_pages * 64
+        assert v.replica_tokens == w.cache.tree.num_replica_pages * 64 and v.demoted_tokens == w.cache.tree.num_evict_first_stale_pages * 64
