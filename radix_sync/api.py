@@ -226,6 +226,8 @@ class WorkerInfo(_Answer):
     pool_capacity_tokens: int
     replica_budget_tokens: int
     load: Optional[WorkerLoad] = None
+    plain: bool = False
+    """A worker without the plugin (its pages from SGLang's own KV events): routed to, never a copy's end."""
 
 
 class ReplicationInfo(_Answer):

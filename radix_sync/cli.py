@@ -47,6 +47,11 @@ def _add_coordinator(sub) -> None:
                         "admitted, each bound to its worker id (required to bind a non-loopback address)")
     p.add_argument("--insecure", action="store_true", default=C.insecure,
                    help="bind a non-loopback address without keys anyway (no authentication, no encryption)")
+    p.add_argument("--plain-worker", action="append", default=[], metavar="SPEC",
+                   help="a worker without the plugin, followed through SGLang's own KV events (repeatable): "
+                        "id=W,url=http://H:P,events=tcp://H:5557,page_size=N[,replay=tcp://H:P][,topic=T]"
+                        "[,capacity_tokens=N]; its SGLang runs with --kv-events-config "
+                        "'{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}'")
     p.add_argument("--max-msg-bytes", type=int, default=C.max_msg_bytes,
                    help="largest frame a worker may send; a larger one disconnects it unread")
     g = p.add_argument_group("rule-based policy (L, H, W, Q)")
@@ -61,6 +66,7 @@ def _add_coordinator(sub) -> None:
 
 def _run_coordinator(args) -> int:
     from radix_sync.policy.rules import RuleConfig
+    from radix_sync.coordinator.plain import PlainWorkerSpec
     from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
     from radix_sync.coordinator.state import StateConfig
 
@@ -78,7 +84,8 @@ def _run_coordinator(args) -> int:
                               max_prompt_tokens=args.max_prompt_tokens,
                               max_pages_per_worker=args.max_pages_per_worker, max_hint_ttl_s=args.max_hint_ttl_s,
                               hint_rate_per_s=args.hint_rate_per_s, ledger_holdout=args.ledger_holdout),
-            admin_tokens=args.admin_tokens, state_dir=args.state_dir)
+            admin_tokens=args.admin_tokens, state_dir=args.state_dir,
+            plain_workers=tuple(PlainWorkerSpec.parse(s) for s in args.plain_worker))
         coord = Coordinator(config)
     except ValueError as exc:
         print(f"kvrep coordinator: {exc}", file=sys.stderr)

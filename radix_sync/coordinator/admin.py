@@ -168,6 +168,7 @@ class AdminServer:
                 "sessions": coord.policy.session_stats(),
                 "loop": coord.loop_stats.summary(),
                 "ledger": st.ledger.status(time.monotonic()),
+                "plain_workers": [feed.stats() for feed in coord.plain_feeds],
                 "demotions": {**coord.num_demotions, "recent": coord.recent_demotions[-20:]},
                 "hints": [{"block_hash": b, **{k: round(v, 3) for k, v in t.items()},
                            "planner": [[round(when, 3), what] for when, what in

@@ -320,7 +320,7 @@ class LivePlanner:
                 replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)
                                           - incoming.get(wid, 0)),
                 egress_busy_until_s=busy.get(wid, now_s), ingress_busy_until_s=busy.get(wid, now_s),
-                nic_bandwidth_bytes_per_s=bw,
+                nic_bandwidth_bytes_per_s=0.0 if rec.plain else bw,  # (a plain worker: no copy ever ends there)
                 replica_tokens=load.replica_tokens if load else -1,
                 demoted_tokens=load.demoted_tokens if load else 0,
                 incoming_tokens=incoming.get(wid, 0),

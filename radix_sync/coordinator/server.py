@@ -23,6 +23,7 @@ from radix_sync import protocol as p
 from radix_sync.api import AdminError
 from radix_sync.coordinator.admin import AdminServer
 from radix_sync.coordinator.metrics import CoordinatorMetrics
+from radix_sync.coordinator.plain import PlainFeed, PlainWorkerSpec
 from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
 from radix_sync.coordinator.pull import check_critical, critical_prefix_hash, join_critical
 from radix_sync.coordinator.state import ClusterState, StateConfig
@@ -62,6 +63,8 @@ class CoordinatorConfig:
     """Bind a non-loopback address without keys anyway (unauthenticated, unencrypted; logged loudly)."""
     max_msg_bytes: int = 16 << 20
     """Largest message frame a worker may send; a larger one disconnects it before it is buffered (ZMQ_MAXMSGSIZE)."""
+    plain_workers: tuple[PlainWorkerSpec, ...] = ()
+    """Workers without the plugin, followed through SGLang's own KV events (`plain.py`)."""
 
     def __post_init__(self) -> None:
         if not 1 << 16 <= self.max_msg_bytes <= 1 << 30:
@@ -78,6 +81,9 @@ class CoordinatorConfig:
             raise ValueError(f"mode must be active or shadow, got {self.mode!r}")
         if not self.tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {self.tick_s}")
+        ids = [w.worker_id for w in self.plain_workers]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"plain worker ids must be distinct, got {ids}")
 
 
 class Coordinator:
@@ -119,6 +125,16 @@ class Coordinator:
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._http = AdminServer(self, config.admin_host, config.admin_port)
         self.admin_port = self._http.port
+        self.plain_feeds = [PlainFeed(spec, self._apply_plain, config.max_msg_bytes) for spec in config.plain_workers]
+
+    def _apply_plain(self, routing_id: bytes, msg: p._Msg, now: float) -> list:
+        """A plain worker's fact (its feed's thread), applied as a plugin worker's is."""
+        self.loop_stats.fact(type(msg).__name__)
+        with self.lock:
+            replies = self.state.handle(routing_id, msg, now)
+        if isinstance(msg, p.PagesStored) and self.mode == "active" and self.state.hints:
+            self._plan_now = True
+        return replies
 
     def _make_policy(self, name: str) -> LivePolicy:
         return LIVE_POLICIES.create(name, rules=self.config.rules, profile=self.config.profile)
@@ -152,9 +168,13 @@ class Coordinator:
         http_thread.start()
         log.info("coordinator %s: workers on %s, admin on http://%s:%d", self.state.coordinator_id,
                  self.endpoint, self.config.admin_host, self.admin_port)
+        for feed in self.plain_feeds:
+            feed.start()
         try:
             self._loop()
         finally:
+            for feed in self.plain_feeds:
+                feed.stop()
             self._http.shutdown()
             http_thread.join(5.0)  # its cleanup closes the listening socket's site before the socket goes
             self._http.server_close()
@@ -316,7 +336,7 @@ class Coordinator:
         """Caller holds the lock. Sends `DemotePrefix` to `worker` (or, `send` False, shadow mode, only counts
         it). Returns: False for an unknown worker."""
         record = self.state.workers.get(worker)
-        if record is None:
+        if record is None or record.plain:  # (a plain worker has no agent to demote anything)
             return False
         if send:
             self.send(record.routing_id, p.DemotePrefix(namespace=namespace, token_ids=tokens))
@@ -332,6 +352,9 @@ class Coordinator:
         kvrep policy does when a session's next turn moves away)."""
         with self.lock:
             self.state.check_prompt(req.input_ids)
+            record = self.state.workers.get(req.worker)
+            if record is not None and record.plain:
+                raise AdminError(f"worker {req.worker!r} runs without the kvrep plugin: nothing to demote with", 409)
             if not self._demote(req.worker, api.namespace_of(req.cache_salt), req.input_ids, send=True):
                 raise AdminError(f"unknown worker {req.worker!r}", 404)
         return api.Demoted(worker=req.worker, tokens=len(req.input_ids))

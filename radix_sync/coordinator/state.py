@@ -120,6 +120,9 @@ class ClusterState:
         if hello.page_size < 1:
             return [(routing_id, p.Error(error=f"bad page_size {hello.page_size}", in_reply_to="Hello"))]
         old = self._workers.get(hello.worker_id)
+        if old is not None and old.plain and routing_id != old.routing_id:
+            return [(routing_id, p.Error(error=f"worker id {hello.worker_id!r} is a configured plain worker",
+                                         in_reply_to="Hello"))]
         if old is not None:
             # A re-hello (restart or resync) replaces everything the worker said before.
             self._forget_pages(hello.worker_id, "re-hello")
@@ -259,6 +262,10 @@ class ClusterState:
             if wid not in self._workers:
                 raise AdminError(f"unknown worker {wid!r} (known: {sorted(self._workers)})", 404)
         src, dst = self.workers[source], self.workers[target]
+        for rec in (src, dst):
+            if rec.plain:
+                raise AdminError(f"worker {rec.worker_id!r} runs without the kvrep plugin: it cannot send or "
+                                 f"receive copies", 409)
         check_token_ids(token_ids, self._workers.vocab_size(), self.config.max_prompt_tokens)
         self._replications.check(src.hello, dst.hello, token_ids, ttl_s)
         # NOTE: only what the source holds is copied: a source that never held the prefix is refused (it would be

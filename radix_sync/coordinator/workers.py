@@ -13,6 +13,9 @@ from radix_sync import api
 from radix_sync import protocol as p
 from radix_sync.integrity import IntegrityError
 
+PLAIN_ROUTING_PREFIX = b"\x00plain:"
+"""The socket identity prefix of plain workers (`plain.PlainWorkerSpec.routing_id`; no ZMQ peer can take it)."""
+
 
 @dataclass
 class WorkerRecord:
@@ -26,6 +29,11 @@ class WorkerRecord:
     def worker_id(self) -> str:
         return self.hello.worker_id
 
+    @property
+    def plain(self) -> bool:
+        """A worker without the plugin, followed through SGLang's own KV events (`plain.py`): never a copy's end."""
+        return self.routing_id.startswith(PLAIN_ROUTING_PREFIX)
+
     def to_info(self) -> api.WorkerInfo:
         """The record as `GET /workers` lists it."""
         h, load = self.hello, self.load
@@ -38,7 +46,8 @@ class WorkerRecord:
                 num_waiting_tokens=load.num_waiting_tokens, available_tokens=load.available_tokens,
                 evictable_tokens=load.evictable_tokens, replica_tokens=load.replica_tokens,
                 demoted_chains=load.demoted_chains, demoted_evicted_tokens=load.demoted_evicted_tokens,
-                demotions_taken_back=load.demotions_taken_back))
+                demotions_taken_back=load.demotions_taken_back),
+            plain=self.plain)
 
     def to_json(self) -> dict:
         return api.to_builtins(self.to_info())

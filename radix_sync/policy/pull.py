@@ -104,10 +104,11 @@ def pull_ttft_s(cost: CostModel, kv_bytes_per_token: int, workers: Sequence[Work
         endpoint_wait: see `pull_eta_s`.
     Returns:
         (expected TTFT s, the copy's arrival time), or None when no copy is possible (the target is the source,
-        holds as much, or has no link).
+        holds as much, or either end has no link).
     """
     dst = workers[target]
-    if source_len <= local_len or target == source or dst.nic_bandwidth_bytes_per_s <= 0:
+    if (source_len <= local_len or target == source or dst.nic_bandwidth_bytes_per_s <= 0
+            or workers[source].nic_bandwidth_bytes_per_s <= 0):
         return None
     eta = pull_eta_s(workers[source], dst, (source_len - local_len) * kv_bytes_per_token, cost, now, endpoint_wait)
     return max(queue_wait_s, eta - now) + prefill_after_s, eta

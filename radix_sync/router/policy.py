@@ -91,6 +91,8 @@ class WorkerState:
     """Attention pairs (new*cached + new*(new+1)/2) of the requests this router sent and has not seen start."""
     num_waiting_cached_pairs: float = 0.0
     """cached*(cached+1)/2 of the same requests (see `CostProfile.prefill_s_per_cached_pair`)."""
+    copies: bool = True
+    """Whether it can send and receive copies (False: a plain worker, without the plugin; never a pull's end)."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +158,11 @@ def with_local_load(reported: WorkerState, num_outstanding: int, queued_tokens: 
     """
     if not directory:
         return WorkerState(reported.worker_id, reported.page_size, num_outstanding, 0, queued_tokens, queued_pairs,
-                           queued_cached_pairs)
+                           queued_cached_pairs, reported.copies)
     return WorkerState(reported.worker_id, reported.page_size, reported.num_running,
                        max(reported.num_waiting, num_outstanding - reported.num_running),
-                       max(reported.num_waiting_tokens, queued_tokens), queued_pairs, queued_cached_pairs)
+                       max(reported.num_waiting_tokens, queued_tokens), queued_pairs, queued_cached_pairs,
+                       reported.copies)
 
 
 def _load(w: WorkerState) -> int:
@@ -209,7 +212,7 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                              waiting_cached_pairs=w.num_waiting_cached_pairs,
                              busy_until_s=now + (model.profile.decode_step_s if w.num_running else 0.0),
                              egress_busy_until_s=egress[i], ingress_busy_until_s=ingress[i],
-                             nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s)
+                             nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s if w.copies else 0.0)
                   for i, w in enumerate(order))
     cached = tuple(min(prompt_len, int(matched.get(w.worker_id, 0))) for w in order)
     inflight = []

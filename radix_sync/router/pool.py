@@ -77,8 +77,8 @@ class WorkerPool:
             load = w.get("load") or {}
             st = WorkerState(url, int(w.get("page_size") or self.default_page_size),
                              int(load.get("num_running_reqs", 0)), int(load.get("num_waiting_reqs", 0)),
-                             int(load.get("num_waiting_tokens", 0)))
-            self.known[url] = WorkerState(url, st.page_size)
+                             int(load.get("num_waiting_tokens", 0)), copies=not w.get("plain", False))
+            self.known[url] = WorkerState(url, st.page_size, copies=st.copies)
             cid = str(w.get("id"))
             if self.coordinator_ids.get(url) != cid:
                 self.coordinator_ids[url] = cid

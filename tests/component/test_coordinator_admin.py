@@ -177,7 +177,8 @@ def test_answers_keep_their_json_shape(pair):
             time.sleep(0.02)
         [w] = [w for w in a.json("/workers")[1] if w["id"] == "w-shape"]
         assert list(w) == ["id", "url", "data_endpoint", "fingerprint", "fingerprint_fields", "page_size",
-                           "pool_capacity_tokens", "replica_budget_tokens", "load"] and w["load"] is None
+                           "pool_capacity_tokens", "replica_budget_tokens", "load", "plain"] and w["load"] is None
+        assert w["plain"] is False
         assert a.json("/directory/lookup", {"page_hashes": hashes, "page_size": 4})[1]["matched"]["w-shape"] == 8
         assert a.json("/arrivals", {"arrivals": [{"input_ids": toks, "worker": "w-shape"}]}) == (
             200, {"recorded": 1, "finishes_recorded": 0, "dropped": 0, "errors": []})
