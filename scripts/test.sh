@@ -6,7 +6,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/env.sh
 set +e
-.venv/bin/python -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
+# no paths given: pyproject's testpaths (tests/); paths given: only those
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

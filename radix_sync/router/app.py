@@ -156,9 +156,26 @@ _HINT_TASKS: set = set()
 """The background sends of `_send_kv_hints` (a reference each, so none is collected before it ends)."""
 
 
+HINT_RETRY_S = 5.0
+"""How long a hint waits out the link's backoff (the coordinator slow or restarting) before it counts as lost: a
+hint says what comes in the next seconds, so one that arrives later still helps; one older than this would not."""
+
+
+async def _post_hint(r: Router, hint: dict) -> tuple[int, dict]:
+    """Sends one hint; while the coordinator is unreachable (503: the link backing off after a timeout), waits for
+    the backoff to end and sends it again, for at most `HINT_RETRY_S`."""
+    deadline = time.monotonic() + HINT_RETRY_S
+    while True:
+        status, answer = await r.link.hint(hint)
+        wait_s = r.link.backoff_left_s()
+        if status != 503 or time.monotonic() + wait_s > deadline:
+            return status, answer
+        await asyncio.sleep(max(wait_s, 0.05))
+
+
 async def _post_hints(r: Router, hints: list[dict]) -> None:
     for hint in hints:
-        status, answer = await r.link.hint(hint)
+        status, answer = await _post_hint(r, hint)
         outcome = "sent" if status == 200 else "unreachable" if status == 503 else "refused"
         r.metrics.kv_hints.labels(outcome).inc()
         if status != 200:

@@ -123,6 +123,10 @@ class CoordinatorLink:
         """Returns: False while backing off after a failure."""
         return time.monotonic() >= self._down_until
 
+    def backoff_left_s(self) -> float:
+        """Returns: seconds until the link calls the coordinator again (0 when it may call now)."""
+        return max(0.0, self._down_until - time.monotonic())
+
     async def _call(self, method: str, path: str, answer_type: Any, body: Any = None) -> Optional[Any]:
         """Returns: the answer decoded as `answer_type`; None when backing off, on a failure (which starts a
         backoff: no answer, or one that does not fit `answer_type`) or on a refusal (the coordinator is up)."""

@@ -45,7 +45,7 @@ def test_answers_are_decoded_with_the_api_structs_and_a_misfit_is_a_failed_call(
               "fingerprint_fields": {}, "page_size": 16, "pool_capacity_tokens": 100, "replica_budget_tokens": 25,
               "load": {"num_running_reqs": 1, "num_waiting_reqs": 2, "num_waiting_tokens": 3, "available_tokens": 4,
                        "evictable_tokens": 5, "replica_tokens": 6, "demoted_chains": 0,
-                       "demoted_evicted_tokens": 0, "demotions_taken_back": 0}}
+                       "demoted_evicted_tokens": 0, "demotions_taken_back": 0}, "plain": False}
     rep = api.to_builtins(api.ReplicationInfo(id="r1", source="w1", target="w2", namespace="t", num_tokens=32,
                                               ttl_s=5.0, origin="admin", state="running", error=None,
                                               num_bytes=0))
@@ -84,3 +84,32 @@ def test_answers_are_decoded_with_the_api_structs_and_a_misfit_is_a_failed_call(
     assert hints == [{"kind": "fanout", "input_ids": list(range(16)), "cache_salt": "", "k": 8}]
     assert link.num_arrivals_dropped == 1 and link._arrivals == []
     assert broken is None and not link.reachable and "missing required field `url`" in link.last_error
+
+
+def test_a_hint_that_meets_a_backoff_is_sent_again_when_the_backoff_ends():
+    """A coordinator that timed out once (the link backing off) still gets the hint: the send waits out the backoff
+    and tries again, instead of dropping it."""
+    from types import SimpleNamespace
+
+    from radix_sync.router.app import _post_hint
+
+    calls = []
+
+    async def hint(request):
+        calls.append(await request.json())
+        if len(calls) == 1:
+            await asyncio.sleep(1.0)  # past the link's timeout: the link backs off
+        return web.json_response({"recorded": 1, "kind": "fanout", "prefix_len": 16})
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/hints", hint)
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            link = CoordinatorLink(LinkConfig(url=url, timeout_s=0.2, backoff_min_s=0.3), session)
+            out = await _post_hint(SimpleNamespace(link=link), {"kind": "fanout", "input_ids": list(range(16)),
+                                                                "k": 8, "cache_salt": ""})
+            return out, link
+
+    (status, answer), link = asyncio.run(main())
+    assert status == 200 and answer["recorded"] == 1
+    assert len(calls) == 2 and calls[0] == calls[1] and link.reachable
