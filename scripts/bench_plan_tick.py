@@ -23,7 +23,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_coordinator import Workload, build_prefixes, demand_messages, interleave  # noqa: E402
 from radix_sync import protocol as p  # noqa: E402
+from radix_sync.coordinator.live_planner import LIVE_SCORING_BUDGET, LivePlanner  # noqa: E402
 from radix_sync.coordinator.policies import LIVE_POLICIES  # noqa: E402
+from radix_sync.policy.planner import PlannerConfig  # noqa: E402
 from radix_sync.coordinator.state import ClusterState, StateConfig  # noqa: E402
 from radix_sync.policy.rules import RuleConfig  # noqa: E402
 
@@ -77,6 +79,8 @@ def main() -> None:
     ap.add_argument("--busy-fraction", type=float, default=d.busy_fraction)
     ap.add_argument("--ticks", type=int, default=3)
     ap.add_argument("--policy", default="kvrep")
+    ap.add_argument("--budget", type=int, default=LIVE_SCORING_BUDGET,
+                    help="kvrep: the planner's max_scored_per_tick (0: no bound, every candidate scored each tick)")
     ap.add_argument("--profile", action="store_true", help="cProfile the ticks, print the top 30 by own time")
     args = ap.parse_args()
     wl = Workload(num_workers=args.workers, num_prefixes=args.prefixes, page_size=args.page_size,
@@ -85,7 +89,10 @@ def main() -> None:
     now = 1000.0
     st, ingest_s, num_pages = filled_state(wl, now)
     print(f"handle(): {num_pages / ingest_s:,.0f} pages/s without sockets ({num_pages:,} pages in {ingest_s:.2f}s)")
-    policy = LIVE_POLICIES.create(args.policy, rules=RuleConfig(), profile="cpu-local")
+    if args.policy == "kvrep":
+        policy = LivePlanner("cpu-local", cfg=PlannerConfig(endpoint_wait=True, max_scored_per_tick=args.budget))
+    else:
+        policy = LIVE_POLICIES.create(args.policy, rules=RuleConfig(), profile="cpu-local")
     prof = cProfile.Profile() if args.profile else None
     times, digests = [], []
     for k in range(args.ticks):
@@ -102,7 +109,8 @@ def main() -> None:
         # and after a change to the planner's speed mean it decided the same
         outcomes = sorted(getattr(getattr(policy, "planner", None), "outcomes", {}).items())
         digests.append(hashlib.sha256(repr((decisions, outcomes)).encode()).hexdigest()[:16])
-        print(f"tick {k}: {1e3 * times[-1]:.1f} ms, {len(decisions)} decisions, digest {digests[-1]}")
+        print(f"tick {k}: {1e3 * times[-1]:.1f} ms, {len(decisions)} decisions, digest {digests[-1]}, "
+              f"{getattr(policy, 'last_pass', '')}")
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     best = min(times)

@@ -166,6 +166,7 @@ class AdminServer:
                 "replicas": [{"worker": w, "replication_id": r, **v}
                              for (w, r), v in st.directory.replicas().items()],
                 "sessions": coord.policy.session_stats(),
+                "planner": getattr(coord.policy, "last_pass", None),
                 "loop": coord.loop_stats.summary(),
                 "ledger": st.ledger.status(time.monotonic()),
                 "plain_workers": [feed.stats() for feed in coord.plain_feeds],

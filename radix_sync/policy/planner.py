@@ -70,6 +70,12 @@ class PlannerConfig:
     """Most copies one planning pass may issue."""
     max_spread: int = 32
     """Most requests of one prefix modelled individually when spreading them over holders."""
+    max_scored_per_tick: int = 0
+    """Most (prefix, target worker) pairs one pass scores (each prefix that gets past the cheap bounds costs one
+    pair per worker, per copy it makes); the prefixes left over are not planned this pass (`KvrepPlanner.deferred`,
+    outcome `deferred`) and come first in the next one (`ClusterSnapshot.carried`). At least one prefix is always
+    scored. 0: no bound (the simulator's default; the live coordinator sets one, so that a tick, which holds its
+    lock, stays short however many prefixes are hot)."""
     min_ttl_s: float = 5.0
     """Shortest replica TTL, s."""
     max_ttl_s: float = 600.0
@@ -111,6 +117,8 @@ class PlannerConfig:
         if not 0 <= self.displaced_reuse_prob <= 1 or not 0 < self.ttl_quantile < 1:
             raise ValueError(f"displaced_reuse_prob={self.displaced_reuse_prob!r} must be in [0, 1], "
                              f"ttl_quantile={self.ttl_quantile!r} in (0, 1)")
+        if self.max_scored_per_tick < 0:
+            raise ValueError(f"max_scored_per_tick={self.max_scored_per_tick!r} must be >= 0 (0: no bound)")
         if self.max_copies_per_tick < 1 or self.max_spread < 1:
             raise ValueError(f"max_copies_per_tick={self.max_copies_per_tick!r}, max_spread={self.max_spread!r}"
                              " must be >= 1")
@@ -137,6 +145,11 @@ class KvrepPlanner:
         self._page_len = 1
         self.outcomes: dict[int, str] = {}
         """Node id -> what the last `plan` made of it (copies, or why none): for operators, not for decisions."""
+        self.deferred: dict[int, int] = {}
+        """Node ids the last `plan` did not score, its `max_scored_per_tick` spent, each with the passes in a row it
+        has waited, this one included (the caller carries them over: `ClusterSnapshot.carried`)."""
+        self.num_scored = 0
+        """(prefix, target) pairs the last `plan` scored."""
 
     # ---- expected TTFT of the demand of one node, given its holders ----
     def _option_s(self, np_: _NodePlan, w: int, fc: WaitForecast, workers: tuple[WorkerView, ...],
@@ -222,6 +235,7 @@ class KvrepPlanner:
         """
         cfg, workers, kvb = self.cfg, snap.workers, snap.kv_bytes_per_token
         self.outcomes = {}
+        self.deferred, self.num_scored = {}, 0
         if kvb <= 0 or len(workers) < 2:
             return []
         self._page_len = max(1, snap.page_len)
@@ -254,15 +268,25 @@ class KvrepPlanner:
                         wanted_ordinary[h.worker_id] += h.depth_len
         room = _Room(workers, wanted, wanted_ordinary)
         out: list[Replicate] = []
-        for np_ in sorted(plans, key=lambda p: (p.demand.arrival_s, p.node.node_id)):
+        carried = snap.carried
+        deferred: dict[int, int] = {}
+        # NOTE: the most urgent first (predicted arrival), after what earlier passes had no budget for, the longest
+        # waiting first (round robin: a prefix waits at most ~candidates / budget passes)
+        order = sorted(plans, key=lambda p: (-carried.get(p.node.node_id, 0), p.demand.arrival_s, p.node.node_id))
+        for np_ in order:
             if len(out) >= cfg.max_copies_per_tick:
                 break
+            if cfg.max_scored_per_tick and self.num_scored and self.num_scored >= cfg.max_scored_per_tick:
+                deferred[np_.node.node_id] = carried.get(np_.node.node_id, 0) + 1
+                self.outcomes[np_.node.node_id] = "deferred (the pass's scoring budget is spent)"
+                continue
             # A node's own predicted work must not count against itself.
             fc.remove_work(*own[id(np_)])
             try:
                 self._plan_node(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, out)
             finally:
                 fc.add_work(*own[id(np_)])
+        self.deferred = deferred
         return out
 
     def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
@@ -293,6 +317,7 @@ class KvrepPlanner:
         made = 0
         why: dict[str, int] = {}
         while len(out) < cfg.max_copies_per_tick:
+            self.num_scored += len(workers)
             best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, why, waits)
             if best is None:
                 break
