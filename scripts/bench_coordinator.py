@@ -30,6 +30,7 @@ import argparse
 import json
 import random
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -449,6 +450,8 @@ def main() -> None:
                     help="one more `kvrep coordinator` flag (repeat), e.g. --coordinator-arg=--max-plan-candidates=64")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    # a SIGTERM (`timeout`) unwinds like Ctrl-C, so the coordinator process is stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     wl = Workload(num_workers=args.workers, num_prefixes=args.prefixes, pages_per_prefix=args.pages_per_prefix,
                   holders=args.holders, blocks_per_msg=args.blocks_per_msg, num_hot=args.hot,
                   hits_per_hot=args.hits_per_hot, cold_hits=args.cold_hits, busy_fraction=args.busy_fraction,
