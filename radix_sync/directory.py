@@ -16,7 +16,7 @@ import sys
 import uuid
 from array import array
 from collections import deque
-from typing import Callable, Collection, Iterable, Optional, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Optional, Sequence
 
 import msgspec
 
@@ -352,6 +352,55 @@ class PrefixDirectory:
     def workers(self) -> list[str]:
         return [w for w, held in self._by_worker.items() if held]
 
+    def check_integrity_steps(self, step: int = 8192) -> Iterator[None]:
+        """`check_integrity` in steps of about `step` pages, for a caller that holds the lock only for one step at
+        a time (`/status` on a directory of millions of pages): each step checks some pages against both indexes
+        (a page's holders against the worker index, a worker's pages against the page index); the two directions
+        over every page imply the counts agree. Pages changed between steps are checked as they are then (a page
+        gone is skipped). Yields between steps.
+
+        Raises:
+            IntegrityError: naming the first disagreement found.
+        """
+        keys = list(self._nodes)
+        yield
+        for i in range(0, len(keys), step):
+            for block_hash in keys[i:i + step]:
+                node = self._nodes.get(block_hash)
+                if node is None:
+                    continue
+                self._check_node(block_hash, node)
+                for worker_id in node.holders:
+                    if block_hash not in self._by_worker.get(worker_id, ()):
+                        raise IntegrityError(f"page {block_hash} is held by {worker_id}, who does not index it")
+            yield
+        for worker_id in list(self._by_worker):
+            hashes = list(self._by_worker.get(worker_id, ()))
+            yield
+            for i in range(0, len(hashes), step):
+                held = self._by_worker.get(worker_id, ())
+                for block_hash in hashes[i:i + step]:
+                    if block_hash not in held:
+                        continue
+                    node = self._nodes.get(block_hash)
+                    if node is None:
+                        raise IntegrityError(f"{worker_id} holds unknown page {block_hash}")
+                    if worker_id not in node.holders:
+                        raise IntegrityError(f"{worker_id} missing from holders of {block_hash}")
+                yield
+
+    @staticmethod
+    def _check_node(block_hash: int, node: PageNode) -> None:
+        if not node.holders:
+            raise IntegrityError(f"page {block_hash} is held by nobody")
+        if node.block_hash != block_hash:
+            raise IntegrityError(f"page {block_hash} is indexed as {node.block_hash}")
+        for holding in node.holders.values():
+            if holding.role not in (OWNER, REPLICA):
+                raise IntegrityError(f"unknown role {holding.role!r} on page {block_hash}")
+            if (holding.role == REPLICA) != (holding.expires_at_s is not None):
+                raise IntegrityError(f"a replica without expiry or an owner with one: {holding}")
+
     def check_integrity(self) -> None:
         """Checks that the two indexes agree and every node is held by someone.
 
@@ -370,12 +419,4 @@ class PrefixDirectory:
         if count != sum(len(n.holders) for n in self._nodes.values()):
             raise IntegrityError("holding counts disagree")
         for block_hash, node in self._nodes.items():
-            if not node.holders:
-                raise IntegrityError(f"page {block_hash} is held by nobody")
-            if node.block_hash != block_hash:
-                raise IntegrityError(f"page {block_hash} is indexed as {node.block_hash}")
-            for holding in node.holders.values():
-                if holding.role not in (OWNER, REPLICA):
-                    raise IntegrityError(f"unknown role {holding.role!r} on page {block_hash}")
-                if (holding.role == REPLICA) != (holding.expires_at_s is not None):
-                    raise IntegrityError(f"a replica without expiry or an owner with one: {holding}")
+            self._check_node(block_hash, node)

@@ -348,8 +348,11 @@ def run(wl: Workload, num_ticks: int = 8, log_dir: Optional[Path] = None, quiet:
         send_all(workers, ingest)
         bad = await_barrier(workers, barriers1, timeout_s=600)
         ingest_s = time.perf_counter() - t0
-        lookups.phase = "after-ingest"
+        lookups.phase = "status"
+        t_status = time.perf_counter()
         status = coord.get("/status")[1]
+        status_s = time.perf_counter() - t_status
+        assert status["integrity"] == "ok", status["integrity"]
         rss1 = rss_bytes(coord.pid)
         num_pages = status["num_pages"]
 
@@ -382,6 +385,7 @@ def run(wl: Workload, num_ticks: int = 8, log_dir: Optional[Path] = None, quiet:
             "num_barriers_refused": refused.get("SourceSent", 0),
             "num_unexpected_replies": bad,
             "num_tick_errors": status["num_tick_errors"],
+            "status_ms": 1e3 * status_s,
             "ingest_s": ingest_s,
             "ingest_pages_per_s": wl.num_holdings / ingest_s,
             "ingest_msgs_per_s": len(ingest) / ingest_s,
@@ -419,6 +423,7 @@ def report(r: dict) -> None:
           f"tick errors {r['num_tick_errors']}")
     print(f"directory memory: RSS {r['rss_after_hello_bytes'] / 2**20:.0f} -> "
           f"{r['rss_after_ingest_bytes'] / 2**20:.0f} MiB, {r['bytes_per_holding']:.0f} B per page holding")
+    print(f"GET /status (integrity checked) after the ingest: {r['status_ms']:.0f} ms")
     for ph, v in r["lookup_ms"].items():
         print(f"lookup under load [{ph:>12}]: n={v['n']:5d} p50 {v['p50']:8.2f} ms  p99 {v['p99']:8.2f} ms  "
               f"max {v['max']:8.2f} ms")
