@@ -12,20 +12,26 @@ Who calls it: `radix_sync.coordinator.state.ClusterState` (under its lock). Not 
 from __future__ import annotations
 
 import itertools
+import sys
 import uuid
+from array import array
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Optional
+from typing import Callable, Collection, Iterable, Iterator, Optional, Sequence
 
-from radix_sync.hashing import chain_digest, digest_to_int64, namespace_seed
+import msgspec
+
+from radix_sync.hashing import chain_digest_packed, digest_to_int64, namespace_seed, pack_page
 from radix_sync.integrity import IntegrityError
 
 OWNER = "owner"
 REPLICA = "replica"
 
 
-@dataclass
-class Holding:
+# NOTE: the directory holds a few objects per page (hundreds of thousands in a fleet): plain structs, untracked by
+# the cycle collector (`gc=False`: they reference no container that could lead back to them, only the `holders`
+# dict, which holds only `Holding`s). As dataclasses, the collector's passes over them took a third of the time
+# facts were ingested in (scripts/bench_coordinator.py, 400,000 pages), and each page took ~1 KB.
+class Holding(msgspec.Struct, gc=False):
     """One worker's copy of one page."""
 
     role: str = OWNER
@@ -35,21 +41,37 @@ class Holding:
     replication_id: str = ""
 
 
-@dataclass
-class PageNode:
+class PageNode(msgspec.Struct, gc=False):
     block_hash: int
     parent_hash: Optional[int]
     namespace: str
-    token_ids: tuple[int, ...]
+    token_ids: Sequence[int]
+    """The page's token ids (an `array("I")`: 4 bytes a token, where a tuple of ints took ~36)."""
     depth: int
     """Number of pages from the root to this page, this one included."""
-    holders: dict[str, Holding] = field(default_factory=dict)
+    holders: dict[str, Holding] = msgspec.field(default_factory=dict)
     digest: bytes = b""
     """The page's full SHA-256 chain digest (its int64 prefix is `block_hash`), kept so that a child page reported
     later is checked against its tokens in O(page); empty for pages recorded unchecked (tests, tools)."""
 
 
-Block = tuple  # (block hash, parent hash or None, token ids[, digest])
+Block = tuple  # (block hash, parent hash or None, token ids[, digest[, token ids packed by `pack_page`]])
+
+_LE_U32 = array("I").itemsize == 4 and sys.byteorder == "little"
+"""Whether an `array("I")` is the layout `pack_page` packs (then a verified page's packed bytes are copied in)."""
+
+
+def _compact(block: Block) -> Sequence[int]:
+    """A block's token ids as an `array("I")` (uint32: SGLang hashes pages as such), or a tuple if one does not
+    fit (pages recorded unchecked: tests, tools)."""
+    if len(block) > 4 and _LE_U32:
+        out = array("I")
+        out.frombytes(block[4])
+        return out
+    try:
+        return array("I", block[2])
+    except (OverflowError, TypeError):
+        return tuple(block[2])
 
 
 def match_runs(block_hashes: list[int], holders_of: Callable[[int], Optional[Collection[str]]]) -> dict[str, int]:
@@ -86,6 +108,11 @@ class ChangeFeed:
     def add(self, op: int, worker_id: str, block_hash: int) -> None:
         self.seq += 1
         self._log.append((op, worker_id, block_hash))
+
+    def add_many(self, changes: list[tuple[int, str, int]]) -> None:
+        """`add` of each change, in order."""
+        self.seq += len(changes)
+        self._log.extend(changes)
 
     def since(self, seq: int, limit: int) -> Optional[list[tuple[int, str, int]]]:
         """The changes after number `seq` (at most `limit`), or None when they are no longer all kept."""
@@ -152,7 +179,12 @@ class PrefixDirectory:
                                   f"in this namespace")
                     continue
                 prior = parent.digest
-            digest = chain_digest(prior, token_ids)
+            try:
+                packed = pack_page(token_ids)
+            except ValueError as exc:
+                errors.append(f"page {block_hash}: {exc}")
+                continue
+            digest = chain_digest_packed(prior, packed)
             if digest_to_int64(digest) != block_hash:
                 errors.append(f"page {block_hash}: hash does not match its token ids and parent")
                 continue
@@ -162,7 +194,7 @@ class PrefixDirectory:
                     continue
                 num_new += 1
             digests[block_hash] = digest
-            accepted.append((block_hash, parent_hash, token_ids, digest))
+            accepted.append((block_hash, parent_hash, token_ids, digest, packed))
         return accepted, errors
 
     def add_pages(self, worker_id: str, namespace: str, blocks: Iterable[Block],
@@ -177,27 +209,28 @@ class PrefixDirectory:
             the number of (page, worker) holdings that were new.
         """
         held = self._by_worker.setdefault(worker_id, set())
-        num_new = 0
+        nodes = self._nodes
+        changes: list[tuple[int, str, int]] = []
         for block in blocks:
-            block_hash, parent_hash, token_ids = block[0], block[1], block[2]
-            node = self._nodes.get(block_hash)
+            block_hash, parent_hash = block[0], block[1]
+            node = nodes.get(block_hash)
             if node is None:
-                parent = self._nodes.get(parent_hash) if parent_hash is not None else None
-                node = PageNode(block_hash, parent_hash, namespace, tuple(token_ids),
-                                depth=(parent.depth + 1) if parent is not None else 1,
-                                digest=block[3] if len(block) > 3 else b"")
-                self._nodes[block_hash] = node
+                parent = nodes.get(parent_hash) if parent_hash is not None else None
+                node = PageNode(block_hash, parent_hash, namespace, _compact(block),
+                                (parent.depth + 1) if parent is not None else 1, {},
+                                block[3] if len(block) > 3 else b"")
+                nodes[block_hash] = node
             elif not node.digest and len(block) > 3:
                 node.digest = block[3]
             holding = node.holders.get(worker_id)
             if holding is None:
                 node.holders[worker_id] = Holding(role, expires_at_s, replication_id)
                 held.add(block_hash)
-                self.feed.add(1, worker_id, block_hash)
-                num_new += 1
+                changes.append((1, worker_id, block_hash))
             elif role == REPLICA:
                 holding.role, holding.expires_at_s, holding.replication_id = REPLICA, expires_at_s, replication_id
-        return num_new
+        self.feed.add_many(changes)
+        return len(changes)
 
     def mark_replica(self, worker_id: str, block_hashes: list[int], num_written: int, expires_at_s: float,
                      replication_id: str) -> int:
@@ -319,6 +352,55 @@ class PrefixDirectory:
     def workers(self) -> list[str]:
         return [w for w, held in self._by_worker.items() if held]
 
+    def check_integrity_steps(self, step: int = 8192) -> Iterator[None]:
+        """`check_integrity` in steps of about `step` pages, for a caller that holds the lock only for one step at
+        a time (`/status` on a directory of millions of pages): each step checks some pages against both indexes
+        (a page's holders against the worker index, a worker's pages against the page index); the two directions
+        over every page imply the counts agree. Pages changed between steps are checked as they are then (a page
+        gone is skipped). Yields between steps.
+
+        Raises:
+            IntegrityError: naming the first disagreement found.
+        """
+        keys = list(self._nodes)
+        yield
+        for i in range(0, len(keys), step):
+            for block_hash in keys[i:i + step]:
+                node = self._nodes.get(block_hash)
+                if node is None:
+                    continue
+                self._check_node(block_hash, node)
+                for worker_id in node.holders:
+                    if block_hash not in self._by_worker.get(worker_id, ()):
+                        raise IntegrityError(f"page {block_hash} is held by {worker_id}, who does not index it")
+            yield
+        for worker_id in list(self._by_worker):
+            hashes = list(self._by_worker.get(worker_id, ()))
+            yield
+            for i in range(0, len(hashes), step):
+                held = self._by_worker.get(worker_id, ())
+                for block_hash in hashes[i:i + step]:
+                    if block_hash not in held:
+                        continue
+                    node = self._nodes.get(block_hash)
+                    if node is None:
+                        raise IntegrityError(f"{worker_id} holds unknown page {block_hash}")
+                    if worker_id not in node.holders:
+                        raise IntegrityError(f"{worker_id} missing from holders of {block_hash}")
+                yield
+
+    @staticmethod
+    def _check_node(block_hash: int, node: PageNode) -> None:
+        if not node.holders:
+            raise IntegrityError(f"page {block_hash} is held by nobody")
+        if node.block_hash != block_hash:
+            raise IntegrityError(f"page {block_hash} is indexed as {node.block_hash}")
+        for holding in node.holders.values():
+            if holding.role not in (OWNER, REPLICA):
+                raise IntegrityError(f"unknown role {holding.role!r} on page {block_hash}")
+            if (holding.role == REPLICA) != (holding.expires_at_s is not None):
+                raise IntegrityError(f"a replica without expiry or an owner with one: {holding}")
+
     def check_integrity(self) -> None:
         """Checks that the two indexes agree and every node is held by someone.
 
@@ -337,12 +419,4 @@ class PrefixDirectory:
         if count != sum(len(n.holders) for n in self._nodes.values()):
             raise IntegrityError("holding counts disagree")
         for block_hash, node in self._nodes.items():
-            if not node.holders:
-                raise IntegrityError(f"page {block_hash} is held by nobody")
-            if node.block_hash != block_hash:
-                raise IntegrityError(f"page {block_hash} is indexed as {node.block_hash}")
-            for holding in node.holders.values():
-                if holding.role not in (OWNER, REPLICA):
-                    raise IntegrityError(f"unknown role {holding.role!r} on page {block_hash}")
-                if (holding.role == REPLICA) != (holding.expires_at_s is not None):
-                    raise IntegrityError(f"a replica without expiry or an owner with one: {holding}")
+            self._check_node(block_hash, node)

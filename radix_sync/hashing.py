@@ -63,11 +63,37 @@ def chain_digest(prior: Optional[bytes], page: Sequence[int]) -> bytes:
     Raises:
         ValueError: a token id outside uint32.
     """
+    return chain_digest_packed(prior, pack_page(page))
+
+
+def pack_page(page: Sequence[int]) -> bytes:
+    """A page's token ids as SGLang hashes them: little-endian uint32.
+
+    Raises:
+        ValueError: a token id outside uint32.
+    """
     try:
-        packed = struct.pack(f"<{len(page)}I", *page)
+        return _page_struct(len(page)).pack(*page)
     except struct.error:
         raise ValueError(f"token ids must be uint32, got one in {list(page)[:4]}...") from None
+
+
+def chain_digest_packed(prior: Optional[bytes], packed: bytes) -> bytes:
+    """`chain_digest` of a page already packed (`pack_page`)."""
     return hashlib.sha256(prior + packed).digest() if prior is not None else hashlib.sha256(packed).digest()
+
+
+_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _page_struct(page_size: int) -> struct.Struct:
+    """The packer of a page of `page_size` little-endian uint32 (compiled once per size: a fact's pages share it)."""
+    packer = _STRUCTS.get(page_size)
+    if packer is None:
+        if len(_STRUCTS) >= 64:  # (page sizes are few; bound it anyway)
+            _STRUCTS.clear()
+        packer = _STRUCTS[page_size] = struct.Struct(f"<{page_size}I")
+    return packer
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int, namespace: str = "") -> list[int]:

@@ -145,15 +145,30 @@ class AdminServer:
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.coord.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def _integrity(self) -> str:
+        """`ClusterState.check_integrity`, in steps (`check_integrity_steps`), the lock held during each step only:
+        on a directory of millions of pages, the whole check under the lock stalled facts and lookups for seconds.
+        Returns: "ok" or "violated: ..."."""
+        coord = self.coord
+        try:
+            with coord.lock:
+                steps = coord.state.check_integrity_steps()
+                next(steps)
+            while True:
+                # (a sleep in the selector, not 0: it lets go of the GIL too, so the loop thread takes the lock)
+                await asyncio.sleep(0.001)
+                with coord.lock:
+                    next(steps)
+        except StopIteration:
+            return "ok"
+        except IntegrityError as exc:
+            return f"violated: {exc}"
+
     async def status(self, request: web.Request) -> web.Response:
         coord = self.coord
+        integrity = await self._integrity()
         with coord.lock:
             st = coord.state
-            try:
-                st.check_integrity()
-                integrity = "ok"
-            except IntegrityError as exc:
-                integrity = f"violated: {exc}"
             return _json({
                 "integrity": integrity, "coordinator_id": st.coordinator_id, "endpoint": coord.endpoint,
                 "policy": coord.policy.name, "mode": coord.mode,
@@ -166,6 +181,7 @@ class AdminServer:
                 "replicas": [{"worker": w, "replication_id": r, **v}
                              for (w, r), v in st.directory.replicas().items()],
                 "sessions": coord.policy.session_stats(),
+                "planner": getattr(coord.policy, "last_pass", None),
                 "loop": coord.loop_stats.summary(),
                 "ledger": st.ledger.status(time.monotonic()),
                 "plain_workers": [feed.stats() for feed in coord.plain_feeds],

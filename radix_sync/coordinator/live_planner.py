@@ -29,6 +29,11 @@ from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
 from radix_sync.policy.tracker import NodeTracker, TrackedNode
 
+LIVE_SCORING_BUDGET = 2048
+"""The live planner's `PlannerConfig.max_scored_per_tick`: (prefix, target) pairs scored per tick, the rest
+carried to the next (docs/coordinator-scale.md: ~3-7 us a pair, so a tick of tens of ms at most, whatever the
+fleet and its demand)."""
+
 _ITEMSIZE = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.uint8": 1}
 
 
@@ -136,7 +141,8 @@ class LivePlanner:
     """A pull's replica counts as wanted (its request, sent when it landed, is queued there) this long after it
     landed, s."""
 
-    def __init__(self, profile: str = "cpu-local", cfg: PlannerConfig = PlannerConfig(endpoint_wait=True),
+    def __init__(self, profile: str = "cpu-local",
+                 cfg: PlannerConfig = PlannerConfig(endpoint_wait=True, max_scored_per_tick=LIVE_SCORING_BUDGET),
                  router_pulls: Optional[bool] = None) -> None:
         """`router_pulls`: whether the routers in front copy a missing prefix on the request's path (`kvrep router
         --pull`); None (the default): yes while a pull was asked for within `PULL_WINDOW_S`. The planner then
@@ -152,10 +158,14 @@ class LivePlanner:
         self.planner = KvrepPlanner(self.cost, cfg=self._cfgs[False])
         self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
+        self._carried: dict[int, int] = {}
+        """The prefixes the last pass left unscored (its budget spent): scored first in the next."""
         self._namespaces: dict[str, int] = {"": 0}
         self.hint_grace_s = 1.0
         """A fan-out hint stops asking for copies this long after its branches were due, s."""
         self.num_followups = 0
+        self.last_pass: dict[str, int] = {}
+        """The last tick's candidates, (prefix, target) pairs scored and prefixes deferred (for `/status`)."""
         """Arrivals recognised as the next turn of a finished response."""
         self.num_sessions_ended = 0
         """Open sessions closed by an `end` hint (`kvrep.session_end`)."""
@@ -258,16 +268,21 @@ class LivePlanner:
         demand = _demand_times(state)
         self._add_hints(state, demand, now_s)
         self._add_busy_sessions(state, workers, index, demand, now_s)
+        flights: dict[int, list] = {}  # copies in flight by prefix (each candidate's own, in creation order)
+        for r in in_flight:
+            if r.block_hash is not None:
+                flights.setdefault(r.block_hash, []).append(r)
         prefixes = []
         for block_hash, hit_times in demand.times.items():
             if not is_candidate(len(hit_times), block_hash in demand.fanout or block_hash in demand.keepalive,
                                 block_hash in demand.sessions):
                 continue
-            view = self._prefix_view(state, block_hash, demand, index, in_flight, busy, page_len, now_s)
+            view = self._prefix_view(state, block_hash, demand, index, flights.get(block_hash, ()), busy, page_len,
+                                     now_s)
             if view is not None:
                 prefixes.append(view)
         snap = ClusterSnapshot(workers=tuple(workers), prefixes=tuple(prefixes), page_len=page_len,
-                               kv_bytes_per_token=kvb)
+                               kv_bytes_per_token=kvb, carried=self._carried)
         return snap, ids
 
     def _link_busy_until(self, in_flight: list, kvb: int, now_s: float) -> dict[str, float]:
@@ -368,9 +383,9 @@ class LivePlanner:
                 times.setdefault(n.node_id, [])
 
     def _prefix_view(self, state: ClusterState, block_hash: int, demand: _Demand, index: dict[str, int],
-                     in_flight: list, busy: dict[str, float], page_len: int, now_s: float) -> Optional[PrefixView]:
-        """Returns: the candidate prefix with its holders (copies in flight included), or None when nobody holds
-        it (or its tokens are not known yet): nothing to copy."""
+                     in_flight, busy: dict[str, float], page_len: int, now_s: float) -> Optional[PrefixView]:
+        """Returns: the candidate prefix with its holders (`in_flight`: the copies of it in flight included), or
+        None when nobody holds it (or its tokens are not known yet): nothing to copy."""
         node = state.directory.node(block_hash)
         if node is None or not node.token_ids:
             return None
@@ -398,6 +413,9 @@ class LivePlanner:
         snap, ids = self.snapshot(state, now_s)
         out = []
         commands = self.planner.plan(snap, now_s)
+        self._carried = self.planner.deferred
+        self.last_pass = {"candidates": len(snap.prefixes), "scored_pairs": self.planner.num_scored,
+                          "deferred": len(self.planner.deferred)}
         for prefix in snap.prefixes:
             if prefix.fanout_hint:
                 seen = self.hint_outcomes.setdefault(prefix.node_id, [])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from radix_sync import api
 from radix_sync import protocol as p
@@ -472,19 +472,24 @@ class ClusterState:
                               if r.block_hash is not None)
         return RuleSnapshot(tuple(self.hits), tuple(workers), held, in_flight)
 
-    def check_integrity(self) -> None:
-        """Checks each owner, then what ties them: the directory holds pages only of known workers.
-
-        Raises:
-            IntegrityError: naming the first broken invariant (also under `python -O`).
-        """
-        self.directory.check_integrity()
+    def check_integrity_steps(self, step: int = 8192) -> Iterator[None]:
+        """Each owner, then what ties them (the directory holds pages only of known workers), in steps of the
+        directory's (`PrefixDirectory.check_integrity_steps`): a caller that holds the lock during each step only
+        never stalls the facts or the lookups on a large directory. Raises IntegrityError naming the first
+        broken invariant (also under `python -O`)."""
         self._workers.check_integrity()
         self._replications.check_integrity()
         self._demand.check_integrity()
         for wid in self.directory.workers():
             if wid not in self._workers:
                 raise IntegrityError(f"directory holds pages of unknown worker {wid}")
+        yield
+        yield from self.directory.check_integrity_steps(step)
+
+    def check_integrity(self) -> None:
+        """`check_integrity_steps` at once, the caller holding the lock throughout."""
+        for _ in self.check_integrity_steps(step=1 << 62):
+            pass
 
 
 def hash_prompt(token_ids: list[int], namespace: str, page_sizes: Iterable[int]) -> dict[int, list[int]]:

@@ -6,6 +6,7 @@ Used by the expected-TTFT router and the planner. Pure: a `WorkerView`, `now` an
 from __future__ import annotations
 
 import bisect
+from typing import Optional
 
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.snapshot import WorkerView
@@ -45,12 +46,16 @@ class WaitForecast:
         self.base_s = [queue_wait_s(cost, w, now) for w in workers]
         self._times: list[list[float]] = [[] for _ in workers]
         self._work: list[list[float]] = [[] for _ in workers]
+        self._after: list[Optional[list[float]]] = [None] * len(workers)
+        """Per worker, the backlog just after each predicted arrival (the recurrence of `wait_at`, kept until the
+        worker's work changes): a wait is then a bisection, not a walk over the arrivals before it."""
 
     def add_work(self, worker_id: int, at_s: float, work_s: float) -> None:
         """Registers `work_s` seconds of prefill expected to arrive at `worker_id` at `at_s`."""
         i = bisect.bisect_right(self._times[worker_id], at_s)
         self._times[worker_id].insert(i, at_s)
         self._work[worker_id].insert(i, work_s)
+        self._after[worker_id] = None
 
     def remove_work(self, worker_id: int, at_s: float, work_s: float) -> None:
         """Removes one entry registered with `add_work` (same arguments)."""
@@ -60,6 +65,7 @@ class WaitForecast:
             if work[i] == work_s:
                 del times[i]
                 del work[i]
+                self._after[worker_id] = None
                 return
             i += 1
         raise ValueError(f"no work {work_s!r} at {at_s!r} on worker {worker_id}")
@@ -69,9 +75,21 @@ class WaitForecast:
 
         Simulates the single FCFS server: backlog at `now`, then each predicted arrival up to `t`.
         """
+        times = self._times[worker_id]
+        n = bisect.bisect_right(times, t)
+        if n == 0:
+            return max(0.0, self.base_s[worker_id] - max(0.0, t - self.now))
+        after = self._after[worker_id]
+        if after is None:
+            after = self._after[worker_id] = self._backlogs(worker_id)
+        return max(0.0, after[n - 1] - max(0.0, t - times[n - 1]))
+
+    def _backlogs(self, worker_id: int) -> list[float]:
+        """The backlog just after each predicted arrival at `worker_id`: FCFS, the backlog at `now` first."""
         backlog, clock = self.base_s[worker_id], self.now
-        times, work = self._times[worker_id], self._work[worker_id]
-        for k in range(bisect.bisect_right(times, t)):
-            backlog = max(0.0, backlog - (times[k] - clock)) + work[k]
-            clock = times[k]
-        return max(0.0, backlog - max(0.0, t - clock))
+        out = []
+        for at_s, work_s in zip(self._times[worker_id], self._work[worker_id]):
+            backlog = max(0.0, backlog - (at_s - clock)) + work_s
+            clock = at_s
+            out.append(backlog)
+        return out

@@ -33,7 +33,6 @@ Pure: `plan(snapshot, now)` reads nothing else than the snapshot, `now` and the 
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -43,6 +42,7 @@ from radix_sync.policy.forecast import WaitForecast
 from radix_sync.policy.gate import landing_room_tokens, link_free_s, pull_delay_s
 from radix_sync.policy.predictor import Demand, DemandPredictor
 from radix_sync.policy.snapshot import REPLICA, ClusterSnapshot, PrefixView, Replicate, WorkerView
+from radix_sync.policy.spread import Spread, num_spread, spread_s
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,12 @@ class PlannerConfig:
     """Most copies one planning pass may issue."""
     max_spread: int = 32
     """Most requests of one prefix modelled individually when spreading them over holders."""
+    max_scored_per_tick: int = 0
+    """Most (prefix, target worker) pairs one pass scores (each prefix that gets past the cheap bounds costs one
+    pair per worker, per copy it makes); the prefixes left over are not planned this pass (`KvrepPlanner.deferred`,
+    outcome `deferred`) and come first in the next one (`ClusterSnapshot.carried`). At least one prefix is always
+    scored. 0: no bound (the simulator's default; the live coordinator sets one, so that a tick, which holds its
+    lock, stays short however many prefixes are hot)."""
     min_ttl_s: float = 5.0
     """Shortest replica TTL, s."""
     max_ttl_s: float = 600.0
@@ -111,6 +117,8 @@ class PlannerConfig:
         if not 0 <= self.displaced_reuse_prob <= 1 or not 0 < self.ttl_quantile < 1:
             raise ValueError(f"displaced_reuse_prob={self.displaced_reuse_prob!r} must be in [0, 1], "
                              f"ttl_quantile={self.ttl_quantile!r} in (0, 1)")
+        if self.max_scored_per_tick < 0:
+            raise ValueError(f"max_scored_per_tick={self.max_scored_per_tick!r} must be >= 0 (0: no bound)")
         if self.max_copies_per_tick < 1 or self.max_spread < 1:
             raise ValueError(f"max_copies_per_tick={self.max_copies_per_tick!r}, max_spread={self.max_spread!r}"
                              " must be >= 1")
@@ -137,42 +145,41 @@ class KvrepPlanner:
         self._page_len = 1
         self.outcomes: dict[int, str] = {}
         """Node id -> what the last `plan` made of it (copies, or why none): for operators, not for decisions."""
+        self.deferred: dict[int, int] = {}
+        """Node ids the last `plan` did not score, its `max_scored_per_tick` spent, each with the passes in a row it
+        has waited, this one included (the caller carries them over: `ClusterSnapshot.carried`)."""
+        self.num_scored = 0
+        """(prefix, target) pairs the last `plan` scored."""
 
     # ---- expected TTFT of the demand of one node, given its holders ----
     def _option_s(self, np_: _NodePlan, w: int, fc: WaitForecast, workers: tuple[WorkerView, ...],
-                  kv_bytes: int) -> tuple[float, float]:
-        """Returns (TTFT of the first request at `w`, service time of each further one)."""
+                  kv_bytes: int, wait: Optional[float] = None, costs: Optional["_Costs"] = None
+                  ) -> tuple[float, float]:
+        """Returns (TTFT of the first request at `w`, service time of each further one). `wait`: `w`'s wait at the
+        arrival, when the caller has it; `costs`: the pass's memo of cost-model answers."""
         L, n, t_a = np_.node.token_len, np_.new_len, np_.demand.arrival_s
-        wait = fc.wait_at(w, t_a)
+        if wait is None:
+            wait = fc.wait_at(w, t_a)
+        prefill_s = costs.prefill_s if costs is not None else self.cost.prefill_s
         held = np_.depth.get(w, 0)
         if held > 0:
             ready = np_.eta.get(w, fc.now)
-            svc = self.cost.prefill_s(n + L - held, held)
+            svc = prefill_s(n + L - held, held)
             return max(wait, ready - t_a) + svc, svc
-        full = self.cost.prefill_s(n + L, 0)
+        full = prefill_s(n + L, 0)
         best = wait + full
-        svc = self.cost.prefill_s(n, L)
+        svc = prefill_s(n, L)
         src = workers[np_.source]
         if self.cfg.allow_pull and workers[w].nic_bandwidth_bytes_per_s > 0 and src.nic_bandwidth_bytes_per_s > 0:
             bw = min(src.nic_bandwidth_bytes_per_s, workers[w].nic_bandwidth_bytes_per_s)
-            pull = self.cost.transfer_s(L * kv_bytes, bw)
+            pull = (costs.transfer_s if costs is not None else self.cost.transfer_s)(L * kv_bytes, bw)
             best = min(best, max(wait, pull) + svc)
         return best, full
 
     def _spread_s(self, opts: list[tuple[float, float]], count: float) -> float:
         """Mean TTFT of `count` requests spread greedily over per-worker options (first TTFT, service time):
-        each further request on a worker waits for the previous one's prefill."""
-        k = max(1, min(self.cfg.max_spread, math.ceil(count - 1e-9)))
-        if k == 1:
-            return min(o[0] for o in opts)
-        heap = list(opts)
-        heapq.heapify(heap)
-        total = 0.0
-        for _ in range(k):
-            t, svc = heapq.heappop(heap)
-            total += t
-            heapq.heappush(heap, (t + svc, svc))
-        return total / k
+        each further request on a worker waits for the previous one's prefill (`radix_sync.policy.spread`)."""
+        return spread_s(opts, num_spread(count, self.cfg.max_spread))
 
     def expected_ttft_s(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...],
                         kv_bytes: int) -> float:
@@ -228,6 +235,7 @@ class KvrepPlanner:
         """
         cfg, workers, kvb = self.cfg, snap.workers, snap.kv_bytes_per_token
         self.outcomes = {}
+        self.deferred, self.num_scored = {}, 0
         if kvb <= 0 or len(workers) < 2:
             return []
         self._page_len = max(1, snap.page_len)
@@ -260,15 +268,25 @@ class KvrepPlanner:
                         wanted_ordinary[h.worker_id] += h.depth_len
         room = _Room(workers, wanted, wanted_ordinary)
         out: list[Replicate] = []
-        for np_ in sorted(plans, key=lambda p: (p.demand.arrival_s, p.node.node_id)):
+        carried = snap.carried
+        deferred: dict[int, int] = {}
+        # NOTE: the most urgent first (predicted arrival), after what earlier passes had no budget for, the longest
+        # waiting first (round robin: a prefix waits at most ~candidates / budget passes)
+        order = sorted(plans, key=lambda p: (-carried.get(p.node.node_id, 0), p.demand.arrival_s, p.node.node_id))
+        for np_ in order:
             if len(out) >= cfg.max_copies_per_tick:
                 break
+            if cfg.max_scored_per_tick and self.num_scored and self.num_scored >= cfg.max_scored_per_tick:
+                deferred[np_.node.node_id] = carried.get(np_.node.node_id, 0) + 1
+                self.outcomes[np_.node.node_id] = "deferred (the pass's scoring budget is spent)"
+                continue
             # A node's own predicted work must not count against itself.
             fc.remove_work(*own[id(np_)])
             try:
                 self._plan_node(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, out)
             finally:
                 fc.add_work(*own[id(np_)])
+        self.deferred = deferred
         return out
 
     def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
@@ -287,8 +305,10 @@ class KvrepPlanner:
         # requests, the time they would queue behind each other at the holder (k(k-1)/2 hit prefills).
         # Both waits at the request's arrival: the least wait *now* is larger than at arrival by up to the lead time,
         # and a bound taken with it refused copies that pay (tests/unit/test_policy_gate.py, a target 19.5 s busy).
-        holder_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in np_.depth)
-        min_wait = min(fc.wait_at(w, np_.demand.arrival_s) for w in range(len(workers)))
+        # (the forecast does not change while this node is planned: every worker's wait is taken once)
+        waits = [fc.wait_at(w, np_.demand.arrival_s) for w in range(len(workers))]
+        holder_wait = min(waits[w] for w in np_.depth)
+        min_wait = min(waits)
         k = max(1, min(cfg.max_spread, math.ceil(count - 1e-9)))
         self_queue = self.cost.prefill_s(np_.new_len, np_.node.token_len) * k * (k - 1) / 2.0
         if (holder_wait - min_wait) * count + self_queue < cfg.min_gain_s:
@@ -297,7 +317,8 @@ class KvrepPlanner:
         made = 0
         why: dict[str, int] = {}
         while len(out) < cfg.max_copies_per_tick:
-            best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, why)
+            self.num_scored += len(workers)
+            best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, why, waits)
             if best is None:
                 break
             made += 1
@@ -315,10 +336,11 @@ class KvrepPlanner:
 
     def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
                         egress: list[float], ingress: list[float], budget: list[int], free: list[int],
-                        room: "_Room", now: float, why: Optional[dict[str, int]] = None
-                        ) -> Optional[tuple[float, int, int, int, float]]:
+                        room: "_Room", now: float, why: Optional[dict[str, int]] = None,
+                        waits: Optional[list[float]] = None) -> Optional[tuple[float, int, int, int, float]]:
         """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None.
-        `why` counts the reasons candidates were turned down."""
+        `why` counts the reasons candidates were turned down; `waits`: every worker's `fc.wait_at` the node's
+        predicted arrival, when the caller has them."""
         def no(reason: str) -> None:
             if why is not None:
                 why[reason] = why.get(reason, 0) + 1
@@ -333,24 +355,24 @@ class KvrepPlanner:
             no("every source's link is booked")
             return None
         sources.sort()
-        opts = [self._option_s(np_, w, fc, workers, kvb) for w in range(len(workers))]
-        count = np_.demand.expected_count
-        base = self._spread_s(opts, count)
-        fp = workers[np_.source].fingerprint
-        best: Optional[tuple[float, int, int, int, float]] = None
-        best_ratio = 0.0
-        page = self._page_len
         t_a = np_.demand.arrival_s
-        for w in workers:
-            t = w.worker_id
+        costs = _Costs(self.cost)
+        if waits is None:
+            waits = [fc.wait_at(w, t_a) for w in range(len(workers))]
+        opts = [self._option_s(np_, w, fc, workers, kvb, waits[w], costs) for w in range(len(workers))]
+        count = np_.demand.expected_count
+        spread = Spread(opts, num_spread(count, cfg.max_spread))
+        base = spread.base_s
+        fp = workers[np_.source].fingerprint
+        page = self._page_len
+
+        def score(w: WorkerView, t: int) -> tuple[Optional[tuple[float, int, int, float, int]], list[str]]:
+            """(gain, depth, source, landing time, bytes) of the best copy to `t` (None: none clears the bar), and
+            the reasons candidates to `t` were turned down."""
             held = np_.depth.get(t, 0)
-            if w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0:
-                continue
-            if ingress[t] > limit:
-                no("target link booked")
-                continue
-            wait_t = fc.wait_at(t, t_a)
+            wait_t = waits[t]
             target_best = None
+            reasons: list[str] = []
             for frac in cfg.depth_fractions:
                 depth = int(L * frac)
                 depth -= depth % page
@@ -358,10 +380,10 @@ class KvrepPlanner:
                     continue
                 tokens = depth - held
                 if tokens > budget[t]:
-                    no("replica budget")
+                    reasons.append("replica budget")
                     continue
                 if tokens > room.tokens[t]:
-                    no("would evict a wanted page")
+                    reasons.append("would evict a wanted page")
                     continue
                 nbytes = tokens * kvb
                 # the source that lands the copy first (a holder is a source from its own arrival on)
@@ -371,40 +393,86 @@ class KvrepPlanner:
                         break
                     if s == t or np_.depth[s] < depth:
                         continue
-                    x = self.cost.transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s,
-                                                         w.nic_bandwidth_bytes_per_s))
+                    x = costs.transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s,
+                                                     w.nic_bandwidth_bytes_per_s))
                     end = max(now, ready, ingress[t]) + x
                     if cfg.endpoint_wait:  # gathered after the source's iteration, installed after the target's
                         end = max(max(now, ready, ingress[t], workers[s].busy_until_s) + x, w.busy_until_s)
                     if end < land:
                         src, land, xfer = s, end, x
                 if src < 0:
-                    no("no source")
+                    reasons.append("no source")
                     continue
-                svc = self.cost.prefill_s(np_.new_len + L - depth, depth)
+                svc = costs.prefill_s(np_.new_len + L - depth, depth)
                 new_opt = (max(wait_t, land - t_a) + svc, svc)
                 if new_opt[0] >= opts[t][0]:
-                    no("no faster there")
+                    reasons.append("no faster there")
                     continue
-                saved, opts[t] = opts[t], new_opt
-                with_s = self._spread_s(opts, count)
-                opts[t] = saved
+                with_s = spread.with_option(t, new_opt)
                 displaced = max(0, tokens - free[t])
-                mem_cost = cfg.displaced_reuse_prob * self.cost.prefill_s(displaced, 0) if displaced else 0.0
+                mem_cost = cfg.displaced_reuse_prob * costs.prefill_s(displaced, 0) if displaced else 0.0
                 # the delay it imposes on the critical-path pulls that want the two links meanwhile
                 harm = (pull_delay_s(workers[src].egress_pull_rate_per_s, land - xfer, xfer, now)
                         + pull_delay_s(w.ingress_pull_rate_per_s, land - xfer, xfer, now))
                 gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost - harm
                 # depth by marginal gain: the deepest copy wins unless a shallower one nets more
                 if gain < cfg.min_gain_s:
-                    no("gain below minimum")
+                    reasons.append("gain below minimum")
                 elif target_best is None or gain > target_best[0]:
-                    target_best = (gain, t, depth, src, land, nbytes)
+                    target_best = (gain, depth, src, land, nbytes)
+            return target_best, reasons
+
+        # NOTE: targets alike in everything `score` reads score alike (the idle workers, mostly): each kind is
+        # scored once. The key holds every per-target input of `score`; a holder's own id too (it is no source
+        # to itself). `spread.with_option` depends on `opts[t]`, not on `t` (see `radix_sync.policy.spread`).
+        scored: dict[tuple, tuple[Optional[tuple[float, int, int, float, int]], list[str]]] = {}
+        best: Optional[tuple[float, int, int, int, float]] = None
+        best_ratio = 0.0
+        for w in workers:
+            t = w.worker_id
+            if w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0:
+                continue
+            if ingress[t] > limit:
+                no("target link booked")
+                continue
+            key = (t if t in np_.depth else -1, ingress[t], budget[t], room.tokens[t], free[t], opts[t], waits[t],
+                   w.nic_bandwidth_bytes_per_s, w.busy_until_s, w.ingress_pull_rate_per_s)
+            result = scored.get(key)
+            if result is None:
+                result = scored[key] = score(w, t)
+            target_best, reasons = result
+            for reason in reasons:
+                no(reason)
             if target_best is not None:
-                ratio = target_best[0] / target_best[5]
+                gain, depth, src, land, nbytes = target_best
+                ratio = gain / nbytes
                 if ratio > best_ratio:
-                    best, best_ratio = target_best[:5], ratio
+                    best, best_ratio = (gain, t, depth, src, land), ratio
         return best
+
+
+class _Costs:
+    """One candidate's memo of the cost model's answers (the same few arguments come back for every target):
+    the same values, computed once."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self._cost = cost
+        self._prefill: dict[tuple[int, int], float] = {}
+        self._transfer: dict[tuple[float, float], float] = {}
+
+    def prefill_s(self, new_len: int, cached_len: int) -> float:
+        key = (new_len, cached_len)
+        v = self._prefill.get(key)
+        if v is None:
+            v = self._prefill[key] = self._cost.prefill_s(new_len, cached_len)
+        return v
+
+    def transfer_s(self, num_bytes: float, bandwidth_bytes_per_s: float = 0.0) -> float:
+        key = (num_bytes, bandwidth_bytes_per_s)
+        v = self._transfer.get(key)
+        if v is None:
+            v = self._transfer[key] = self._cost.transfer_s(num_bytes, bandwidth_bytes_per_s)
+        return v
 
 
 class _Room:

@@ -9,7 +9,7 @@ clock itself), sizes are bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 OWNER = "owner"
 REPLICA = "replica"
@@ -147,6 +147,9 @@ class ClusterSnapshot:
     """Tokens per page; replica depths are multiples of it."""
     kv_bytes_per_token: int = 0
     """KV cache bytes per token across all layers (and all tensor-parallel ranks)."""
+    carried: Mapping[int, int] = field(default_factory=dict)
+    """Prefixes (node ids) earlier passes left unscored, their scoring budget spent (`KvrepPlanner.deferred`),
+    with how many passes in a row each has waited: this pass scores the longest waiting first (read-only)."""
 
 
 @dataclass(frozen=True, slots=True)

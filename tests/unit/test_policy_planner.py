@@ -130,3 +130,35 @@ def test_endpoint_wait_prices_the_iterations_in_progress_at_both_ends():
     assert planner(allow_pull=False, endpoint_wait=True).plan(snap(2.0, 0.5), 0.0) == []
     [d] = planner(allow_pull=False, endpoint_wait=False).plan(snap(2.0, 0.5), 0.0)
     assert d.gain_s == pytest.approx(0.995)
+
+
+def three_hinted(**kw):
+    """Three hinted prefixes (ids 7, 8, 9; due at 1, 2, 3 s) each held by the busy w0 only."""
+    snap = snapshot(**kw)
+    node = snap.prefixes[0]
+    nodes = tuple(replace(node, node_id=7 + i, hint_at_s=1.0 + i) for i in range(3))
+    return replace(snap, prefixes=nodes)
+
+
+def test_a_scoring_budget_defers_the_rest_and_the_next_pass_takes_the_longest_waiting_first():
+    # each prefix past the cheap bounds costs one pair per worker (2 here) per copy it looks for; 3 pairs: the most
+    # urgent (7) is scored (its copy and the look for a second one: 4 pairs), 8 and 9 wait
+    p = planner(allow_pull=False, max_scored_per_tick=3)
+    out = p.plan(three_hinted(), 0.0)
+    assert [d.node_id for d in out] == [7]
+    assert p.deferred == {8: 1, 9: 1} and p.num_scored == 4
+    assert p.outcomes[8].startswith("deferred")
+    # carried over: 8 first (waited as long as 9, due sooner), then 7 waits with 9
+    out = p.plan(replace(three_hinted(), carried=p.deferred), 0.0)
+    assert [d.node_id for d in out] == [8]
+    assert p.deferred == {7: 1, 9: 2}
+    out = p.plan(replace(three_hinted(), carried=p.deferred), 0.0)
+    assert [d.node_id for d in out] == [9] and p.deferred == {7: 2, 8: 1}
+
+
+def test_no_budget_scores_every_prefix():
+    p = planner(allow_pull=False)
+    out = p.plan(three_hinted(), 0.0)
+    assert sorted(d.node_id for d in out) == [7, 8, 9] and p.deferred == {}
+    with pytest.raises(ValueError):
+        PlannerConfig(max_scored_per_tick=-1)
