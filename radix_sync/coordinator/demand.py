@@ -89,6 +89,13 @@ class DemandLog:
         self.hint_ids: "OrderedDict[tuple[str, str, str], HintRecord]" = OrderedDict()
         """(namespace, hint id, kind) -> the hint recorded with it, oldest first, kept the hit window (at most
         `MAX_HINT_IDS`): a hint sent again with its id (by the router and by the worker) is recorded once."""
+        self.by_prefix: dict[int, tuple[deque, deque]] = {}
+        """Prefix (block hash) -> its (hits, arrivals) in `hits`/`arrivals`, as (sequence number, time,
+        namespace), oldest first: kept with the logs (`_index`, `trim`), so a plan tick reads the prefixes it may
+        plan for without a pass over every record (`popular`)."""
+        self.popular: dict[int, None] = {}
+        """Prefixes with two or more hits or two or more arrivals (a candidate by popularity needs that much)."""
+        self._seq = 0
         self.hint_times: dict[int, dict[str, float]] = {}
         """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
         trunk's prefill is done) and `copy_s` (the first copy of it was issued): when a fan-out's branches are
@@ -97,10 +104,35 @@ class DemandLog:
     # ------------------------------------------------------------------------------------------------ records
     def add_hit(self, hit) -> None:
         self.hits.append(hit)
+        self._index(hit, 0)
 
     def add_arrival(self, rec: ArrivalRecord, hashes: list[int], held: int, copies: tuple[int, list[str]]) -> None:
         self.arrivals.append(rec)
+        self._index(rec, 1)
         self.events.append(("arrival", rec, hashes, held, copies))
+
+    def _index(self, rec, which: int) -> None:
+        """`rec` (a hit: `which` 0, an arrival: 1) into `by_prefix` and `popular`."""
+        if rec.block_hash is None:
+            return
+        entries = self.by_prefix.get(rec.block_hash)
+        if entries is None:
+            entries = self.by_prefix[rec.block_hash] = (deque(), deque())
+        self._seq += 1
+        entries[which].append((self._seq, rec.time_s, rec.namespace))
+        if len(entries[which]) == 2:
+            self.popular[rec.block_hash] = None
+
+    def _unindex(self, rec, which: int) -> None:
+        """The oldest record of its prefix (`rec`, leaving its log) out of `by_prefix` and `popular`."""
+        if rec.block_hash is None:
+            return
+        entries = self.by_prefix[rec.block_hash]
+        entries[which].popleft()
+        if len(entries[0]) < 2 and len(entries[1]) < 2:
+            self.popular.pop(rec.block_hash, None)
+            if not entries[0] and not entries[1]:
+                del self.by_prefix[rec.block_hash]
 
     def add_finish(self, rec: FinishRecord, hashes: list[int]) -> None:
         self.finishes.append(rec)
@@ -146,7 +178,8 @@ class DemandLog:
 
     def clear(self) -> None:
         """Forgets every demand signal (a policy switch with `reset_demand`)."""
-        for log in (self.hits, self.arrivals, self.finishes, self.hints, self.events, self.hint_ids):
+        for log in (self.hits, self.arrivals, self.finishes, self.hints, self.events, self.hint_ids, self.by_prefix,
+                    self.popular):
             log.clear()
         self.hint_times.clear()
         self.hint_counts.clear()
@@ -180,9 +213,11 @@ class DemandLog:
         ids = self.hint_ids
         while ids and now_s - next(iter(ids.values())).time_s > window_s:
             ids.popitem(last=False)
-        for log in (self.hits, self.arrivals, self.finishes):
+        for which, log in enumerate((self.hits, self.arrivals)):
             while log and now_s - log[0].time_s > window_s:
-                log.popleft()
+                self._unindex(log.popleft(), which)
+        while self.finishes and now_s - self.finishes[0].time_s > window_s:
+            self.finishes.popleft()
         # NOTE: the planner drains `events` every tick; with a policy that never reads them (rules, none) they
         # piled up to `max_events`, each with its prompt's page hashes (the soak saw the coordinator grow by
         # ~10 MB a minute under the rules policy)
@@ -206,6 +241,16 @@ class DemandLog:
         """Raises IntegrityError unless every hint is of a known kind and bounds, every event is an arrival or
         a finish whose held pages are pages of its prompt, and every hinted prefix's timeline starts with its
         hint."""
+        index: dict[int, tuple[list, list]] = {}
+        for which, log in enumerate((self.hits, self.arrivals)):
+            for rec in log:
+                if rec.block_hash is not None:
+                    index.setdefault(rec.block_hash, ([], []))[which].append((rec.time_s, rec.namespace))
+        kept = {b: tuple([(t, ns) for _, t, ns in e] for e in entries) for b, entries in self.by_prefix.items()}
+        if kept != index:
+            raise IntegrityError("the hits and arrivals by prefix disagree with their logs")
+        if set(self.popular) != {b for b, (hits, arrivals) in index.items() if len(hits) >= 2 or len(arrivals) >= 2}:
+            raise IntegrityError("the popular prefixes disagree with the hits and arrivals")
         counts: dict[str, int] = {}
         for hint in self.hints:
             if hint.kind not in HINT_KINDS or hint.k < 1 or not hint.ttl_s > 0:

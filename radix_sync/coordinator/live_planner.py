@@ -87,34 +87,62 @@ class _Demand:
     """Keep-alive hints: until when."""
     sessions: dict[int, TrackedNode] = field(default_factory=dict)
     """Open session nodes whose every holder is busy."""
+    by_prefix: dict = field(default_factory=dict)
+    """`DemandLog.by_prefix`: each prefix's hits and arrivals."""
+    fanout_hints: dict[int, list] = field(default_factory=dict)
+    """Fan-out hints (all, live or not) by prefix."""
+
+    def add(self, block_hash: int) -> None:
+        """The prefix's request times (its arrivals', else its hits', less those a fan-out hint announced) into
+        `times`, its namespace (that of its latest arrival, else hit) into `namespaces`; no-op if it is there."""
+        if block_hash in self.times:
+            return
+        entries = self.by_prefix.get(block_hash)
+        if entries is None:
+            self.times[block_hash] = []
+            return
+        hits, arrivals = ([t for _, t, _ in e] for e in entries)
+        for hint in self.fanout_hints.get(block_hash, ()):
+            hits = _drop_explained(hits, hint.time_s, hint.k) if hits else hits
+            arrivals = _drop_explained(arrivals, hint.time_s, hint.k) if arrivals else arrivals
+        self.times[block_hash] = arrivals or hits
+        self.namespaces[block_hash] = (entries[1] or entries[0])[-1][2]
+
+    def in_log_order(self) -> list[int]:
+        """The prefixes of `times` as a pass over the logs meets them: those with hits by their oldest hit, then
+        those with arrivals only by their oldest arrival, then the others as added (hinted, then sessions)."""
+        def key(item):
+            pos, block_hash = item
+            entries = self.by_prefix.get(block_hash)
+            if entries is None:
+                return (2, pos)
+            return (0, entries[0][0][0]) if entries[0] else (1, entries[1][0][0])
+        return [b for _, b in sorted(enumerate(self.times), key=key)]
 
 
 def _demand_times(state: ClusterState) -> _Demand:
-    """Recent request times per prefix (block hash), and each prefix's namespace.
+    """Recent request times and the namespace of each prefix (block hash) the planner may be offered: the popular
+    ones (`DemandLog.popular`) and the hinted ones; `_Demand.add` adds others (busy sessions).
 
     NOTE: with a router in front, one request shows up twice: as the router's arrival and as the worker's prefix
     hit, both on the prefix it reuses. A prefix's demand is its arrivals when the router reported any, else its
     hits (workers without our router), never the sum.
+    NOTE: read from the demand log's index by prefix, kept as records come and go: a pass over every record each
+    tick (20,000 hits in the window) was most of a plan tick's time at 100,000 prefixes.
     """
-    by_arrival: dict[int, list[float]] = {}
-    by_hit: dict[int, list[float]] = {}
-    namespaces: dict[int, str] = {}
-    for log, out in ((state.hits, by_hit), (state.arrivals, by_arrival)):
-        for rec in log:
-            if rec.block_hash is not None:
-                out.setdefault(rec.block_hash, []).append(rec.time_s)
-                namespaces[rec.block_hash] = rec.namespace
-    # NOTE: a fan-out's branches are explained by its hint, not popularity (the tracker's rule): counted as hits,
-    # the K branches of a finished tree made its trunk look hot for the whole window and it was copied again
-    # after its replicas expired (~half the copies of a fan-out run were such re-copies).
+    demand = _Demand({}, {}, by_prefix=state.demand.by_prefix)
     for hint in state.hints:
+        # NOTE: a fan-out's branches are explained by its hint, not popularity (the tracker's rule): counted as
+        # hits, the K branches of a finished tree made its trunk look hot for the whole window and it was copied
+        # again after its replicas expired (~half the copies of a fan-out run were such re-copies).
         if hint.kind == "fanout" and hint.block_hash is not None:
-            for out in (by_arrival, by_hit):
-                seen = out.get(hint.block_hash)
-                if seen:
-                    out[hint.block_hash] = _drop_explained(seen, hint.time_s, hint.k)
-    times = {b: by_arrival.get(b) or by_hit.get(b, []) for b in {**by_hit, **by_arrival}}
-    return _Demand(times, namespaces)
+            demand.fanout_hints.setdefault(hint.block_hash, []).append(hint)
+    for block_hash in state.demand.popular:
+        demand.add(block_hash)
+    for hint in state.hints:
+        if hint.block_hash is not None:
+            demand.add(hint.block_hash)
+    return demand
 
 
 def _holder_bits(holders, index: dict[str, int]) -> int:
@@ -273,8 +301,8 @@ class LivePlanner:
             if r.block_hash is not None:
                 flights.setdefault(r.block_hash, []).append(r)
         prefixes = []
-        for block_hash, hit_times in demand.times.items():
-            if not is_candidate(len(hit_times), block_hash in demand.fanout or block_hash in demand.keepalive,
+        for block_hash in demand.in_log_order():
+            if not is_candidate(len(demand.times[block_hash]), block_hash in demand.fanout or block_hash in demand.keepalive,
                                 block_hash in demand.sessions):
                 continue
             view = self._prefix_view(state, block_hash, demand, index, flights.get(block_hash, ()), busy, page_len,
@@ -347,12 +375,12 @@ class LivePlanner:
     def _add_hints(self, state: ClusterState, demand: _Demand, now_s: float) -> None:
         """Adds every hinted prefix to `demand.times` (its namespace to `demand.namespaces`), the live fan-outs to
         `demand.fanout` and the keep-alives to `demand.keepalive`."""
-        times, namespaces, fanout, keepalive = demand.times, demand.namespaces, demand.fanout, demand.keepalive
+        namespaces, fanout, keepalive = demand.namespaces, demand.fanout, demand.keepalive
         for hint in state.hints:
             if hint.block_hash is None:
                 continue
             namespaces[hint.block_hash] = hint.namespace
-            times.setdefault(hint.block_hash, [])
+            demand.add(hint.block_hash)
             if hint.kind == "fanout" and now_s - hint.time_s < hint.ttl_s:
                 # NOTE: the branches follow the trunk's answer, so they are due `delay_s` after its pages show up
                 # in the directory (a prefill done), not at the hint's own time (sent with the trunk, before
@@ -372,15 +400,15 @@ class LivePlanner:
         """Adds the open session nodes whose every holder is busy (`radix_sync.policy.candidates`, as the simulator
         selects them) to `demand.sessions` and `demand.times` (their namespace to `demand.namespaces`)."""
         busy = busy_mask(self.cost, workers, now_s, self.planner.cfg.min_gain_s)
-        sessions, times, namespaces = demand.sessions, demand.times, demand.namespaces
+        sessions, namespaces = demand.sessions, demand.namespaces
         for n in self.tracker.nodes.values():
             if n.last_finish_s is None:
                 continue
             dnode = state.directory.node(n.node_id)
             if dnode is not None and all_busy(_holder_bits(dnode.holders, index), busy):
                 sessions[n.node_id] = n
+                demand.add(n.node_id)
                 namespaces.setdefault(n.node_id, dnode.namespace)
-                times.setdefault(n.node_id, [])
 
     def _prefix_view(self, state: ClusterState, block_hash: int, demand: _Demand, index: dict[str, int],
                      in_flight, busy: dict[str, float], page_len: int, now_s: float) -> Optional[PrefixView]:

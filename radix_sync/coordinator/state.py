@@ -6,7 +6,7 @@ A thin facade over the owners, which it ties together:
       |- directory     PrefixDirectory   (radix_sync.directory)  who holds which pages, as owner or replica
       |- _workers      WorkerRegistry    (workers.py)            hellos, socket ids, sequence numbers, loads
       |- _replications ReplicationBook   (replications.py)       copies asked for, their handshake and outcome
-      `- _demand       DemandLog         (demand.py)             hits, arrivals, finishes, hints
+      `- demand        DemandLog         (demand.py)             hits, arrivals, finishes, hints
 
 `handle()` takes one decoded worker message and returns the replies to send; `request_replication()` validates an
 admin or policy request and returns the command for the target. Time is always passed in (`now_s`), so the whole
@@ -45,7 +45,7 @@ class ClusterState:
         self.directory = PrefixDirectory()
         self._workers = WorkerRegistry()
         self._replications = ReplicationBook(config.replication_timeout_s)
-        self._demand = DemandLog(config.max_demand_events)
+        self.demand = DemandLog(config.max_demand_events)
         self.ledger = CopyLedger(LedgerConfig(holdout=config.ledger_holdout))
         """Whether the planner's copies pay, live (a holdout of prefixes; `radix_sync.coordinator.ledger`)."""
         self.num_protocol_errors = 0
@@ -65,27 +65,27 @@ class ClusterState:
 
     @property
     def hits(self):
-        return self._demand.hits
+        return self.demand.hits
 
     @property
     def arrivals(self):
-        return self._demand.arrivals
+        return self.demand.arrivals
 
     @property
     def finishes(self):
-        return self._demand.finishes
+        return self.demand.finishes
 
     @property
     def hints(self):
-        return self._demand.hints
+        return self.demand.hints
 
     @property
     def hint_times(self) -> dict[int, dict[str, float]]:
-        return self._demand.hint_times
+        return self.demand.hint_times
 
     @property
     def demand_events(self):
-        return self._demand.events
+        return self.demand.events
 
     # ------------------------------------------------------------------------------------------ worker messages
     def handle(self, routing_id: bytes, msg, now_s: float) -> list[tuple[bytes, p._Msg]]:
@@ -152,7 +152,7 @@ class ClusterState:
             record.load = msg
         elif isinstance(msg, p.PrefixHit):
             if msg.block_hash is not None and msg.matched_len > 0:
-                self._demand.add_hit(HitRecord(now_s, wid, msg.namespace, msg.block_hash, msg.matched_len))
+                self.demand.add_hit(HitRecord(now_s, wid, msg.namespace, msg.block_hash, msg.matched_len))
         elif isinstance(msg, p.ReplicaStored):
             self._replica_stored(record, msg, now_s)
         elif isinstance(msg, p.SourceSent):
@@ -188,7 +188,7 @@ class ClusterState:
             wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks), hello.page_size,
             hello.vocab_size or self._workers.vocab_size(), max_new=room)
         self.directory.add_pages(wid, msg.namespace, accepted)
-        self._demand.pages_stored((b[0] for b in accepted), now_s)
+        self.demand.pages_stored((b[0] for b in accepted), now_s)
         if errors:
             raise AdminError(f"refused {len(errors)} of {len(msg.blocks)} pages: {errors[0]}")
 
@@ -239,7 +239,7 @@ class ClusterState:
             self._workers.remove(worker_id)
             self._replications.fail_involving(worker_id, now_s)
         self._replications.time_out(now_s, self.config.replication_timeout_s)
-        self._demand.trim(now_s, self.config.hit_window_s)
+        self.demand.trim(now_s, self.config.hit_window_s)
         self._replications.trim(self.config.max_replications_kept)
 
     # ------------------------------------------------------------------------------------------------- admin
@@ -277,7 +277,7 @@ class ClusterState:
         rep, expect = self._replications.create(src.hello, dst.hello, src.routing_id, token_ids, namespace, ttl_s,
                                                 now_s, origin, block_hash)
         self._replications.trim(self.config.max_replications_kept)
-        self._demand.copy_issued(block_hash, now_s)
+        self.demand.copy_issued(block_hash, now_s)
         return rep, dst.routing_id, expect
 
     def _page_size(self, worker_id: str = "") -> int:
@@ -363,7 +363,7 @@ class ClusterState:
         held = max(matched.values(), default=0)
         block_hash = hashes[held - 1] if held > 0 else None
         rec = ArrivalRecord(now_s, namespace, block_hash, prompt_len, worker_id, session_id, class_key)
-        self._demand.add_arrival(rec, hashes, held, self._copies_ending_at(hashes, matched, worker_id))
+        self.demand.add_arrival(rec, hashes, held, self._copies_ending_at(hashes, matched, worker_id))
         return rec
 
     def _copies_ending_at(self, hashes: list[int], matched: dict[str, int], worker_id: str) -> tuple[int, list[str]]:
@@ -385,7 +385,7 @@ class ClusterState:
         hashes, namespace, worker_id, stop, class_key, ttft_s = parsed
         rec = FinishRecord(now_s, namespace, hashes[-1] if hashes else None, len(hashes), stop, class_key,
                            worker_id)
-        self._demand.add_finish(rec, hashes)
+        self.demand.add_finish(rec, hashes)
         self.ledger.finished(hashes, ttft_s, now_s)
         return rec
 
@@ -400,7 +400,7 @@ class ClusterState:
             req = api.convert(req, api.HintRequest)
         self.check_prompt(req.input_ids)
         namespace = api.namespace_of(req.cache_salt)
-        cfg, demand = self.config, self._demand
+        cfg, demand = self.config, self.demand
         seen = demand.seen_hint(namespace, req.hint_id, req.kind)
         if seen is not None:  # sent again (by the worker after the router, or retried): recorded once
             return seen
@@ -423,7 +423,7 @@ class ClusterState:
 
     def reset_demand(self) -> None:
         """Forgets every demand signal (hits, arrivals, finishes, hints and their timelines)."""
-        self._demand.clear()
+        self.demand.clear()
 
     # ------------------------------------------------------------------------------------------------ queries
     def lookup(self, token_ids: list[int], namespace: str) -> dict[str, int]:
@@ -479,7 +479,7 @@ class ClusterState:
         broken invariant (also under `python -O`)."""
         self._workers.check_integrity()
         self._replications.check_integrity()
-        self._demand.check_integrity()
+        self.demand.check_integrity()
         for wid in self.directory.workers():
             if wid not in self._workers:
                 raise IntegrityError(f"directory holds pages of unknown worker {wid}")

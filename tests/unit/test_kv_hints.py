@@ -96,7 +96,7 @@ def test_an_end_hint_drops_the_prefix_live_hints_and_closes_its_open_session():
     rec = st.record_hint({"kind": "end", "input_ids": tokens}, 1.2)
     assert rec.kind == "end" and rec.block_hash == node
     assert [h.prefix_len for h in st.hints] == [1024]  # the other prefix's hint stays
-    st._demand.check_integrity()
+    st.demand.check_integrity()
     snap, _ = planner.snapshot(st, 1.3)
     assert snap.prefixes == () and planner.decide(st, 1.3) == []
     stats = planner.session_stats()
@@ -146,10 +146,10 @@ def test_a_hint_sent_by_the_router_and_again_by_the_worker_is_recorded_once():
     # a client reusing a message id for another kind of action: not taken for a repeat
     st.record_hint(HintRequest(kind="keepalive", input_ids=tokens, ttl_s=3, hint_id="m-1/a-0"), 1.6)
     assert [h.kind for h in st.hints][-1] == "keepalive" and len(st.hints) == 5
-    st._demand.check_integrity()
+    st.demand.check_integrity()
     # past the hit window the id is forgotten with the rest of the demand
     st.tick(1.5 + st.config.hit_window_s + 1.0)
-    assert st._demand.hint_ids == {} or all(r.time_s > 1.5 for r in st._demand.hint_ids.values())
+    assert st.demand.hint_ids == {} or all(r.time_s > 1.5 for r in st.demand.hint_ids.values())
 
 
 def test_a_worker_hint_out_of_bounds_is_refused_and_answered_with_an_error():
