@@ -226,6 +226,8 @@ class Lookups(threading.Thread):
         self.phase = "idle"
         self.latencies: dict[str, list[float]] = {}
         self.errors = 0
+        self.error_answers: dict[str, int] = {}
+        """The failed lookups' answers: status and error, counted."""
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -235,10 +237,12 @@ class Lookups(threading.Thread):
             t0 = time.perf_counter()
             status, body = http_json(self.coord.admin + "/directory/lookup",
                                      {"page_hashes": pre.hashes, "page_size": self.page_size},
-                                     token=self.coord.tokens.read)
+                                     token=self.coord.tokens.write)  # the router's token: a lookup is a POST
             dt = time.perf_counter() - t0
             if status != 200:
                 self.errors += 1
+                what = f"{status} {(body or {}).get('error', '') if isinstance(body, dict) else ''}"[:200]
+                self.error_answers[what] = self.error_answers.get(what, 0) + 1
             self.latencies.setdefault(phase, []).append(dt)
             self._done.wait(0.005)
 
@@ -398,6 +402,7 @@ def run(wl: Workload, num_ticks: int = 8, log_dir: Optional[Path] = None, quiet:
             "rss_after_hello_bytes": rss0, "rss_after_ingest_bytes": rss1,
             "bytes_per_holding": (rss1 - rss0) / max(1, wl.num_holdings),
             "lookup_errors": lookups.errors,
+            "lookup_error_answers": lookups.error_answers,
             "lookup_ms": {ph: {"n": len(xs), "p50": 1e3 * pct(xs, 0.5), "p99": 1e3 * pct(xs, 0.99),
                                "max": 1e3 * max(xs)}
                           for ph, xs in lookups.latencies.items() if xs},
@@ -424,6 +429,8 @@ def report(r: dict) -> None:
     print(f"directory memory: RSS {r['rss_after_hello_bytes'] / 2**20:.0f} -> "
           f"{r['rss_after_ingest_bytes'] / 2**20:.0f} MiB, {r['bytes_per_holding']:.0f} B per page holding")
     print(f"GET /status (integrity checked) after the ingest: {r['status_ms']:.0f} ms")
+    if r["lookup_errors"]:
+        print(f"lookup errors: {r['lookup_errors']} {r['lookup_error_answers']}")
     for ph, v in r["lookup_ms"].items():
         print(f"lookup under load [{ph:>12}]: n={v['n']:5d} p50 {v['p50']:8.2f} ms  p99 {v['p99']:8.2f} ms  "
               f"max {v['max']:8.2f} ms")
