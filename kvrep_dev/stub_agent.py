@@ -62,7 +62,8 @@ def main() -> None:
         built.set()
         holder[0].run()
 
-    threading.Thread(target=io_main, name="kvrep-io", daemon=True).start()
+    io_thread = threading.Thread(target=io_main, name="kvrep-io", daemon=True)
+    io_thread.start()
     built.wait(30)
     io = holder[0]
     making = threading.Event()
@@ -104,6 +105,9 @@ def main() -> None:
                                             "commands": dict(commands), **dict(io.stats)})
         time.sleep(0.01)
     mailbox.post_to_io(m.Stop())
+    # NOTE: the I/O thread closes its sockets on the way out; an exit before that hung in ZeroMQ's context
+    # teardown (a keyed stub took its 20 s stop timeout and a SIGKILL, 40 s of every keyed test's teardown)
+    io_thread.join(10)
 
 
 def _write_stats(path: Path, stats: dict) -> None:

@@ -363,6 +363,9 @@ class IoSide:
             self._run()
         finally:
             self.transport.close()
+            # NOTE: the coordinator socket and the context too (facts still queued get half a second): left open,
+            # the process's exit hung in ZeroMQ's context teardown until it was killed (a keyed stub worker: 20 s)
+            self.ctx.destroy(linger=500)
 
     def _run(self) -> None:
         self.hello()
