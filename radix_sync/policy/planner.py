@@ -76,6 +76,8 @@ class PlannerConfig:
     outcome `deferred`) and come first in the next one (`ClusterSnapshot.carried`). At least one prefix is always
     scored. 0: no bound (the simulator's default; the live coordinator sets one, so that a tick, which holds its
     lock, stays short however many prefixes are hot)."""
+    urgent_s: float = 2.0
+    """Prefixes due within this many s are scored first, before those a spent scoring budget carried over."""
     min_ttl_s: float = 5.0
     """Shortest replica TTL, s."""
     max_ttl_s: float = 600.0
@@ -270,9 +272,11 @@ class KvrepPlanner:
         out: list[Replicate] = []
         carried = snap.carried
         deferred: dict[int, int] = {}
-        # NOTE: the most urgent first (predicted arrival), after what earlier passes had no budget for, the longest
-        # waiting first (round robin: a prefix waits at most ~candidates / budget passes)
-        order = sorted(plans, key=lambda p: (-carried.get(p.node.node_id, 0), p.demand.arrival_s, p.node.node_id))
+        # NOTE: due within `urgent_s` first, soonest first; then the longest carried over (no budget earlier)
+        urgent_by = now + cfg.urgent_s
+        order = sorted(plans, key=lambda p: (0, p.demand.arrival_s, 0, p.node.node_id)
+                       if p.demand.arrival_s <= urgent_by
+                       else (1, -carried.get(p.node.node_id, 0), p.demand.arrival_s, p.node.node_id))
         for np_ in order:
             if len(out) >= cfg.max_copies_per_tick:
                 break

@@ -143,7 +143,7 @@ def three_hinted(**kw):
 def test_a_scoring_budget_defers_the_rest_and_the_next_pass_takes_the_longest_waiting_first():
     # each prefix past the cheap bounds costs one pair per worker (2 here) per copy it looks for; 3 pairs: the most
     # urgent (7) is scored (its copy and the look for a second one: 4 pairs), 8 and 9 wait
-    p = planner(allow_pull=False, max_scored_per_tick=3)
+    p = planner(allow_pull=False, max_scored_per_tick=3, urgent_s=0.5)  # none due within 0.5 s: round robin
     out = p.plan(three_hinted(), 0.0)
     assert [d.node_id for d in out] == [7]
     assert p.deferred == {8: 1, 9: 1} and p.num_scored == 4
@@ -154,6 +154,18 @@ def test_a_scoring_budget_defers_the_rest_and_the_next_pass_takes_the_longest_wa
     assert p.deferred == {7: 1, 9: 2}
     out = p.plan(replace(three_hinted(), carried=p.deferred), 0.0)
     assert [d.node_id for d in out] == [9] and p.deferred == {7: 2, 8: 1}
+
+
+def test_a_prefix_due_soon_is_scored_before_those_carried_over():
+    # 8 and 9 were carried over (budget spent); 7 and 8 are due within urgent_s (1 and 2 s <= 2 s), 9 is not (3 s):
+    # the due ones first by when they are due, so 7 although it waited least
+    p = planner(allow_pull=False, max_scored_per_tick=3, urgent_s=2.0)
+    out = p.plan(replace(three_hinted(), carried={8: 3, 9: 5}), 0.0)
+    assert [d.node_id for d in out] == [7] and p.deferred == {8: 4, 9: 6}
+    # none due within urgent_s: the longest waiting first
+    p = planner(allow_pull=False, max_scored_per_tick=3, urgent_s=0.5)
+    out = p.plan(replace(three_hinted(), carried={8: 3, 9: 5}), 0.0)
+    assert [d.node_id for d in out] == [9] and p.deferred == {7: 1, 8: 4}
 
 
 def test_no_budget_scores_every_prefix():
