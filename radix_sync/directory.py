@@ -402,21 +402,11 @@ class PrefixDirectory:
                 raise IntegrityError(f"a replica without expiry or an owner with one: {holding}")
 
     def check_integrity(self) -> None:
-        """Checks that the two indexes agree and every node is held by someone.
+        """`check_integrity_steps` at once (nothing changes between its steps): the two indexes agree and every
+        node is held by someone.
 
         Raises:
             IntegrityError: naming the first disagreement.
         """
-        count = 0
-        for worker_id, hashes in self._by_worker.items():
-            for block_hash in hashes:
-                node = self._nodes.get(block_hash)
-                if node is None:
-                    raise IntegrityError(f"{worker_id} holds unknown page {block_hash}")
-                if worker_id not in node.holders:
-                    raise IntegrityError(f"{worker_id} missing from holders of {block_hash}")
-                count += 1
-        if count != sum(len(n.holders) for n in self._nodes.values()):
-            raise IntegrityError("holding counts disagree")
-        for block_hash, node in self._nodes.items():
-            self._check_node(block_hash, node)
+        for _ in self.check_integrity_steps(step=1 << 62):
+            pass
