@@ -304,10 +304,17 @@ class TransferHeader(_Msg, tag="TransferHeader"):
     num_chunks: Count
     checksum_kind: Annotated[str, Meta(max_length=64)]
     ttl_s: Ttl
+    transport: Annotated[str, Meta(max_length=32)] = "zmq"
+    """How the chunks' payload moves: "zmq" (a payload frame after each `TransferChunk`) or a registered-memory
+    transport ("nixl": the source writes each chunk into the target's staging buffer, whose address the target
+    gives in `TransferReady`, and then sends its `TransferChunk` alone). A target refuses a transport it does not
+    run."""
 
 
 class TransferChunk(_Msg, tag="TransferChunk"):
-    """Followed by one raw payload frame: pages [first_page, first_page + num_pages) of every layer."""
+    """Followed by one raw payload frame: pages [first_page, first_page + num_pages) of every layer. With a
+    registered-memory transport, alone: the pages are already in the target's staging buffer (the source sends it
+    once its write completed), and the checksum is taken there."""
 
     transfer_id: Annotated[str, Meta(max_length=128)]
     index: Count
@@ -319,6 +326,18 @@ class TransferChunk(_Msg, tag="TransferChunk"):
 
 class TransferEnd(_Msg, tag="TransferEnd"):
     transfer_id: Annotated[str, Meta(max_length=128)]
+
+
+class TransferReady(_Msg, tag="TransferReady"):
+    """Target -> source, registered-memory transports only: the transfer is admitted and its staging buffer is
+    registered; write chunk k's pages of layer l at `address` + (l * pages + first page of k) * page bytes."""
+
+    transfer_id: Annotated[str, Meta(max_length=128)]
+    agent_name: Annotated[str, Meta(max_length=128)]
+    agent_metadata: Annotated[bytes, Meta(max_length=1 << 20)]
+    """The target's transport endpoint description (NIXL: `get_agent_metadata()`, with its registered memory)."""
+    address: Annotated[int, Meta(ge=0, le=2 ** 63 - 1)]
+    num_bytes: Count
 
 
 class TransferAccepted(_Msg, tag="TransferAccepted"):
@@ -337,7 +356,7 @@ WorkerToCoordinator = Union[
 ]
 CoordinatorToWorker = Union[HelloAck, ResyncRequested, ExpectReplica, ReplicatePages, DropReplica, DemotePrefix,
                             Error]
-DataPlane = Union[TransferHeader, TransferChunk, TransferEnd, TransferAccepted, TransferRefused]
+DataPlane = Union[TransferHeader, TransferChunk, TransferEnd, TransferReady, TransferAccepted, TransferRefused]
 
 _encoder = msgspec.msgpack.Encoder()
 _to_coordinator = msgspec.msgpack.Decoder(WorkerToCoordinator)

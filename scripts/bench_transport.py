@@ -4,22 +4,30 @@ Two processes on loopback: this one is the source, a spawned child the target. G
 rank (32 layers, 8 KV heads, head_dim 128, bf16, page size 16), 128 KiB per token.
 
   raw    source `sendall`s the payload; target `recv_into`s a pre-faulted buffer and acks: the loopback ceiling.
-  kvrep  the data plane's own code on both ends: the source sends the header and page chunks with
-         `dataplane.wire.chunk_frames` (per-chunk xxh64, zero-copy frames, the agent's send-queue bound); the target
-         runs the agent's receive path: `check_header`, a staging buffer from `StagingPool` (reused across
-         transfers, as in the agent), `Incoming.add_chunk` (verify + stage every chunk), `Incoming.finish`, then
-         `TransferAccepted`. The scheduler-side gather/scatter is not included (see docs/kernels.md).
+  zmq    the agent's own transport object on both ends (`ZmqTransport`, `--kvrep-transport zmq`): the source
+         gathers each chunk (a contiguous copy of its pages of every layer, as the scheduler thread does), at most
+         4 chunks ahead of the wire, and `push_chunk`s it; the transport sends it zero-copy with its xxh3
+         checksum; the target verifies and stages every chunk (`StagingPool`, reused) and answers as soon as
+         the transfer is whole (`TransferReceived` -> `answer`). Timed from `send` to the reply consumed.
+  nixl   the same with `NixlTransport` (`--kvrep-transport nixl`): ZMQ control, each chunk WRITTEN by NIXL (UCX)
+         straight into the target's registered staging buffer, checksummed there in place.
+  The scheduler-side scatter/insert is not included (see docs/kernels.md).
 
-    .venv/bin/python scripts/bench_transport.py --sizes 64M,1G --chunk-bytes 4M --repeats 3
+    .venv/bin/python scripts/bench_transport.py --sizes 64M,1G --repeats 5
+    .venv/bin/python scripts/bench_transport.py --transports nixl --ucx-tls tcp   # NIXL over UCX's TCP
 
-Nothing here asserts a speed; results and their reading: docs/transport.md.
+`--ucx-tls` sets UCX_TLS for both processes (UCX picks shared memory between two processes of one host by
+default; `tcp` forces its TCP transport, the path two hosts without RDMA would take). Nothing here asserts a speed;
+results and their reading: docs/transport.md.
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import shlex
 import socket
+import statistics
 import sys
 import time
 import uuid
@@ -32,9 +40,10 @@ import torch  # noqa: E402
 import zmq  # noqa: E402
 
 from radix_sync import protocol as p  # noqa: E402
-from sglang_kvrep.dataplane.checks import LocalGeometry, check_header  # noqa: E402
-from sglang_kvrep.dataplane.staging import Incoming, StagingPool  # noqa: E402
-from sglang_kvrep.dataplane.wire import chunk_frames  # noqa: E402
+from sglang_kvrep.config import KvrepConfig  # noqa: E402
+from sglang_kvrep.dataplane.checks import LocalGeometry  # noqa: E402
+from sglang_kvrep.dataplane.registry import make_transport  # noqa: E402
+from sglang_kvrep.dataplane.transport import TransferFailed, TransferReceived  # noqa: E402
 
 PAGE_SIZE, NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 16, 32, 8, 128
 GEOMETRY = LocalGeometry(fingerprint="bench", page_size=PAGE_SIZE, dtype="torch.bfloat16", layout="NHD",
@@ -58,26 +67,39 @@ def header_for(num_bytes: int, chunk_bytes: int) -> p.TransferHeader:
         checksum_kind="xxh3", ttl_s=60.0)
 
 
-def target_main(zmq_port: int, tcp_port: int, ready) -> None:
+def config(port: int = 0) -> KvrepConfig:
+    return KvrepConfig(data_port=port, staging_bytes=2 << 30, transfer_timeout_s=120.0)
+
+
+def target_main(ports: dict, tcp_port: int, ready, ucx_tls: str) -> None:
+    if ucx_tls:
+        os.environ["UCX_TLS"] = ucx_tls
     torch.set_num_threads(1)
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.RCVHWM, 64)
-    router.bind(f"tcp://127.0.0.1:{zmq_port}")
-    lsock = socket.create_server(("127.0.0.1", tcp_port))
-    ready.set()
-    staging = StagingPool(2 << 30)
-    raw_buf = None
     poller = zmq.Poller()
-    poller.register(router, zmq.POLLIN)
+    received: list = []
+
+    def on_event(ev) -> None:
+        if isinstance(ev, TransferReceived):
+            received.append(ev.incoming)
+        elif isinstance(ev, TransferFailed):
+            print(f"target: {ev}", file=sys.stderr, flush=True)
+
+    transports = [make_transport(name, config(port), lambda h: None, on_event, ctx, poller)
+                  for name, port in ports.items()]
+    lsock = socket.create_server(("127.0.0.1", tcp_port))
     poller.register(lsock.fileno(), zmq.POLLIN)
-    incoming: dict[str, Incoming] = {}
+    ready.set()
+    raw_buf = None
+    wait_s = 0.5
     while True:
-        events = dict(poller.poll())
+        events = dict(poller.poll(max(0.0, wait_s) * 1000))
         if lsock.fileno() in events:
             conn, _ = lsock.accept()
             size = int.from_bytes(conn.recv(8, socket.MSG_WAITALL), "big")
             if size == 0:
+                for t in transports:
+                    t.close()
                 return
             if raw_buf is None or raw_buf.numel() < size:
                 raw_buf = torch.zeros(size, dtype=torch.uint8)  # pre-faulted, like the reused staging buffer
@@ -87,26 +109,11 @@ def target_main(zmq_port: int, tcp_port: int, ready) -> None:
                 got += conn.recv_into(view[got:], size - got)
             conn.sendall(b"k")
             conn.close()
-        if router in events:
-            while True:
-                try:
-                    frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                peer, msg = frames[0], p.decode_data_plane(frames[1].bytes)
-                now = time.monotonic()
-                if isinstance(msg, p.TransferHeader):
-                    err = check_header(msg, GEOMETRY, free_replica_tokens=1 << 40)
-                    assert err is None, err
-                    incoming[msg.transfer_id] = Incoming(msg, peer, staging.acquire(msg.num_bytes), now, now)
-                elif isinstance(msg, p.TransferChunk):
-                    err = incoming[msg.transfer_id].add_chunk(msg, frames[2].buffer, now)
-                    assert err is None, err
-                elif isinstance(msg, p.TransferEnd):
-                    inc = incoming.pop(msg.transfer_id)
-                    assert inc.finish() is None
-                    staging.release(inc.storage)
-                    router.send_multipart([peer, p.encode(p.TransferAccepted(msg.transfer_id, 0))])
+        wait_s = min(t.progress(events) for t in transports)
+        for t in transports:
+            for inc in [i for i in received if i.header.transport in t.accepts and t.name == i.header.transport]:
+                received.remove(inc)
+                t.answer(inc, inserted_len=0)
 
 
 def run_raw(tcp_port: int, payload: torch.Tensor) -> float:
@@ -119,19 +126,34 @@ def run_raw(tcp_port: int, payload: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
-def run_kvrep(sock: zmq.Socket, payload: torch.Tensor, chunk_bytes: int) -> float:
-    h = header_for(payload.numel(), chunk_bytes)
-    whole = payload[:h.num_bytes].view(NUM_LAYERS, h.num_pages, -1)
-    t0 = time.perf_counter()
-    sock.send(p.encode(h))
-    for i in range(h.num_chunks):
-        first = i * h.pages_per_chunk
-        chunk = whole[:, first:first + h.pages_per_chunk].contiguous()  # what the source gathers per chunk
-        sock.send_multipart(chunk_frames(h, i, chunk), copy=False)
-    sock.send(p.encode(p.TransferEnd(h.transfer_id)))
-    reply = p.decode_data_plane(sock.recv_multipart()[-1])
-    assert isinstance(reply, p.TransferAccepted), reply
-    return time.perf_counter() - t0
+class Source:
+    """One transport of this process, driven as the agent's I/O side drives it."""
+
+    def __init__(self, name: str, ctx: zmq.Context, endpoint: str) -> None:
+        self.poller = zmq.Poller()
+        self.events: list = []
+        self.t = make_transport(name, config(), lambda h: None, self.events.append, ctx, self.poller)
+        self.endpoint = endpoint
+
+    def run(self, payload: torch.Tensor, chunk_bytes: int) -> float:
+        h = header_for(payload.numel(), chunk_bytes)
+        whole = payload[:h.num_bytes].view(NUM_LAYERS, h.num_pages, -1)
+        t0 = time.perf_counter()
+        self.t.send(h, self.endpoint)
+        gathered, wait_s = 0, 0.0
+        while h.transfer_id in self.t.outgoing:
+            sent = sum(1 for e in self.events if getattr(e, "transfer_id", None) == h.transfer_id
+                       and type(e).__name__ == "ChunkSent")
+            while gathered < h.num_chunks and gathered - sent < 4:  # the agent's gather-ahead bound
+                first = gathered * h.pages_per_chunk
+                self.t.push_chunk(h.transfer_id, gathered, whole[:, first:first + h.pages_per_chunk].contiguous(), 0)
+                gathered += 1
+            wait_s = self.t.progress(dict(self.poller.poll(max(0.0, min(wait_s, 0.05)) * 1000)))
+        dt = time.perf_counter() - t0
+        failed = [e for e in self.events if isinstance(e, TransferFailed)]
+        assert not failed, failed
+        self.events.clear()
+        return dt
 
 
 def main() -> int:
@@ -139,37 +161,54 @@ def main() -> int:
     ap.add_argument("--sizes", default="64M,1G")
     ap.add_argument("--chunk-bytes", default="4M")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--transports", default="zmq,nixl", help="comma-separated registered transports")
+    ap.add_argument("--ucx-tls", default="", help="UCX_TLS for both processes (e.g. tcp); default: UCX's choice")
     args = ap.parse_args()
+    if args.ucx_tls:
+        os.environ["UCX_TLS"] = args.ucx_tls
     torch.set_num_threads(1)
-    zmq_port, tcp_port = 47811, 47812
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    child = ctx.Process(target=target_main, args=(zmq_port, tcp_port, ready), daemon=True)
+    names = args.transports.split(",")
+    ports = {name: 47811 + i for i, name in enumerate(names)}
+    tcp_port = 47810
+    mctx = mp.get_context("spawn")
+    ready = mctx.Event()
+    child = mctx.Process(target=target_main, args=(ports, tcp_port, ready, args.ucx_tls), daemon=True)
     child.start()
-    ready.wait(60)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.SNDHWM, 16)
-    sock.connect(f"tcp://127.0.0.1:{zmq_port}")
+    ready.wait(120)
+    ctx = zmq.Context.instance()
+    sources = {name: Source(name, ctx, f"tcp://127.0.0.1:{port}") for name, port in ports.items()}
     chunk = parse_size(args.chunk_bytes)
     print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
-    print(f"{'size':>6} {'raw GB/s':>9} {'kvrep GB/s':>11} {'ratio':>6}   (best of {args.repeats})")
+    print(f"{'size':>6} {'raw GB/s':>9} " + " ".join(f"{n + ' GB/s':>10} {'ratio':>6} {'(median)':>8}" for n in names)
+          + f"   (best of {args.repeats}, rounds interleaved; ratio = to raw TCP)")
     try:
         for size_text in args.sizes.split(","):
             size = parse_size(size_text) // PAGE_BYTES * PAGE_BYTES
+            if size == 0:
+                raise SystemExit(f"--sizes: {size_text} is less than one page ({PAGE_BYTES} bytes)")
             payload = torch.randint(0, 256, (size,), dtype=torch.uint8)
-            run_raw(tcp_port, payload), run_kvrep(sock, payload, chunk)  # warm-up (faults the target's buffers)
-            raw, ours = [], []
+            run_raw(tcp_port, payload)  # warm-up (faults the target's buffers, registers NIXL's)
+            for src in sources.values():
+                src.run(payload, chunk)
+            raw, ours = [], {name: [] for name in names}
             for _ in range(args.repeats):
                 raw.append(run_raw(tcp_port, payload))
-                ours.append(run_kvrep(sock, payload, chunk))
-            raw_gbps, our_gbps = size / min(raw) / 1e9, size / min(ours) / 1e9
-            print(f"{size_text:>6} {raw_gbps:9.2f} {our_gbps:11.2f} {our_gbps / raw_gbps:6.2f}")
+                for name, src in sources.items():
+                    ours[name].append(src.run(payload, chunk))
+            raw_gbps = size / min(raw) / 1e9
+            cells = []
+            for name in names:
+                best = size / min(ours[name]) / 1e9
+                ratios = [r / o for r, o in zip(raw, ours[name])]  # per round: raw time / this time
+                cells.append(f"{best:10.2f} {best / raw_gbps:6.2f} {statistics.median(ratios):8.2f}")
+            print(f"{size_text:>6} {raw_gbps:9.2f} " + " ".join(cells), flush=True)
             del payload
     finally:
         with socket.create_connection(("127.0.0.1", tcp_port)) as s:
             s.sendall((0).to_bytes(8, "big"))
         child.join(10)
-        sock.close(0)
+        for src in sources.values():
+            src.t.close()
     return 0
 
 

@@ -5,7 +5,8 @@ time a CUDA (or forced ``backend="triton"``) copy runs. Nothing here imports sgl
 lists of per-layer tensors (``pool.k_buffer``, ``pool.v_buffer`` or ``pool.kv_buffer``).
 """
 
-from .checksum import CHECKSUM_KINDS, PayloadDigest, default_kind, payload_checksum, payload_digest, verify_payload
+from .checksum import (CHECKSUM_KINDS, PayloadDigest, default_kind, payload_checksum, payload_digest, pieces_checksum,
+                       verify_payload)
 from .geometry import PoolGeometry
 from .page_copy import gather_pages, scatter_pages, slots_to_page_ids
 
@@ -16,6 +17,7 @@ __all__ = [
     "default_kind",
     "gather_pages",
     "payload_checksum",
+    "pieces_checksum",
     "payload_digest",
     "scatter_pages",
     "slots_to_page_ids",

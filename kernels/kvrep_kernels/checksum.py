@@ -144,6 +144,28 @@ def payload_checksum(buf: torch.Tensor | memoryview | bytes, kind: str | None = 
     return {"xxh3": _xxh3, "xxh64": _xxh64, "sum64": _sum64}[kind](data)
 
 
+def pieces_checksum(pieces, kind: str) -> int:
+    """The checksum of the bytes of `pieces` (contiguous tensors) one after the other, as `payload_checksum` of
+    their concatenation would give, without building it for the xxh kinds (they stream). A receiver whose chunk
+    landed in place, split over layers, checks it this way without copying it out.
+
+    Raises:
+        ValueError: an unknown kind or a non-contiguous piece.
+    """
+    if kind not in CHECKSUM_KINDS:
+        raise ValueError(f"checksum kind must be one of {CHECKSUM_KINDS}, got {kind!r}")
+    parts = [_as_byte_tensor(piece) for piece in pieces]
+    if kind == "sum64" or any(part.device.type != "cpu" for part in parts):
+        return payload_checksum(torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8), kind)
+    import xxhash
+
+    state = xxhash.xxh3_64() if kind == "xxh3" else xxhash.xxh64()
+    for part in parts:
+        if part.numel():
+            state.update(memoryview(part.numpy()))
+    return state.intdigest()
+
+
 def payload_digest(buf: torch.Tensor | memoryview | bytes) -> PayloadDigest:
     """Checksum ``buf`` with the kind native to where it lives and return ``(kind, value)``."""
     kind = default_kind(buf)

@@ -1,7 +1,9 @@
 """Data-plane transports by name: `--kvrep-transport NAME` (checked by `KvrepConfig`) picks the implementation the
-agent's I/O thread builds. "zmq" (`ZmqTransport`) is registered here; another implementation registers itself
-with `register_transport` before the agent starts."""
+agent's I/O thread builds. "zmq" (`ZmqTransport`) and "nixl" (`NixlTransport`, where NIXL is installed) are
+registered here; another implementation registers itself with `register_transport` before the agent starts."""
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import zmq
 
@@ -9,11 +11,18 @@ from sglang_kvrep.dataplane.transport import Admit, OnEvent, Transport, Transpor
 from sglang_kvrep.dataplane.zmq_transport import ZmqTransport
 
 _TRANSPORTS: dict[str, TransportFactory] = {}
+_MISSING: dict[str, Callable[[], Optional[str]]] = {}
 
 
-def register_transport(name: str, factory: TransportFactory) -> None:
-    """Make `factory` selectable as `--kvrep-transport name`. Re-registering a name replaces it."""
+def register_transport(name: str, factory: TransportFactory,
+                       missing: Optional[Callable[[], Optional[str]]] = None) -> None:
+    """Make `factory` selectable as `--kvrep-transport name`. Re-registering a name replaces it. `missing()`: why
+    it cannot run on this host (a library not installed), None when it can; asked when the flag is checked."""
     _TRANSPORTS[name] = factory
+    if missing is None:
+        _MISSING.pop(name, None)
+    else:
+        _MISSING[name] = missing
 
 
 def known_transports() -> tuple[str, ...]:
@@ -25,6 +34,9 @@ def check_transport_name(name: str) -> None:
         ValueError: `name` is not a registered transport (the message lists the known ones)."""
     if name not in _TRANSPORTS:
         raise ValueError(f"unknown transport {name!r} (known: {', '.join(known_transports())})")
+    why = _MISSING[name]() if name in _MISSING else None
+    if why:
+        raise ValueError(f"transport {name!r} cannot run here: {why}")
 
 
 def make_transport(name: str, config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
@@ -38,4 +50,18 @@ def make_transport(name: str, config: TransportSettings, admit: Admit, on_event:
     return _TRANSPORTS[name](config, admit, on_event, ctx, poller)
 
 
+def _nixl(config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
+          poller: zmq.Poller) -> Transport:
+    from sglang_kvrep.dataplane.nixl_transport import NixlTransport  # NIXL loads its libraries only when chosen
+
+    return NixlTransport(config, admit, on_event, ctx, poller)
+
+
+def _nixl_missing() -> Optional[str]:
+    from sglang_kvrep.dataplane.nixl_transport import nixl_missing
+
+    return nixl_missing()
+
+
 register_transport(ZmqTransport.name, ZmqTransport)
+register_transport("nixl", _nixl, _nixl_missing)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-from kvrep_kernels import payload_checksum
+from kvrep_kernels import payload_checksum, pieces_checksum
 from radix_sync import protocol as p
 
 
@@ -19,9 +19,14 @@ class StagingPool:
     (measured in docs/transport.md: it dominated receive time); buffers returned here are reused, best fit first,
     up to `max_bytes` cached in total. I/O thread only."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, on_new: Optional[Callable[[torch.Tensor], None]] = None,
+                 on_drop: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+        """`on_new(buf)` / `on_drop(buf)`: called when a buffer is allocated / let go for good (a registered-memory
+        transport registers and deregisters it there)."""
         self.max_bytes = max_bytes
         self._free: list[torch.Tensor] = []
+        self._on_new = on_new
+        self._on_drop = on_drop
 
     def cached_bytes(self) -> int:
         return sum(b.numel() for b in self._free)
@@ -32,15 +37,23 @@ class StagingPool:
             buf = min(fits, key=lambda b: b.numel())
             self._free = [b for b in self._free if b is not buf]
             return buf
-        return torch.empty(num_bytes, dtype=torch.uint8)
+        buf = torch.empty(num_bytes, dtype=torch.uint8)
+        if self._on_new is not None:
+            self._on_new(buf)
+        return buf
 
     def release(self, buf: torch.Tensor) -> None:
         if buf.numel() > self.max_bytes:
-            return
+            return self._drop(buf)
         self._free.append(buf)
         while self.cached_bytes() > self.max_bytes:
             smallest = min(self._free, key=lambda b: b.numel())
             self._free = [b for b in self._free if b is not smallest]
+            self._drop(smallest)
+
+    def _drop(self, buf: torch.Tensor) -> None:
+        if self._on_drop is not None:
+            self._on_drop(buf)
 
 
 class StagingLedger:
@@ -115,6 +128,28 @@ class Incoming:
             return f"checksum mismatch in chunk {chunk.index}: payload {got:#x} != announced {chunk.checksum:#x}"
         view = self._pages_view()
         view[:, first:first + count].copy_(data.view(view.shape[0], count, view.shape[2]))
+        self.chunks.add(chunk.index)
+        self.received_bytes += chunk.num_bytes
+        self.last_progress_s = now_s
+        return None
+
+    def check_written(self, chunk: p.TransferChunk, now_s: float) -> Optional[str]:
+        """A registered-memory transport's chunk: its pages were written in place (each layer's run of pages at
+        its spot in the staging buffer) before this announcement came; verify them there. Returns an error
+        message (the transfer is then refused)."""
+        h = self.header
+        if not 0 <= chunk.index < h.num_chunks or chunk.index in self.chunks:
+            return f"bad or repeated chunk index {chunk.index}"
+        first = chunk.index * h.pages_per_chunk
+        count = min(h.pages_per_chunk, h.num_pages - first)
+        page_bytes = h.num_bytes // h.num_pages
+        if chunk.first_page != first or chunk.num_pages != count or chunk.num_bytes != count * page_bytes:
+            return (f"chunk {chunk.index} malformed: pages {chunk.first_page}+{chunk.num_pages}, {chunk.num_bytes} "
+                    f"bytes (expected pages {first}+{count}, {count * page_bytes} bytes)")
+        view = self._pages_view()
+        got = pieces_checksum([view[layer, first:first + count] for layer in range(view.shape[0])], h.checksum_kind)
+        if got != chunk.checksum:
+            return f"checksum mismatch in chunk {chunk.index}: written {got:#x} != announced {chunk.checksum:#x}"
         self.chunks.add(chunk.index)
         self.received_bytes += chunk.num_bytes
         self.last_progress_s = now_s

@@ -33,6 +33,8 @@ class ZmqTransport:
     arrival and stages it in a reused buffer (`StagingPool`)."""
 
     name = "zmq"
+    accepts: tuple[str, ...] = ("zmq",)
+    """The `TransferHeader.transport` values this target serves (a header naming another is refused)."""
 
     def __init__(self, config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
                  poller: zmq.Poller, clock: Callable[[], float] = time.monotonic) -> None:
@@ -132,13 +134,13 @@ class ZmqTransport:
         for sock in self.peers.values():
             if sock in ready:
                 self._on_reply(sock)
-        next_wait = self._pump_sends()
+        next_wait = min(self._pump_sends(), self._progress_more())
         self._check_timeouts(self.clock())
         return min(next_wait, 0.1 if (self.incoming or self.outgoing) else 0.5)
 
     def answer(self, incoming: Incoming, *, inserted_len: int = 0, error: Optional[str] = None) -> None:
         h = incoming.header
-        self.staging.release(incoming.storage)  # the scheduler thread is done with it
+        self._release_staging(incoming, failed=False)  # the scheduler thread is done with it
         if error is not None:
             log.warning("kvrep: refused transfer %s: %s", h.transfer_id, error)
             reply = p.TransferRefused(transfer_id=h.transfer_id, error=error)
@@ -177,6 +179,9 @@ class ZmqTransport:
                 refusal = Refusal(f"source_id {msg.source_id!r} is not the worker of this connection's key "
                                   f"({k.peer_id(raw)!r})", tell_coordinator=False)
             refusal = refusal or self.admit(msg)
+            if refusal is None and msg.transport not in self.accepts:
+                refusal = Refusal(f"transfer over {msg.transport!r}: this worker's data plane takes "
+                                  f"{', '.join(self.accepts)} (--kvrep-transport {self.name})")
             if refusal is None and msg.transfer_id in self.incoming:
                 refusal = Refusal("duplicate transfer id")
             if refusal is None and msg.num_pages > 0:
@@ -187,19 +192,17 @@ class ZmqTransport:
             if refusal is not None:
                 return self._refuse(peer, msg.transfer_id, msg.replication_id, refusal.error,
                                     refusal.tell_coordinator)
-            self.incoming[msg.transfer_id] = Incoming(msg, peer, self.staging.acquire(msg.num_bytes), now, now)
+            inc = Incoming(msg, peer, self.staging.acquire(msg.num_bytes), now, now)
+            self.incoming[msg.transfer_id] = inc
+            self._admitted(inc)
         elif isinstance(msg, p.TransferChunk):
             inc = self.incoming.get(msg.transfer_id)
             if inc is None or inc.peer != peer:
                 return  # refused or timed out already, or another connection's transfer
-            if len(frames) != 3:
-                err = "chunk without payload frame"
-            else:
-                payload = frames[2].buffer if hasattr(frames[2], "buffer") else memoryview(frames[2])
-                err = inc.add_chunk(msg, payload, now)
+            err = self._chunk_arrived(inc, msg, frames, now)
             if err is not None:
                 del self.incoming[msg.transfer_id]
-                self.staging.release(inc.storage)
+                self._release_staging(inc, failed=True)
                 self._refuse(peer, msg.transfer_id, inc.header.replication_id, err)
         elif isinstance(msg, p.TransferEnd):
             inc = self.incoming.get(msg.transfer_id)
@@ -208,12 +211,55 @@ class ZmqTransport:
             del self.incoming[msg.transfer_id]
             err = inc.finish()
             if err is not None:
-                self.staging.release(inc.storage)
+                self._release_staging(inc, failed=True)
                 return self._refuse(peer, msg.transfer_id, inc.header.replication_id, err)
             inc.last_progress_s = now
             self.on_event(TransferReceived(inc))
-        elif isinstance(msg, (p.TransferAccepted, p.TransferRefused)):
+        elif isinstance(msg, (p.TransferAccepted, p.TransferRefused, p.TransferReady)):
             pass  # replies arrive on the peer DEALERs, not here
+
+    # --------------------------------------------------------- what a registered-memory transport changes
+    def _admitted(self, inc: Incoming) -> None:
+        """A transfer was admitted and its staging buffer taken (ZMQ: its chunks simply follow)."""
+
+    def _chunk_arrived(self, inc: Incoming, chunk: p.TransferChunk, frames: list, now: float) -> Optional[str]:
+        """Verify and stage one chunk. Returns an error message (the transfer is then refused)."""
+        if len(frames) != 3:
+            return "chunk without payload frame"
+        payload = frames[2].buffer if hasattr(frames[2], "buffer") else memoryview(frames[2])
+        return inc.add_chunk(chunk, payload, now)
+
+    def _release_staging(self, inc: Incoming, failed: bool) -> None:
+        """The transfer ended (`failed`: before every chunk arrived): its staging buffer goes back to the pool."""
+        self.staging.release(inc.storage)
+
+    def _send_chunks(self, out: Outgoing, sock: zmq.Socket) -> Optional[float]:
+        """Send the transfer's gathered chunks, in order, under the rate cap. Returns seconds to wait before
+        trying again, or None once every gathered chunk is sent."""
+        h = out.header
+        while out.chunks:
+            index, buffer = out.chunks[0]
+            if not sock.poll(0, zmq.POLLOUT):
+                return 0.005  # the peer's queue is full: come back when it drains
+            wait = self.bucket.wait_s(buffer.numel() * buffer.element_size(), self.clock())
+            if wait > 0:
+                return wait
+            sock.send_multipart(chunk_frames(h, index, buffer), copy=False)
+            out.chunks.popleft()
+            self._chunk_sent(out)
+        return None
+
+    def _chunk_sent(self, out: Outgoing) -> None:
+        out.num_sent += 1
+        out.last_progress_s = self.clock()
+        self.on_event(ChunkSent(out.header.transfer_id, out.num_sent))
+
+    def _on_ready(self, msg: p.TransferReady, sock: zmq.Socket) -> None:
+        """A target's `TransferReady`, on the socket to that target (ZMQ never asks for one: ignored)."""
+
+    def _progress_more(self) -> float:
+        """A transport's own work on each `progress` call. Returns seconds until it needs the next call."""
+        return 1.0
 
     def _refuse(self, peer, transfer_id: str, replication_id: str, error: str, tell_coordinator: bool = True) -> None:
         log.warning("kvrep: refused transfer %s: %s", transfer_id, error)
@@ -236,18 +282,9 @@ class ZmqTransport:
                     return 0.005
                 sock.send(p.encode(h))
                 out.header_sent = True
-            while out.chunks:
-                index, buffer = out.chunks[0]
-                if not sock.poll(0, zmq.POLLOUT):
-                    return 0.005  # the peer's queue is full: come back when it drains
-                wait = self.bucket.wait_s(buffer.numel() * buffer.element_size(), self.clock())
-                if wait > 0:
-                    return wait
-                sock.send_multipart(chunk_frames(h, index, buffer), copy=False)
-                out.chunks.popleft()
-                out.num_sent += 1
-                out.last_progress_s = self.clock()
-                self.on_event(ChunkSent(tid, out.num_sent))
+            wait = self._send_chunks(out, sock)
+            if wait is not None:
+                return wait
             if out.num_sent < h.num_chunks:
                 return 1.0  # waiting for the scheduler thread to gather more
             if not sock.poll(0, zmq.POLLOUT):
@@ -268,6 +305,9 @@ class ZmqTransport:
                 msg = p.decode_data_plane(frames[-1])
             except p.ProtocolError:
                 continue
+            if isinstance(msg, p.TransferReady):
+                self._on_ready(msg, sock)
+                continue
             tid = getattr(msg, "transfer_id", "")
             out = self.outgoing.pop(tid, None)
             if out is not None and isinstance(msg, p.TransferRefused):
@@ -282,7 +322,7 @@ class ZmqTransport:
         for tid, inc in list(self.incoming.items()):
             if now - inc.last_progress_s > limit:
                 del self.incoming[tid]
-                self.staging.release(inc.storage)
+                self._release_staging(inc, failed=True)
                 log.warning("kvrep: transfer %s timed out after %.1fs without progress", tid, limit)
                 self.on_event(TransferFailed(
                     tid, inc.header.replication_id, "target",

@@ -278,6 +278,18 @@ def test_checksums_detect_a_flipped_bit_and_swapped_words(kind):
     assert not kk.verify_payload(buf[:-1], digest)
 
 
+@pytest.mark.parametrize("kind", kk.CHECKSUM_KINDS)
+def test_pieces_checksum_is_the_checksum_of_the_pieces_one_after_the_other(kind):
+    # a chunk written in place: pages [2, 5) of each of 3 layers, strided in the staging buffer
+    staging = random_bits((3, 7, 96), torch.uint8, torch.Generator().manual_seed(5))
+    pieces = [staging[layer, 2:5] for layer in range(3)]
+    assert kk.pieces_checksum(pieces, kind) == kk.payload_checksum(staging[:, 2:5].contiguous(), kind)
+    assert kk.pieces_checksum(pieces[::-1], kind) != kk.payload_checksum(staging[:, 2:5].contiguous(), kind)
+    assert kk.pieces_checksum([], kind) == kk.payload_checksum(b"", kind)
+    with pytest.raises(ValueError, match="crc32"):
+        kk.pieces_checksum(pieces, "crc32")
+
+
 def test_checksum_rejects_bad_input():
     with pytest.raises(ValueError, match="crc32"):
         kk.payload_checksum(b"abc", "crc32")

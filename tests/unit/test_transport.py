@@ -52,12 +52,12 @@ def admit_token(h: p.TransferHeader):
 class Side:
     """One transport with its own poller, the events it reported, and an optional injected clock."""
 
-    def __init__(self, ctx, clock=None, **cfg) -> None:
+    def __init__(self, ctx, clock=None, kind=ZmqTransport, **cfg) -> None:
         self.poller = zmq.Poller()
         self.events: list = []
         self.now = 0.0
         extra = {} if clock is None else {"clock": lambda: self.now}
-        self.t = ZmqTransport(KvrepConfig(**cfg), admit_token, self.events.append, ctx, self.poller, **extra)
+        self.t = kind(KvrepConfig(**cfg), admit_token, self.events.append, ctx, self.poller, **extra)
 
     def step(self, timeout_ms: int = 5) -> float:
         return self.t.progress(dict(self.poller.poll(timeout_ms)))
@@ -224,8 +224,9 @@ class StubAgent:
     """The scheduler side's end of the mailbox, without SGLang: an `IoSide` on its own thread, with what a
     `WorkerAgent` would tell it (`WorkerInfo`) and the messages it posts back kept in `got`."""
 
-    def __init__(self, worker_id: str, coordinator: str, free_tokens: int = 100, **cfg) -> None:
-        self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport="zmq", **cfg)
+    def __init__(self, worker_id: str, coordinator: str, free_tokens: int = 100, transport: str = "zmq",
+                 **cfg) -> None:
+        self.config = KvrepConfig(coordinator=coordinator, worker_id=worker_id, transport=transport, **cfg)
         info = m.WorkerInfo(fingerprint="fp", fingerprint_fields={}, page_size=4, pool_capacity_tokens=1000,
                             replica_budget_tokens=free_tokens, free_replica_tokens=free_tokens, geometry=GEO)
         self.mailbox = m.Mailbox()

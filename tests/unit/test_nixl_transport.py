@@ -1,0 +1,175 @@
+"""`NixlTransport` (`--kvrep-transport nixl`) against the same contract as the ZeroMQ one, with real NIXL agents
+(UCX backend, on this host's shared memory / loopback): a transfer lands bit-exact in the target's registered
+staging buffer with no staging copy; a chunk whose written bytes do not match its announced checksum, a wrong
+token and a silent source end as `TransferFailed`, and the staging buffer comes back to the pool (after the
+quarantine that keeps a failed transfer's late writes out of the next one); a ZeroMQ source can still send to a
+NIXL target, and a NIXL source is refused, with a clear error, by a ZeroMQ-only target; the agent's I/O side on
+top replicates through it. Another process as the target: `scripts/bench_transport.py --transports nixl`
+(tests/component/test_bench_transport.py)."""
+import pytest
+import torch
+import zmq
+
+from radix_sync import protocol as p
+from sglang_kvrep.agent import mailbox as m
+from sglang_kvrep.config import KvrepConfig
+from sglang_kvrep.dataplane.nixl_transport import NixlTransport, nixl_missing
+from sglang_kvrep.dataplane.registry import check_transport_name, known_transports
+from sglang_kvrep.dataplane.transport import ChunkSent, TransferFailed, TransferReceived, TransferSent
+from sglang_kvrep.dataplane.wire import send_transfer
+from tests.unit.test_transport import FakeCoordinator, Side, StubAgent, chunk, header, payload_of, pump
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+def nixl_side(ctx, **kw) -> Side:
+    return Side(ctx, kind=NixlTransport, **kw)
+
+
+def test_nixl_is_installed_and_selectable():
+    assert nixl_missing() is None  # pinned in requirements-pins.txt: a host without it fails here, not skips
+    assert "nixl" in known_transports()
+    check_transport_name("nixl")
+    assert KvrepConfig(transport="nixl").transport == "nixl"
+
+
+def test_transfer_lands_bit_exact_in_the_registered_staging_without_a_copy(ctx):
+    src, dst = nixl_side(ctx), nixl_side(ctx)
+    h = header(num_pages=5, pages_per_chunk=2)
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint)
+    src.t.push_chunk(h.transfer_id, 0, chunk(h, payload, 0), 0.25)
+    pump([src, dst], lambda: src.of(ChunkSent))
+    assert not src.of(TransferSent)
+    for i in (1, 2):
+        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.25)
+    pump([src, dst], lambda: dst.of(TransferReceived))
+    assert src.of(ChunkSent) == [ChunkSent("t1", 1), ChunkSent("t1", 2), ChunkSent("t1", 3)]
+    [sent] = src.of(TransferSent)
+    assert sent.header.transport == "nixl" and sent.gather_s == 0.75
+    inc = dst.of(TransferReceived)[0].incoming
+    assert inc.header.transport == "nixl" and inc.chunks == {0, 1, 2} and inc.received_bytes == h.num_bytes
+    assert torch.equal(inc.buffer, payload)  # every byte, written in place in the buffer layout
+    assert inc.storage.data_ptr() in dst.t._registered  # the buffer NIXL wrote into is the one handed over
+    dst.t.answer(inc, inserted_len=20)
+    pump([src, dst], lambda: not src.t.outgoing)
+    assert not src.t.writes.get("t1") and not src.t.orphans and not src.t.ready  # every WRITE released
+    assert dst.t.staging.cached_bytes() == h.num_bytes
+    # the next transfer reuses the registered buffer (the source adds the target's metadata once)
+    h2 = header(tid="t2", num_pages=2)
+    src.t.send(h2, dst.t.endpoint)
+    src.t.push_chunk("t2", 0, chunk(h2, payload_of(h2, 1), 0), 0.0)
+    pump([src, dst], lambda: len(dst.of(TransferReceived)) == 2)
+    inc2 = dst.of(TransferReceived)[1].incoming
+    assert inc2.storage.data_ptr() == inc.storage.data_ptr() and torch.equal(inc2.buffer, payload_of(h2, 1))
+    assert list(src.t.remote) == [dst.t.agent_name]
+    assert not src.of(TransferFailed) and not dst.of(TransferFailed)
+    src.t.close()
+    dst.t.close()
+
+
+def test_written_bytes_that_do_not_match_their_checksum_are_refused_and_quarantined(ctx):
+    src, dst = nixl_side(ctx), nixl_side(ctx, clock=True, transfer_timeout_s=5.0)
+    h = header()
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint)
+    pump([src, dst], lambda: "t1" in src.t.ready)
+    src.t.push_chunk("t1", 0, chunk(h, payload, 0), 0.0)
+    pump([src], lambda: src.of(ChunkSent))  # written and announced; the target has not read the announcement
+    staged = dst.t.incoming["t1"].storage
+    staged[7] ^= 0xFF  # what a forged write on the fabric would do
+    pump([src, dst], lambda: dst.of(TransferFailed))
+    [failed] = dst.of(TransferFailed)
+    assert failed.role == "target" and failed.error.startswith("checksum mismatch in chunk 0: written")
+    pump([src, dst], lambda: src.of(TransferFailed))  # the source stops: the target refused it
+    assert not dst.t.incoming and dst.t.staging.cached_bytes() == 0 and len(dst.t.quarantine) == 1
+    dst.now = 5.01  # the source may write late for as long as its own stall timeout: then the buffer is reused
+    dst.step(0)
+    assert not dst.t.quarantine and dst.t.staging.cached_bytes() == h.num_bytes
+    src.t.close()
+    dst.t.close()
+
+
+def test_wrong_token_is_refused_before_any_registration_is_offered(ctx):
+    src, dst = nixl_side(ctx), nixl_side(ctx)
+    src.t.send(header(token="forged"), dst.t.endpoint)
+    pump([src, dst], lambda: src.of(TransferFailed))
+    assert dst.of(TransferFailed) == [TransferFailed("t1", "r1", "target", "bad token", tell_coordinator=False)]
+    assert not src.t.ready and not src.t.remote  # no TransferReady: the address was never given out
+    assert not dst.t.incoming and dst.t.staging.cached_bytes() == 0 and not dst.t._registered
+    src.t.close()
+    dst.t.close()
+
+
+def test_silent_source_times_out_and_its_staging_comes_back_after_the_quarantine(ctx):
+    src, dst = nixl_side(ctx), nixl_side(ctx, clock=True, transfer_timeout_s=5.0)
+    h = header()
+    src.t.send(h, dst.t.endpoint)
+    pump([src, dst], lambda: "t1" in src.t.ready)  # then the source never gathers a chunk
+    dst.now = 5.01
+    dst.step(0)
+    [failed] = dst.of(TransferFailed)
+    assert failed.error.startswith("transfer timed out: no data for 5s (0/")
+    assert dst.t.staging.cached_bytes() == 0
+    dst.now = 10.03
+    dst.step(0)
+    assert dst.t.staging.cached_bytes() == h.num_bytes
+    src.t.close()
+    dst.t.close()
+
+
+def test_a_zmq_source_may_send_to_a_nixl_target_and_a_nixl_source_is_refused_by_a_zmq_target(ctx):
+    dst = nixl_side(ctx)
+    h = header()
+    payload = payload_of(h)
+    import threading
+
+    replies = []
+    sender = threading.Thread(target=lambda: replies.append(send_transfer(dst.t.endpoint, h,
+                                                                          payload.numpy().tobytes())))
+    sender.start()
+    pump([dst], lambda: dst.of(TransferReceived))
+    inc = dst.of(TransferReceived)[0].incoming
+    assert inc.header.transport == "zmq" and torch.equal(inc.buffer, payload)
+    dst.t.answer(inc, inserted_len=12)
+    sender.join(20)
+    assert isinstance(replies[0], p.TransferAccepted)
+    src, zdst = nixl_side(ctx), Side(ctx)
+    src.t.send(header(tid="t2"), zdst.t.endpoint)
+    pump([src, zdst], lambda: src.of(TransferFailed))
+    [failed] = src.of(TransferFailed)
+    assert failed.error == "transfer over 'nixl': this worker's data plane takes zmq (--kvrep-transport zmq)"
+    for t in (src.t, zdst.t, dst.t):
+        t.close()
+
+
+def test_io_sides_replicate_through_nixl():
+    ctx = zmq.Context()
+    coord = FakeCoordinator(ctx)
+    a = StubAgent("a", coord.endpoint, transport="nixl")
+    b = StubAgent("b", coord.endpoint, transport="nixl")
+    try:
+        coord.wait_for(p.Hello, 2)
+        h = header()
+        payload = payload_of(h)
+        coord.grant("b", h)
+        coord.wait_for(p.ReplicaExpected)
+        a.to_io(m.StartSend(h, b.data_endpoint))
+        for i in range(h.num_chunks):
+            a.to_io(m.ChunkGathered(h.transfer_id, i, chunk(h, payload, i), 0.0))
+        [install] = b.wait_for(m.Install)
+        assert install.incoming.header.transport == "nixl" and torch.equal(install.incoming.buffer, payload)
+        b.to_io(m.Installed(install.incoming, install.block_hashes, inserted_len=12, scatter_s=0.0, insert_s=0.0))
+        [stored] = coord.wait_for(p.ReplicaStored)
+        [sent] = coord.wait_for(p.SourceSent)
+        assert (stored.worker_id, stored.inserted_len, sent.num_bytes) == ("b", 12, h.num_bytes)
+    finally:
+        a.close()
+        b.close()
+        coord.sock.close()
+        ctx.destroy(linger=0)
