@@ -132,10 +132,14 @@ class NixlTransport(ZmqTransport):
         """Transfer id -> its WRITEs in flight, in chunk order."""
         self.orphans: list[_Write] = []
         """WRITEs of transfers that ended (failed, cancelled) while they were in flight."""
+        self.zmq_targets: set[str] = set()
+        """Data endpoints that refused a NIXL transfer (workers on `--kvrep-transport zmq`): sent over ZMQ."""
 
     # ------------------------------------------------------------------------------------------ interface
     def send(self, header: p.TransferHeader, endpoint: str, peer_id: str = "") -> None:
-        super().send(msgspec.structs.replace(header, transport=self.name), endpoint, peer_id)
+        if endpoint not in self.zmq_targets:
+            header = msgspec.structs.replace(header, transport=self.name)
+        super().send(header, endpoint, peer_id)
 
     def close(self) -> None:
         for write in [w for q in self.writes.values() for w in q] + self.orphans:
@@ -189,20 +193,35 @@ class NixlTransport(ZmqTransport):
         if msg.num_bytes != out.header.num_bytes:
             return self._fail(out, f"target's staging is {msg.num_bytes} bytes, the transfer {out.header.num_bytes}")
         if self.remote.get(msg.agent_name) != msg.agent_metadata:
+            # (loading it again updates it in place: a buffer the target registered since becomes writable, and
+            # WRITEs in flight to that agent are left alone)
             try:
-                if msg.agent_name in self.remote:
-                    self.agent.remove_remote_agent(msg.agent_name)
-                    del self.remote[msg.agent_name]
                 name = self.agent.add_remote_agent(msg.agent_metadata)
             except Exception as exc:  # a peer's bad metadata fails that transfer, never the I/O thread
                 return self._fail(out, f"nixl: target's agent metadata refused: {exc}")
             name = name.decode() if isinstance(name, bytes) else name
             if name != msg.agent_name:
-                self.agent.remove_remote_agent(name)
                 return self._fail(out, f"nixl: target says agent {msg.agent_name!r}, its metadata is {name!r}'s")
             self.remote[msg.agent_name] = msg.agent_metadata
         self.ready[msg.transfer_id] = msg
         out.last_progress_s = self.clock()
+
+    def _retry_refused(self, out: Outgoing, msg: p.TransferRefused, sock: zmq.Socket) -> bool:
+        h = out.header
+        if h.transport != self.name or not msg.error.startswith(f"transfer over {self.name!r}:") \
+                or out.num_sent or self.peers.get(out.endpoint) is not sock:
+            return False
+        # a worker of a mixed fleet that runs ZMQ only: nothing of this transfer was written or admitted there, so
+        # it goes again, over ZMQ (its chunks are still queued), and so does every later one to that worker
+        log.info("kvrep: %s takes no nixl transfers: sending %s and the next ones over zmq", out.endpoint,
+                 h.transfer_id)
+        self.zmq_targets.add(out.endpoint)
+        out.header = msgspec.structs.replace(h, transport="zmq")
+        out.header_sent = False
+        self.ready.pop(h.transfer_id, None)
+        if h.transfer_id not in self.send_queue:
+            self.send_queue.append(h.transfer_id)
+        return True
 
     def _send_chunks(self, out: Outgoing, sock: zmq.Socket) -> Optional[float]:
         h = out.header
@@ -316,5 +335,6 @@ class NixlTransport(ZmqTransport):
                 else:
                     still.append(write)
             self.orphans = still
-        busy = self.orphans or any(self.writes.values())
-        return 0.0005 if busy else (0.05 if self.quarantine else 1.0)
+        if any(self.writes.values()):
+            return 0.0005  # a live transfer waits on its WRITEs: NIXL has no descriptor to poll
+        return 0.05 if (self.orphans or self.quarantine) else 1.0  # (a dead peer's WRITE may take long to fail)

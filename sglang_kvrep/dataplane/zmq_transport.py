@@ -27,6 +27,12 @@ from sglang_kvrep.dataplane.wire import TokenBucket, chunk_frames
 log = logging.getLogger("kvrep.agent")
 
 
+def transport_refused(transport: str, accepts: tuple[str, ...], name: str) -> str:
+    """The error a target answers a header naming a transport it does not run with (the source matches on its
+    start: "transfer over '<transport>':")."""
+    return f"transfer over {transport!r}: this worker's data plane takes {', '.join(accepts)} (--kvrep-transport {name})"
+
+
 class ZmqTransport:
     """The ZeroMQ data plane: a ROUTER bound on this worker's data endpoint receives, one DEALER per target
     sends. Payload frames go zero-copy from the gathered tensors; the target checks each chunk's checksum on
@@ -173,15 +179,19 @@ class ZmqTransport:
             return
         now = self.clock()
         if isinstance(msg, p.TransferHeader):
+            if msg.transport not in self.accepts:
+                # a negotiation, not a failed replication: nothing admitted or reserved, no one told; a source that
+                # can fall back to a transport this worker takes sends the header again (`NixlTransport`)
+                error = transport_refused(msg.transport, self.accepts, self.name)
+                log.info("kvrep: transfer %s: %s", msg.transfer_id, error)
+                self.data.send_multipart([peer, p.encode(p.TransferRefused(transfer_id=msg.transfer_id, error=error))])
+                return
             refusal = None
             if self.keydir is not None and k.peer_id(raw) != msg.source_id:
                 # an allow-listed worker speaking for another: not reported (it would fail that one's replication)
                 refusal = Refusal(f"source_id {msg.source_id!r} is not the worker of this connection's key "
                                   f"({k.peer_id(raw)!r})", tell_coordinator=False)
             refusal = refusal or self.admit(msg)
-            if refusal is None and msg.transport not in self.accepts:
-                refusal = Refusal(f"transfer over {msg.transport!r}: this worker's data plane takes "
-                                  f"{', '.join(self.accepts)} (--kvrep-transport {self.name})")
             if refusal is None and msg.transfer_id in self.incoming:
                 refusal = Refusal("duplicate transfer id")
             if refusal is None and msg.num_pages > 0:
@@ -257,6 +267,10 @@ class ZmqTransport:
     def _on_ready(self, msg: p.TransferReady, sock: zmq.Socket) -> None:
         """A target's `TransferReady`, on the socket to that target (ZMQ never asks for one: ignored)."""
 
+    def _retry_refused(self, out: Outgoing, msg: p.TransferRefused, sock: zmq.Socket) -> bool:
+        """A target refused an outgoing transfer: True if the transport sends it again another way (ZMQ: never)."""
+        return False
+
     def _progress_more(self) -> float:
         """A transport's own work on each `progress` call. Returns seconds until it needs the next call."""
         return 1.0
@@ -309,6 +323,9 @@ class ZmqTransport:
                 self._on_ready(msg, sock)
                 continue
             tid = getattr(msg, "transfer_id", "")
+            if isinstance(msg, p.TransferRefused) and tid in self.outgoing \
+                    and self._retry_refused(self.outgoing[tid], msg, sock):
+                continue
             out = self.outgoing.pop(tid, None)
             if out is not None and isinstance(msg, p.TransferRefused):
                 log.warning("kvrep: target refused %s: %s", tid, msg.error)

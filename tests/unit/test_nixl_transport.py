@@ -123,7 +123,7 @@ def test_silent_source_times_out_and_its_staging_comes_back_after_the_quarantine
     dst.t.close()
 
 
-def test_a_zmq_source_may_send_to_a_nixl_target_and_a_nixl_source_is_refused_by_a_zmq_target(ctx):
+def test_mixed_fleets_a_zmq_source_sends_to_a_nixl_target_and_a_nixl_source_falls_back_to_zmq(ctx):
     dst = nixl_side(ctx)
     h = header()
     payload = payload_of(h)
@@ -140,10 +140,22 @@ def test_a_zmq_source_may_send_to_a_nixl_target_and_a_nixl_source_is_refused_by_
     sender.join(20)
     assert isinstance(replies[0], p.TransferAccepted)
     src, zdst = nixl_side(ctx), Side(ctx)
-    src.t.send(header(tid="t2"), zdst.t.endpoint)
-    pump([src, zdst], lambda: src.of(TransferFailed))
-    [failed] = src.of(TransferFailed)
-    assert failed.error == "transfer over 'nixl': this worker's data plane takes zmq (--kvrep-transport zmq)"
+    h2 = header(tid="t2")
+    src.t.send(h2, zdst.t.endpoint)
+    src.t.push_chunk("t2", 0, chunk(h2, payload, 0), 0.0)  # queued while the target answers the header
+    pump([src, zdst], lambda: zdst.t.endpoint in src.t.zmq_targets)
+    # refused as a negotiation, not as a failure: nothing admitted on the target, no one told, nothing lost
+    assert not zdst.events and not src.of(TransferFailed)
+    src.t.push_chunk("t2", 1, chunk(h2, payload, 1), 0.0)
+    pump([src, zdst], lambda: zdst.of(TransferReceived))
+    inc2 = zdst.of(TransferReceived)[0].incoming
+    assert inc2.header.transport == "zmq" and torch.equal(inc2.buffer, payload)
+    zdst.t.answer(inc2, inserted_len=12)
+    pump([src, zdst], lambda: not src.t.outgoing)
+    h3 = header(tid="t3")  # the next one to that worker goes over ZMQ at once
+    src.t.send(h3, zdst.t.endpoint)
+    assert src.t.outgoing["t3"].header.transport == "zmq"
+    assert not src.of(TransferFailed) and not zdst.of(TransferFailed)
     for t in (src.t, zdst.t, dst.t):
         t.close()
 
@@ -173,3 +185,47 @@ def test_io_sides_replicate_through_nixl():
         b.close()
         coord.sock.close()
         ctx.destroy(linger=0)
+
+
+def test_a_target_that_registers_a_new_buffer_mid_flight_is_still_written_correctly(ctx):
+    src, dst = nixl_side(ctx), nixl_side(ctx)
+    small, big = header(tid="s", num_pages=2), header(tid="b", num_pages=6, pages_per_chunk=2)
+    src.t.send(small, dst.t.endpoint)
+    src.t.push_chunk("s", 0, chunk(small, payload_of(small), 0), 0.0)
+    pump([src, dst], lambda: "s" in src.t.ready)
+    src.t.send(big, dst.t.endpoint)  # a second staging buffer registered while the first transfer is open
+    pump([src, dst], lambda: "b" in src.t.ready)
+    for i in range(big.num_chunks):
+        src.t.push_chunk("b", i, chunk(big, payload_of(big, 2), i), 0.0)
+    pump([src, dst], lambda: len(dst.of(TransferReceived)) == 2)
+    got = {r.incoming.header.transfer_id: r.incoming for r in dst.of(TransferReceived)}
+    assert torch.equal(got["s"].buffer, payload_of(small)) and torch.equal(got["b"].buffer, payload_of(big, 2))
+    assert len(dst.t._registered) == 2 and not src.of(TransferFailed)
+    src.t.close()
+    dst.t.close()
+
+
+def test_garbage_in_a_targets_transfer_ready_fails_that_transfer_only(ctx):
+    src = nixl_side(ctx)
+    fake = ctx.socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    endpoint = f"tcp://127.0.0.1:{fake.bind_to_random_port('tcp://127.0.0.1')}"
+    h = header()
+    src.t.send(h, endpoint)
+    pump([src], lambda: fake.poll(0))
+    peer, raw = fake.recv_multipart()
+    assert p.decode_data_plane(raw).transport == "nixl"
+    fake.send_multipart([peer, p.encode(p.TransferReady(transfer_id="t1", agent_name="x", agent_metadata=b"\x00junk",
+                                                        address=4096, num_bytes=h.num_bytes))])
+    pump([src], lambda: src.of(TransferFailed))
+    [failed] = src.of(TransferFailed)
+    assert failed.role == "source" and failed.error.startswith("nixl: target's agent metadata refused")
+    assert not src.t.outgoing and not src.t.remote
+    # a TransferReady for a transfer this source never sent is ignored
+    fake.send_multipart([peer, p.encode(p.TransferReady(transfer_id="nope", agent_name="x", agent_metadata=b"",
+                                                        address=0, num_bytes=1))])
+    for _ in range(5):
+        src.step()
+    assert len(src.of(TransferFailed)) == 1 and not src.t.ready
+    fake.close(0)
+    src.t.close()
