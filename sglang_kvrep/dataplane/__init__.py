@@ -2,8 +2,10 @@
 I/O thread. Nothing here touches SGLang.
 
     transport.py      the `Transport` interface, the facts a transport reports, the settings it reads
-    registry.py       transports by name (`--kvrep-transport`, default "zmq")
+    registry.py       transports by name (`--kvrep-transport`: "zmq", the default, or "nixl")
     zmq_transport.py  `ZmqTransport`, the default implementation
+    nixl_transport.py `NixlTransport` (`--kvrep-transport nixl`): ZMQ control, each chunk WRITTEN by NIXL (UCX)
+                      straight into the target's registered staging buffer (`TransferReady` gives its address)
     staging.py        transfer state on each end and the reused receive buffers
     checks.py         what a target checks before it writes anything (geometry, grant)
     wire.py           chunk framing, the per-link rate cap, a small blocking client (tests and tools)

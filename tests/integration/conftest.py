@@ -1,7 +1,10 @@
 """Real CPU SGLang servers with the plugin, and a real coordinator process, shared across the integration tests.
 
-Session-wide: one coordinator and workers A and B (tiny local model, page size 16). Tests that need another
-server (another page size, a plain SGLang, a source to kill) start it in their own module and stop it after.
+Session-wide: one coordinator and workers A and B (tiny local model, page size 16), whose data plane is NIXL
+(`--kvrep-transport nixl`: replications between them are NIXL WRITEs). Tests that need another server (another page
+size, a plain SGLang, a source to kill) start it in their own module and stop it after; those run the default
+ZeroMQ transport, so their copies to and from A and B cross a mixed fleet (a NIXL target takes ZMQ transfers, a
+NIXL source falls back to ZMQ for a ZMQ-only target).
 """
 import contextlib
 import random
@@ -17,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "logs" / "tests"
 PAGE_SIZE = 16
 WORKER_ARGS = ("--max-running-requests", "2")
+SESSION_TRANSPORT = ("--kvrep-transport", "nixl")
 RULES = ("--policy", "rules", "--rule-min-prefix-len", "256", "--rule-min-hits", "3", "--rule-window-s", "60",
          "--rule-max-queue", "0", "--rule-ttl-s", "120", "--worker-timeout-s", "5",
          "--ledger-holdout", "0")  # the automatic copies these tests wait for are all made (none held out)
@@ -112,10 +116,11 @@ def cluster():
     procs = [coord]
     try:
         coord.wait_ready()
-        a = Worker("A", "tiny", LOGS, coordinator=coord.endpoint, page_size=PAGE_SIZE, extra_args=WORKER_ARGS)
+        a = Worker("A", "tiny", LOGS, coordinator=coord.endpoint, page_size=PAGE_SIZE,
+                   extra_args=WORKER_ARGS + SESSION_TRANSPORT)
         procs.append(a)
         b = Worker("B", "tiny", LOGS, coordinator=coord.endpoint, page_size=PAGE_SIZE,
-                   extra_args=WORKER_ARGS + ("--kvrep-transfer-timeout-s", "4"))
+                   extra_args=WORKER_ARGS + SESSION_TRANSPORT + ("--kvrep-transfer-timeout-s", "4"))
         procs.append(b)
         a.wait_ready()
         b.wait_ready()
