@@ -80,7 +80,9 @@ def test_written_bytes_that_do_not_match_their_checksum_are_refused_and_quaranti
     src.t.send(h, dst.t.endpoint)
     pump([src, dst], lambda: "t1" in src.t.ready)
     src.t.push_chunk("t1", 0, chunk(h, payload, 0), 0.0)
-    pump([src], lambda: src.of(ChunkSent))  # written and announced; the target has not read the announcement
+    # written and announced; the target's UCX progresses (as its I/O loop drives it) but it has not read the
+    # announcement yet
+    pump([src], lambda: (dst.t.agent.get_new_notifs(), src.of(ChunkSent))[1])
     staged = dst.t.incoming["t1"].storage
     staged[7] ^= 0xFF  # what a forged write on the fabric would do
     pump([src, dst], lambda: dst.of(TransferFailed))
