@@ -398,6 +398,62 @@ def summarize_rounds(rows: list[dict]) -> list[dict]:
     return out
 
 
+def front_door_ratios(rows: list[dict], resamples: int = 2000, seed: int = 0) -> list[dict]:
+    """Per workload, each `ARM@N` row set against `ARM` (one front door) on the same workload: the cached-token
+    ratio (cached / prompt tokens, SGLang's `cached_tokens` at the client) of each, pooled over the rounds; their
+    quotient with a bootstrap interval (requests resampled within each round and arm, `resamples` times, fixed
+    seed); and the quotient paired within each round. Issue 20's "many routers, one directory" measure: N routers
+    on one directory within 2% of one router."""
+    import numpy as np
+
+    cells: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["workload"], r["arm"]), {})[r.get("repeat", 0)] = r
+
+    def pairs(r: dict) -> np.ndarray:
+        qs = [q for q in r.get("requests", []) if not q.get("error") and q.get("prompt_tokens")]
+        return np.array([[q["prompt_tokens"], q.get("cached_tokens") or 0] for q in qs], dtype=float).reshape(-1, 2)
+
+    def pooled(arrays: list[np.ndarray]) -> float:
+        total = sum(float(a[:, 0].sum()) for a in arrays)
+        return sum(float(a[:, 1].sum()) for a in arrays) / total if total else float("nan")
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for (wl, arm), many in cells.items():
+        if "@" not in arm or (wl, arm.split("@")[0]) not in cells:
+            continue
+        one = cells[(wl, arm.split("@")[0])]
+        rounds = sorted(set(many) & set(one))
+        if not rounds:
+            continue
+        a = [pairs(many[k]) for k in rounds]
+        b = [pairs(one[k]) for k in rounds]
+        boot = []
+        for _ in range(resamples):
+            ra = [x[rng.integers(0, len(x), len(x))] for x in a if len(x)]
+            rb = [x[rng.integers(0, len(x), len(x))] for x in b if len(x)]
+            boot.append(pooled(ra) / pooled(rb))
+        lo, hi = np.nanquantile(boot, [0.025, 0.975])
+        per_round = [pooled([x]) / pooled([y]) for x, y in zip(a, b)]
+        out.append({"workload": wl, "arm": arm, "vs": arm.split("@")[0], "rounds": len(rounds),
+                    "cached": pooled(a), "cached_vs": pooled(b), "ratio": pooled(a) / pooled(b),
+                    "ratio_ci": [float(lo), float(hi)], "per_round": per_round})
+    return out
+
+
+def format_front_doors(front: list[dict]) -> str:
+    lines = ["front doors: cached-token ratio behind N front doors against one (pooled over the rounds; 95% CI: "
+             "bootstrap over requests within each round), and paired per round",
+             f"{'workload':<8} {'arms':<18} {'rounds':>6} {'cached N':>8} {'cached 1':>8} {'N / 1':>6} "
+             f"{'95% CI':<13} per round"]
+    for f in front:
+        lines.append(f"{f['workload']:<8} {f['arm'] + ' / ' + f['vs']:<18} {f['rounds']:>6} {f['cached']:>8.1%} "
+                     f"{f['cached_vs']:>8.1%} {f['ratio']:>6.3f} [{f['ratio_ci'][0]:.3f}-{f['ratio_ci'][1]:.3f}] "
+                     + " ".join(f"{x:.3f}" for x in f["per_round"]))
+    return "\n".join(lines)
+
+
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router."""
@@ -839,13 +895,17 @@ def run_bench(args) -> int:
     if claims:
         print()
         print(format_claims(claims))
+    front = front_door_ratios(rows)
+    if front:
+        print()
+        print(format_front_doors(front))
     if args.simulate and workloads:
         print()
         print(validation_table(rows, args.profile))
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
-                   "speed": speed},
+                   "front_doors": front, "speed": speed},
                   f, indent=2,
                   default=str)
     try:

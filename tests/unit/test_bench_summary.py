@@ -25,3 +25,26 @@ def test_ratios_are_paired_within_a_round_and_summarized_over_rounds():
     text = format_summary(summarize_rounds(rows))
     assert "0.75 [0.50-1.50]" in text
     assert len(format_table(rows).splitlines()) == 2 + len(rows)
+
+
+def test_front_doors_compare_cached_token_ratios_pooled_over_rounds_and_per_round():
+    from kvrep_dev.bench import format_front_doors, front_door_ratios
+
+    def reqs(pairs):
+        return [{"prompt_tokens": n, "cached_tokens": c, "ttft_s": 0.1} for n, c in pairs]
+
+    rows = [row("agent", "shadow", 0, 1, 1), row("agent", "shadow@4", 0, 1, 1),
+            row("agent", "shadow", 1, 1, 1), row("agent", "shadow@4", 1, 1, 1), row("agent", "smg-ca@4", 0, 1, 1)]
+    rows[0]["requests"] = reqs([(100, 80), (100, 60)])  # 70% cached
+    rows[1]["requests"] = reqs([(100, 70), (100, 70)])  # 70%
+    rows[2]["requests"] = reqs([(200, 100)])  # 50%
+    rows[3]["requests"] = reqs([(200, 90), (10, 0, )]) + [{"prompt_tokens": 50, "cached_tokens": 50, "error": "x"}]
+    rows[4]["requests"] = reqs([(100, 10)])  # no smg-ca row with one front door: not compared
+    [f] = front_door_ratios(rows, resamples=200)
+    assert (f["workload"], f["arm"], f["vs"], f["rounds"]) == ("agent", "shadow@4", "shadow", 2)
+    assert f["cached"] == 230 / 410 and f["cached_vs"] == 240 / 400  # the errored request counts nowhere
+    assert f["ratio"] == (230 / 410) / (240 / 400)
+    assert f["per_round"] == [1.0, (90 / 210) / 0.5]
+    assert f["ratio_ci"][0] <= f["ratio"] <= f["ratio_ci"][1]
+    text = format_front_doors([f])
+    assert "shadow@4 / shadow" in text and "56.1%" in text and "60.0%" in text
