@@ -142,13 +142,16 @@ class Source:
         self.t.send(h, self.endpoint)
         gathered, wait_s = 0, 0.0
         while h.transfer_id in self.t.outgoing:
-            sent = sum(1 for e in self.events if getattr(e, "transfer_id", None) == h.transfer_id
-                       and type(e).__name__ == "ChunkSent")
+            sent = self.t.outgoing[h.transfer_id].num_sent
+            pushed = False
             while gathered < h.num_chunks and gathered - sent < 4:  # the agent's gather-ahead bound
                 first = gathered * h.pages_per_chunk
                 self.t.push_chunk(h.transfer_id, gathered, whole[:, first:first + h.pages_per_chunk].contiguous(), 0)
                 gathered += 1
-            wait_s = self.t.progress(dict(self.poller.poll(max(0.0, min(wait_s, 0.05)) * 1000)))
+                pushed = True
+            # as the agent's I/O loop: a gathered chunk wakes it at once (its mailbox), else it sleeps in the poller
+            timeout_ms = 0 if pushed else max(0.0, min(wait_s, 0.05)) * 1000
+            wait_s = self.t.progress(dict(self.poller.poll(timeout_ms)))
         dt = time.perf_counter() - t0
         failed = [e for e in self.events if isinstance(e, TransferFailed)]
         assert not failed, failed

@@ -179,7 +179,11 @@ class NixlTransport(ZmqTransport):
             return super()._chunk_arrived(inc, chunk, frames, now)
         if len(frames) != 2:
             return "a nixl transfer's chunk came with a payload frame"
-        return inc.check_written(chunk, now)
+        err = inc.check_written(chunk, now)
+        if err is None and len(inc.chunks) == inc.header.num_chunks:
+            log.info("kvrep: nixl: replication %s (transfer %s): %d chunks, %d bytes written in place and verified",
+                     inc.header.replication_id, inc.header.transfer_id, inc.header.num_chunks, inc.received_bytes)
+        return err
 
     def _release_staging(self, inc: Incoming, failed: bool) -> None:
         if failed and inc.header.transport == self.name:

@@ -22,6 +22,9 @@ def test_replica_hit_gives_identical_greedy_output(cluster):
     rep = cluster.replicate(a, b, P, ttl_s=120)
     assert rep["state"] == "done", rep
     assert rep["num_tokens"] == len(P) // PAGE_SIZE * PAGE_SIZE and rep["bytes"] > 0
+    # the session's workers run --kvrep-transport nixl: the pages were NIXL WRITEs into B's staging
+    wait_until(lambda: f"nixl: replication {rep['id']} " in b.log_path.read_text(errors="replace"),
+               what="B's log: the replication's chunks written in place by NIXL and verified")
     query = P + prompt(2, 24)
     out_a = a.generate(query, 24)
     out_b = b.generate(query, 24)
