@@ -17,13 +17,16 @@ from sglang_kvrep.dataplane.nixl_transport import NixlTransport, nixl_missing
 from sglang_kvrep.dataplane.registry import check_transport_name, known_transports
 from sglang_kvrep.dataplane.transport import ChunkSent, TransferFailed, TransferReceived, TransferSent
 from sglang_kvrep.dataplane.wire import send_transfer
-from tests.unit.test_transport import FakeCoordinator, Side, StubAgent, chunk, header, payload_of, pump
+from tests.unit.test_transport import (OWN_CONTEXTS, FakeCoordinator, Side, StubAgent, chunk, header,  # noqa: F401
+                                      keydir, payload_of, pump)
 
 
 @pytest.fixture
 def ctx():
     c = zmq.Context()
     yield c
+    while OWN_CONTEXTS:
+        OWN_CONTEXTS.pop().destroy(linger=0)
     c.destroy(linger=0)
 
 
@@ -231,3 +234,30 @@ def test_garbage_in_a_targets_transfer_ready_fails_that_transfer_only(ctx):
     assert len(src.of(TransferFailed)) == 1 and not src.t.ready
     fake.close(0)
     src.t.close()
+
+
+def test_with_keys_the_address_goes_only_to_the_allow_listed_source_and_no_one_speaks_for_another(keydir):
+    def keyed(i):
+        own = zmq.Context()
+        OWN_CONTEXTS.append(own)
+        return Side(own, kind=NixlTransport, keys=str(keydir.path), key_name=f"worker-{i}")
+
+    try:
+        src, dst, other = keyed(0), keyed(1), keyed(2)
+        h = header(source_id="worker-0")
+        payload = payload_of(h)
+        src.t.send(h, dst.t.endpoint, "worker-1")
+        for i in range(h.num_chunks):
+            src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
+        pump([src, dst], lambda: dst.of(TransferReceived))
+        assert torch.equal(dst.of(TransferReceived)[0].incoming.buffer, payload)
+        # an allow-listed worker that claims another's transfer gets no TransferReady (no address, no metadata)
+        other.t.send(header(tid="t2", source_id="worker-0"), dst.t.endpoint, "worker-1")
+        pump([other, dst], lambda: other.of(TransferFailed))
+        assert "is not the worker of this connection's key" in other.of(TransferFailed)[0].error
+        assert not other.t.ready and not other.t.remote
+        for side in (src, dst, other):
+            side.t.close()
+    finally:
+        while OWN_CONTEXTS:
+            OWN_CONTEXTS.pop().destroy(linger=0)
