@@ -48,8 +48,8 @@ from radix_sync import keys as k
 from radix_sync import protocol as p
 from sglang_kvrep.dataplane.staging import Incoming, Outgoing, StagingPool
 from sglang_kvrep.dataplane.transport import Admit, OnEvent, TransferFailed, TransportSettings
-from sglang_kvrep.dataplane.wire import chunk_frames
-from sglang_kvrep.dataplane.zmq_transport import ZmqTransport
+from sglang_kvrep.dataplane.wire import chunk_meta
+from sglang_kvrep.dataplane.zmq_transport import ZmqTransport, is_transport_refusal
 
 log = logging.getLogger("kvrep.agent")
 
@@ -215,7 +215,7 @@ class NixlTransport(ZmqTransport):
 
     def _retry_refused(self, out: Outgoing, msg: p.TransferRefused, sock: zmq.Socket) -> bool:
         h = out.header
-        if h.transport != self.name or not msg.error.startswith(f"transfer over {self.name!r}:") \
+        if h.transport != self.name or not is_transport_refusal(msg.error, self.name) \
                 or out.num_sent or self.peers.get(out.endpoint) is not sock:
             return False
         # a worker of a mixed fleet that runs ZMQ only: nothing of this transfer was written or admitted there, so
@@ -277,7 +277,7 @@ class NixlTransport(ZmqTransport):
         if buffer.numel() * buffer.element_size() != piece * layers:
             raise ValueError(f"chunk {index} is {buffer.numel() * buffer.element_size()} bytes, expected "
                              f"{piece * layers}")
-        meta = chunk_frames(h, index, buffer)[0]
+        meta = p.encode(chunk_meta(h, index, buffer))
         kind, dev = _mem_kind(buffer)
         reg = self.agent.register_memory(buffer)
         write = _Write(h.transfer_id, index, buffer, meta, reg)

@@ -110,8 +110,9 @@ class Incoming:
         layers, num_pages = h.buffer_shape[0], h.num_pages
         return self.buffer.view(layers, num_pages, h.num_bytes // (layers * num_pages))
 
-    def add_chunk(self, chunk: p.TransferChunk, payload: memoryview, now_s: float) -> Optional[str]:
-        """Verify one chunk and stage it. Returns an error message (the transfer is then refused)."""
+    def _span(self, chunk: p.TransferChunk, num_bytes: int) -> tuple[int, int] | str:
+        """The pages [first, first + count) chunk `chunk.index` must carry, or why `chunk` (of `num_bytes` payload
+        bytes) does not fit them."""
         h = self.header
         if not 0 <= chunk.index < h.num_chunks or chunk.index in self.chunks:
             return f"bad or repeated chunk index {chunk.index}"
@@ -119,40 +120,46 @@ class Incoming:
         count = min(h.pages_per_chunk, h.num_pages - first)
         page_bytes = h.num_bytes // h.num_pages
         if chunk.first_page != first or chunk.num_pages != count or chunk.num_bytes != count * page_bytes \
-                or len(payload) != chunk.num_bytes:
+                or num_bytes != chunk.num_bytes:
             return (f"chunk {chunk.index} malformed: pages {chunk.first_page}+{chunk.num_pages}, "
-                    f"{len(payload)} bytes (expected pages {first}+{count}, {count * page_bytes} bytes)")
+                    f"{num_bytes} bytes (expected pages {first}+{count}, {count * page_bytes} bytes)")
+        return first, count
+
+    def _took(self, chunk: p.TransferChunk, now_s: float) -> None:
+        self.chunks.add(chunk.index)
+        self.received_bytes += chunk.num_bytes
+        self.last_progress_s = now_s
+
+    def add_chunk(self, chunk: p.TransferChunk, payload: memoryview, now_s: float) -> Optional[str]:
+        """Verify one chunk and stage it. Returns an error message (the transfer is then refused)."""
+        h = self.header
+        span = self._span(chunk, len(payload))
+        if isinstance(span, str):
+            return span
+        first, count = span
         data = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
         got = payload_checksum(data, h.checksum_kind)
         if got != chunk.checksum:
             return f"checksum mismatch in chunk {chunk.index}: payload {got:#x} != announced {chunk.checksum:#x}"
         view = self._pages_view()
         view[:, first:first + count].copy_(data.view(view.shape[0], count, view.shape[2]))
-        self.chunks.add(chunk.index)
-        self.received_bytes += chunk.num_bytes
-        self.last_progress_s = now_s
+        self._took(chunk, now_s)
         return None
 
     def check_written(self, chunk: p.TransferChunk, now_s: float) -> Optional[str]:
         """A registered-memory transport's chunk: its pages were written in place (each layer's run of pages at
         its spot in the staging buffer) before this announcement came; verify them there. Returns an error
         message (the transfer is then refused)."""
-        h = self.header
-        if not 0 <= chunk.index < h.num_chunks or chunk.index in self.chunks:
-            return f"bad or repeated chunk index {chunk.index}"
-        first = chunk.index * h.pages_per_chunk
-        count = min(h.pages_per_chunk, h.num_pages - first)
-        page_bytes = h.num_bytes // h.num_pages
-        if chunk.first_page != first or chunk.num_pages != count or chunk.num_bytes != count * page_bytes:
-            return (f"chunk {chunk.index} malformed: pages {chunk.first_page}+{chunk.num_pages}, {chunk.num_bytes} "
-                    f"bytes (expected pages {first}+{count}, {count * page_bytes} bytes)")
+        span = self._span(chunk, chunk.num_bytes)
+        if isinstance(span, str):
+            return span
+        first, count = span
         view = self._pages_view()
-        got = pieces_checksum([view[layer, first:first + count] for layer in range(view.shape[0])], h.checksum_kind)
+        got = pieces_checksum([view[layer, first:first + count] for layer in range(view.shape[0])],
+                              self.header.checksum_kind)
         if got != chunk.checksum:
             return f"checksum mismatch in chunk {chunk.index}: written {got:#x} != announced {chunk.checksum:#x}"
-        self.chunks.add(chunk.index)
-        self.received_bytes += chunk.num_bytes
-        self.last_progress_s = now_s
+        self._took(chunk, now_s)
         return None
 
     def finish(self) -> Optional[str]:

@@ -35,14 +35,18 @@ class TokenBucket:
         return (num_bytes - self.tokens) / self.rate
 
 
-def chunk_frames(header: p.TransferHeader, index: int, buffer: torch.Tensor) -> list:
-    """The two frames of chunk `index` (its metadata and its payload, zero-copy), checksummed here."""
+def chunk_meta(header: p.TransferHeader, index: int, buffer: torch.Tensor) -> p.TransferChunk:
+    """Chunk `index`'s `TransferChunk`: its pages, size and the checksum of `buffer` (taken here)."""
     first = index * header.pages_per_chunk
     count = min(header.pages_per_chunk, header.num_pages - first)
-    payload = payload_view(buffer)
-    meta = p.TransferChunk(transfer_id=header.transfer_id, index=index, first_page=first, num_pages=count,
-                           num_bytes=len(payload), checksum=payload_checksum(buffer, header.checksum_kind))
-    return [p.encode(meta), payload]
+    return p.TransferChunk(transfer_id=header.transfer_id, index=index, first_page=first, num_pages=count,
+                           num_bytes=buffer.numel() * buffer.element_size(),
+                           checksum=payload_checksum(buffer, header.checksum_kind))
+
+
+def chunk_frames(header: p.TransferHeader, index: int, buffer: torch.Tensor) -> list:
+    """The two frames of chunk `index` (its metadata and its payload, zero-copy), checksummed here."""
+    return [p.encode(chunk_meta(header, index, buffer)), payload_view(buffer)]
 
 
 def payload_view(buffer: torch.Tensor) -> memoryview:

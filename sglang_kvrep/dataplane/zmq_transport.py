@@ -28,9 +28,13 @@ log = logging.getLogger("kvrep.agent")
 
 
 def transport_refused(transport: str, accepts: tuple[str, ...], name: str) -> str:
-    """The error a target answers a header naming a transport it does not run with (the source matches on its
-    start: "transfer over '<transport>':")."""
+    """The error a target answers a header naming a transport it does not run with (`is_transport_refusal`)."""
     return f"transfer over {transport!r}: this worker's data plane takes {', '.join(accepts)} (--kvrep-transport {name})"
+
+
+def is_transport_refusal(error: str, transport: str) -> bool:
+    """Whether a `TransferRefused.error` is `transport_refused` for `transport` (nothing was admitted)."""
+    return error.startswith(f"transfer over {transport!r}:")
 
 
 class ZmqTransport:

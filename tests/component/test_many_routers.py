@@ -12,7 +12,7 @@ import json
 import pytest
 
 from kvrep_dev.cluster import Coordinator, Router, local_keys
-from tests.component.test_router_process import ACME, KEYS, Agent, call, ids, ready, start_stub
+from tests.component.test_router_process import ACME, KEYS, Agent, call, ids, mirror_synced, ready, start_stub
 from tests.util import wait_until
 
 N_ROUTERS = 4
@@ -71,14 +71,8 @@ class Fleet:
 
     def wait_synced(self):
         """Until every router's mirror of the directory has every change the coordinator has made."""
-        def synced():
-            feed = self.coord.get("/status")[1]["feed"]
-            for r in self.routers:
-                mirror = r.status()["coordinator"]["directory_replica"]
-                if not (mirror["usable"] and (mirror["epoch"], mirror["seq"]) == (feed["epoch"], feed["seq"])):
-                    return False
-            return True
-        wait_until(synced, what="every router's directory mirror in sync with the coordinator")
+        wait_until(lambda: all(mirror_synced(self.coord, r) for r in self.routers),
+                   what="every router's directory mirror in sync with the coordinator")
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,13 @@ def ready(url):
         return False
 
 
+def mirror_synced(coord, router) -> bool:
+    """Whether `router`'s mirror of the directory has every change `coord` has made."""
+    feed = coord.get("/status")[1]["feed"]
+    mirror = router.status()["coordinator"]["directory_replica"]
+    return mirror["usable"] and (mirror["epoch"], mirror["seq"]) == (feed["epoch"], feed["seq"])
+
+
 class Env:
     def __init__(self, tmp):
         self.tmp = tmp
@@ -147,11 +154,8 @@ class Env:
 
     def wait_synced(self):
         """Until the router's mirror of the directory has every change the coordinator has made."""
-        def synced():
-            feed = self.coord.get("/status")[1]["feed"]
-            mirror = self.status()["coordinator"]["directory_replica"]
-            return mirror["usable"] and (mirror["epoch"], mirror["seq"]) == (feed["epoch"], feed["seq"])
-        wait_until(synced, what="router's directory mirror in sync with the coordinator")
+        wait_until(lambda: mirror_synced(self.coord, self.router),
+                   what="router's directory mirror in sync with the coordinator")
 
 
 @pytest.fixture(scope="module")
