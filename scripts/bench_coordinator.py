@@ -229,11 +229,21 @@ class Lookups(threading.Thread):
         self.error_answers: dict[str, int] = {}
         """The failed lookups' answers: status and error, counted."""
         self._done = threading.Event()
+        self._picked = threading.Event()
+
+    def enter(self, phase: str, timeout_s: float = 10.0) -> None:
+        """Start phase `phase` once a lookup is under way in it: a phase shorter than one lookup (a small run's
+        ingest) still has its sample."""
+        self._picked.clear()
+        self.phase = phase
+        if self.is_alive():
+            self._picked.wait(timeout_s)
 
     def run(self) -> None:
         while not self._done.is_set():
             pre = self.prefixes[self.rng.randrange(len(self.prefixes))]
             phase = self.phase
+            self._picked.set()
             t0 = time.perf_counter()
             status, body = http_json(self.coord.admin + "/directory/lookup",
                                      {"page_hashes": pre.hashes, "page_size": self.page_size},
@@ -347,12 +357,12 @@ def run(wl: Workload, num_ticks: int = 8, log_dir: Optional[Path] = None, quiet:
         lookups = Lookups(coord, prefixes, wl.page_size, wl.seed + 2)
         lookups.start()
 
-        lookups.phase = "ingest"
+        lookups.enter("ingest")
         t0 = time.perf_counter()
         send_all(workers, ingest)
         bad = await_barrier(workers, barriers1, timeout_s=600)
         ingest_s = time.perf_counter() - t0
-        lookups.phase = "status"
+        lookups.enter("status")
         t_status = time.perf_counter()
         status = coord.get("/status")[1]
         status_s = time.perf_counter() - t_status
@@ -360,13 +370,13 @@ def run(wl: Workload, num_ticks: int = 8, log_dir: Optional[Path] = None, quiet:
         rss1 = rss_bytes(coord.pid)
         num_pages = status["num_pages"]
 
-        lookups.phase = "demand"
+        lookups.enter("demand")
         t0 = time.perf_counter()
         send_all(workers, demand)
         bad += await_barrier(workers, barriers2, timeout_s=600)
         demand_s = time.perf_counter() - t0
 
-        lookups.phase = "tick"
+        lookups.enter("tick")
         s0, c0 = tick_totals(coord)
         deadline = time.monotonic() + 600
         while True:

@@ -44,6 +44,8 @@ def test_page_size_1_replication_gives_identical_output(cluster, page1):
     c, c2 = page1
     P = prompt(52, 1000)
     c.generate(P, 2)
+    # C's KV events reach the directory after the answer: replicate once the coordinator knows C holds P
+    wait_until(lambda: cluster.lookup(P).get(c.worker_id, 0) == len(P), 10, what="the directory to list C")
     rep = cluster.replicate(c, c2, P, ttl_s=120)
     assert rep["state"] == "done", rep
     assert rep["inserted_len"] == len(P)
