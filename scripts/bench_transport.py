@@ -71,7 +71,9 @@ def config(port: int = 0) -> KvrepConfig:
     return KvrepConfig(data_port=port, staging_bytes=2 << 30, transfer_timeout_s=120.0)
 
 
-def target_main(ports: dict, tcp_port: int, ready, ucx_tls: str) -> None:
+def target_main(names: list, conn, ucx_tls: str) -> None:
+    """The receiving side. Every socket binds a port the kernel picks (a fixed port can be taken on a busy host);
+    the endpoints go back to the parent over `conn`."""
     if ucx_tls:
         os.environ["UCX_TLS"] = ucx_tls
     torch.set_num_threads(1)
@@ -85,11 +87,11 @@ def target_main(ports: dict, tcp_port: int, ready, ucx_tls: str) -> None:
         elif isinstance(ev, TransferFailed):
             print(f"target: {ev}", file=sys.stderr, flush=True)
 
-    transports = [make_transport(name, config(port), lambda h: None, on_event, ctx, poller)
-                  for name, port in ports.items()]
-    lsock = socket.create_server(("127.0.0.1", tcp_port))
+    transports = [make_transport(name, config(), lambda h: None, on_event, ctx, poller) for name in names]
+    lsock = socket.create_server(("127.0.0.1", 0))
     poller.register(lsock.fileno(), zmq.POLLIN)
-    ready.set()
+    conn.send((lsock.getsockname()[1], {t.name: t.endpoint for t in transports}))
+    conn.close()
     raw_buf = None
     wait_s = 0.5
     while True:
@@ -171,15 +173,18 @@ def main() -> int:
         os.environ["UCX_TLS"] = args.ucx_tls
     torch.set_num_threads(1)
     names = args.transports.split(",")
-    ports = {name: 47811 + i for i, name in enumerate(names)}
-    tcp_port = 47810
     mctx = mp.get_context("spawn")
-    ready = mctx.Event()
-    child = mctx.Process(target=target_main, args=(ports, tcp_port, ready, args.ucx_tls), daemon=True)
+    parent_end, child_end = mctx.Pipe(duplex=False)
+    child = mctx.Process(target=target_main, args=(names, child_end, args.ucx_tls), daemon=True)
     child.start()
-    ready.wait(120)
+    child_end.close()
+    try:
+        tcp_port, endpoints = parent_end.recv()  # EOFError at once if the target died before it was ready
+    except EOFError:
+        child.join(10)
+        raise SystemExit(f"the target process ended before it was ready (exit code {child.exitcode})") from None
     ctx = zmq.Context.instance()
-    sources = {name: Source(name, ctx, f"tcp://127.0.0.1:{port}") for name, port in ports.items()}
+    sources = {name: Source(name, ctx, endpoints[name]) for name in names}
     chunk = parse_size(args.chunk_bytes)
     print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
     print(f"{'size':>6} {'raw GB/s':>9} " + " ".join(f"{n + ' GB/s':>10} {'ratio':>6} {'(median)':>8}" for n in names)
