@@ -30,7 +30,8 @@ multi-turn generated-shared-prefix over the chat API, workload `sgl-gsp`), every
 each arm; its per-request TTFTs go into the same tables.
 
 Every live table carries bootstrap intervals (`kvrep_dev.stats`): of each cell's TTFT mean and P99, and of the
-ratios the claims rest on (`CLAIMS`: active/shadow, active/pull, active/smg-ca) over every round's requests pooled.
+ratios the claims rest on (`CLAIMS`: active/shadow, active/pull, active/smg-ca, and the ablation's steps pull/shadow,
+demote/pull, active/demote where those arms ran) over every round's requests pooled.
 """
 from __future__ import annotations
 
@@ -56,8 +57,13 @@ from kvrep_dev.report import bench_progress as _say
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
-SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "active": "kvrep", "smg-rr": "round_robin",
+ARMS = ("shadow", "pull", "demote", "active", "smg-rr", "smg-ca")
+"""The ablation of ours, one part added per arm (routing alone; + copies on the request's path; + demotion of a moved
+session's stale copies; + the predictive planner), then today's router (smg 1.13) in two policies."""
+DEFAULT_ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
+"""`kvrep bench`'s arms unless `--arms` says (`demote` only when asked: one more arm is minutes a round)."""
+SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_pull_demote", "active": "kvrep",
+              "smg-rr": "round_robin",
               "smg-ca": "cache_aware",
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
               "sgl-rr": "round_robin", "sgl-ca": "cache_aware_v03"}
@@ -65,11 +71,11 @@ SMG_POLICY = {"smg-rr": "round_robin", "smg-ca": "cache_aware"}
 """The smg arms -> smg's `--policy`."""
 BASELINE = "smg-ca"
 """The arm every other arm's ratios are against when it ran (else `shadow`)."""
-COORDINATOR_ARM = {"pull": ("none", "active"), "active": ("kvrep", "active")}
+COORDINATOR_ARM = {"pull": ("none", "active"), "demote": ("demote", "active"), "active": ("kvrep", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
 DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
 """`kvrep demo`'s arms: routing alone, reactive copies, predictive + reactive, today's router."""
-PULL_ARMS = ("pull", "active")
+PULL_ARMS = ("pull", "demote", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
 MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
@@ -454,9 +460,11 @@ def format_front_doors(front: list[dict]) -> str:
     return "\n".join(lines)
 
 
-CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE))
+CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
+          ("active", "demote"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
-today's router."""
+today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
+prediction), where both arms ran."""
 
 
 def claim_ratios(rows: list[dict]) -> list[dict]:
@@ -959,7 +967,7 @@ def add_arguments(p, *, demo: bool = False) -> None:
     add_testbed_arguments(p)
     p.add_argument("--workloads", default="agent,fanout" if demo else ",".join(WORKLOADS),
                    help=f"comma-separated, from {', '.join(WORKLOADS)}")
-    p.add_argument("--arms", default=",".join(DEMO_ARMS) if demo else ",".join(ARMS),
+    p.add_argument("--arms", default=",".join(DEMO_ARMS) if demo else ",".join(DEFAULT_ARMS),
                    help=f"comma-separated, from {', '.join(ARMS)}; ARM@N: the arm behind N front doors (ours: N "
                         f"routers on the coordinator's one directory; smg: N gateways), requests spread in turn")
     p.add_argument("--seed", type=int, default=0)

@@ -4,6 +4,8 @@
 through `LivePolicy`; it never switches on a policy's name. Registered, in this order (the order error messages
 list them in):
 - `kvrep`: the predictive planner on the coordinator's state (`LivePlanner`);
+- `demote`: the planner's session tracking and demotion alone, no copies (the ablation step between reactive copies
+  and prediction: `kvrep bench`'s `demote` arm, the simulator's `kvrep_pull_demote`);
 - `rules`: the rule-based baseline (`radix_sync.policy.rules.RuleBasedPolicy`) on the state's rule snapshot;
 - `none`: decides nothing (replication only on the admin API's request).
 
@@ -78,9 +80,28 @@ class NoPolicy:
         return None
 
 
+class DemotePolicy(LivePlanner):
+    """`LivePlanner` without its planner: it follows sessions from the routers' arrivals and finishes exactly as
+    `kvrep` does, and demotes a moved session's stale copies (`LivePlanner.consume`), but decides no copy. With a
+    router that pulls (`kvrep router --pull`) it is the simulator's `kvrep_pull_demote`: reactive copies +
+    demotion, so a results table separates what demotion gives from what prediction gives."""
+
+    name = "demote"
+
+    def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
+        self.consume(state, now_s)
+        self.last_pass = {"candidates": 0, "scored_pairs": 0, "deferred": 0}
+        return []
+
+
 @LIVE_POLICIES.register("kvrep")
 def _kvrep(rules: RuleConfig, profile: str) -> LivePolicy:
     return LivePlanner(profile)
+
+
+@LIVE_POLICIES.register("demote")
+def _demote(rules: RuleConfig, profile: str) -> LivePolicy:
+    return DemotePolicy(profile)
 
 
 @LIVE_POLICIES.register("rules")

@@ -108,8 +108,11 @@ def test_the_pull_arm_runs_the_live_routers_rule_in_the_simulator_too():
     from kvrep_dev.bench import ARMS, COORDINATOR_ARM, PULL_ARMS, SIM_POLICY
 
     # live: the router with --pull and the planner off (pull), or on (active); simulated: the same rule
-    assert COORDINATOR_ARM == {"pull": ("none", "active"), "active": ("kvrep", "active")}
-    assert set(PULL_ARMS) == {"pull", "active"} and SIM_POLICY["pull"] == "kvrep_pull"
+    assert COORDINATOR_ARM == {"pull": ("none", "active"), "demote": ("demote", "active"),
+                               "active": ("kvrep", "active")}
+    assert set(PULL_ARMS) == {"pull", "demote", "active"} and SIM_POLICY["pull"] == "kvrep_pull"
+    assert SIM_POLICY["demote"] == "kvrep_pull_demote" and "demote" in ARMS  # + demotion, no planner
+    assert "demote" not in bench_args().arms.split(",")  # only when asked
     assert "pull" in ARMS and "pull" in bench_args().arms.split(",")
     wl = build_workload("fanout", bench_args())
     result = simulate(copy.deepcopy(wl), "pull", 3, 0)

@@ -72,7 +72,9 @@ def test_claim_ratios_pool_the_rounds_and_pair_within_a_round():
     _ratios(rows)
     _add_cis(rows)
     claims = {(c["num"], c["den"]): c for c in claim_ratios(rows)}
-    assert set(claims) == {("active", "shadow"), ("active", "pull"), ("active", "smg-ca")}
+    # the ablation's step (pull / shadow) is there as its two arms ran; demote's are not (that arm did not run)
+    assert set(claims) == {("active", "shadow"), ("active", "pull"), ("active", "smg-ca"), ("pull", "shadow")}
+    assert claims[("pull", "shadow")]["mean"]["value"] == pytest.approx(2.0)
     a_s = claims[("active", "shadow")]
     assert a_s["rounds"] == 3 and a_s["requests"] == [90, 90]
     assert a_s["mean"]["value"] == pytest.approx(0.5) and a_s["mean"]["median"] == pytest.approx(0.5)

@@ -3,7 +3,7 @@ import pytest
 
 from radix_sync import protocol as p
 from radix_sync.coordinator.live_planner import LiveDecision, LivePlanner
-from radix_sync.coordinator.policies import LIVE_POLICIES, NoPolicy, RulesPolicy
+from radix_sync.coordinator.policies import LIVE_POLICIES, DemotePolicy, NoPolicy, RulesPolicy
 from radix_sync.coordinator.server import POLICIES, CoordinatorConfig
 from radix_sync.coordinator.state import ClusterState
 from radix_sync.hashing import page_hashes
@@ -38,12 +38,13 @@ def hot_state():
 
 
 def test_the_registry_names_every_live_policy_in_the_order_errors_list_them():
-    assert LIVE_POLICIES.names() == ["kvrep", "rules", "none"] and POLICIES == ("kvrep", "rules", "none")
-    assert [type(make(n)) for n in POLICIES] == [LivePlanner, RulesPolicy, NoPolicy]
+    assert LIVE_POLICIES.names() == ["kvrep", "demote", "rules", "none"]
+    assert POLICIES == ("kvrep", "demote", "rules", "none")
+    assert [type(make(n)) for n in POLICIES] == [LivePlanner, DemotePolicy, RulesPolicy, NoPolicy]
     assert [make(n).name for n in POLICIES] == list(POLICIES)
     with pytest.raises(ValueError, match="unknown policy 'lru'"):
         make("lru")
-    with pytest.raises(ValueError, match="choose one of kvrep, rules, none"):
+    with pytest.raises(ValueError, match="choose one of kvrep, demote, rules, none"):
         CoordinatorConfig(policy="lru")
 
 
@@ -53,7 +54,7 @@ def test_every_live_policy_answers_the_one_interface(name):
     policy = make(name)
     assert isinstance(policy.decide(st, 1.0), list)
     assert policy.take_demotions() == [] and isinstance(policy.hint_outcomes, dict)
-    assert (policy.session_stats() is None) == (name != "kvrep")
+    assert (policy.session_stats() is None) == (name not in ("kvrep", "demote"))
 
 
 def test_the_rules_policy_decides_on_the_states_rule_snapshot():
@@ -62,3 +63,26 @@ def test_the_rules_policy_decides_on_the_states_rule_snapshot():
     assert [(d.source, d.target, d.block_hash, d.prefix_len) for d in expected] == [("a", "b", block_hash, 256)]
     assert make("rules").decide(st, 1.0) == [LiveDecision("a", "b", "", block_hash, 256, 30.0, 0.0)]
     assert make("none").decide(st, 1.0) == []
+
+
+def test_the_demote_policy_demotes_a_moved_sessions_copy_and_copies_nothing():
+    """`demote` is `kvrep` without its planner: the same session tracking and demotion (a finished turn's next turn
+    routed to b, which holds all of it, demotes a's copy), and never a copy, even where `kvrep` makes one."""
+    def run(name):
+        st, _ = hot_state()
+        tokens = list(range(100, 356))
+        hashes = page_hashes(tokens, PS)
+        st.handle(b"B", p.PagesStored(worker_id="b", seq=1, namespace="", blocks=[
+            p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+            for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]), 0.6)
+        policy = make(name)
+        st.record_demand([], [{"input_ids": tokens, "worker": "a", "stop": "tool_use", "class": "acme"}], 1.0)
+        policy.decide(st, 1.0)
+        st.record_arrival({"input_ids": tokens + [7] * 40, "worker": "b", "class": "acme"}, 2.0)
+        return policy.decide(st, 2.2), policy.take_demotions(), policy.session_stats()["followups"]
+
+    copies, demotions, followups = run("demote")
+    assert copies == [] and demotions == [("a", "", page_hashes(list(range(100, 356)), PS)[-1])] and followups == 1
+    assert run("kvrep")[1:] == (demotions, 1)  # the same demotion as the whole planner's
+    st, block_hash = hot_state()  # a's prefix hot and a busy: `kvrep` copies it, `demote` does not
+    assert [d.block_hash for d in make("kvrep").decide(st, 1.0)] == [block_hash] and make("demote").decide(st, 1.0) == []
