@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
+import torch
 
 from kvrep_kernels import scatter_pages, slots_to_page_ids
+from sglang_kvrep.device import CopyOps, SyncOps
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.dataplane.checks import DTYPES
 from sglang_kvrep.dataplane.staging import Incoming
@@ -44,28 +46,56 @@ class InstallResult:
     insert_s: float
 
 
+@dataclass
+class PendingInstall:
+    """A transfer being written into the pool on the copy stream: its slots are allocated (counted against the
+    replica budget) and not in the tree until the copy's event is done."""
+
+    inc: Incoming
+    slots: torch.Tensor
+    expires_at_s: float
+    priority: int
+    started_s: float
+    slots_host: torch.Tensor
+    event: Any
+    """Phase 1: the slots' copy to the host and the payload's upload; phase 2 (`scattered`): the scatter."""
+    device_buffer: Optional[torch.Tensor] = None
+    scattered: bool = False
+    scatter_s: float = 0.0
+
+
 class ReplicaTable:
-    def __init__(self, view: SchedulerView, budget_tokens: int, clock=time.monotonic) -> None:
+    def __init__(self, view: SchedulerView, budget_tokens: int, clock=time.monotonic,
+                 ops: Optional[CopyOps] = None) -> None:
         self.view = view
         self.budget_tokens = budget_tokens
         self.clock = clock
+        self.ops: CopyOps = ops if ops is not None else SyncOps()
         self._t0 = clock()
         self.replicas: dict[str, Replica] = {}
+        self.pending: dict[str, PendingInstall] = {}
+        """Installs on the copy stream, by transfer id (their tokens count against the budget)."""
 
     def live_tokens(self) -> int:
-        return sum(r.inserted_len for r in self.replicas.values() if not r.promoted)
+        return (sum(r.inserted_len for r in self.replicas.values() if not r.promoted)
+                + sum(len(x.inc.header.token_ids) for x in self.pending.values()))
 
     def free_tokens(self) -> int:
         return max(0, self.budget_tokens - self.live_tokens())
 
-    def install(self, inc: Incoming) -> InstallResult:
-        """Allocate, scatter, insert. On any failure nothing stays allocated and the tree is unchanged.
+    def install(self, inc: Incoming) -> Optional[InstallResult]:
+        """Allocate, then on the copy stream: fence behind the forward stream (slots just freed may still take a
+        late forward write), upload the payload, scatter; insert into the tree once that is done. On any failure
+        nothing stays allocated and the tree is unchanged.
 
+        Returns:
+            the result when the install is over now (always with synchronous copies, a CPU pool); None while it
+            runs on the copy stream (`poll` finishes it).
         Raises:
             RuntimeError / ValueError with the reason (budget, out of memory, bad buffer).
         """
         h = inc.header
-        view = self.view
+        view, ops = self.view, self.ops
         n = len(h.token_ids)
         if n > self.free_tokens():
             raise RuntimeError(f"replica budget exceeded: {n} tokens > {self.free_tokens()} free")
@@ -77,21 +107,71 @@ class ReplicaTable:
         t0 = time.perf_counter()
         slots = view.alloc_slots(n)
         try:
-            k_bufs, v_bufs, layout = view.kv_buffers()
             buffer = inc.buffer.view(DTYPES[h.dtype]).view(h.buffer_shape)
-            scatter_pages(buffer, k_bufs, v_bufs, slots_to_page_ids(slots, h.page_size), h.page_size,
-                          layout=layout)
-            t1 = time.perf_counter()
-            already = view.insert(h.token_ids, h.namespace, slots, priority)
+            slots_c = slots.contiguous()
+            slots_host = ops.host_buffer(slots_c.numel() * slots_c.element_size()).view(slots_c.dtype)
+            with ops.stream():
+                ops.to_host(slots_c, slots_host)  # (a GPU allocator's slots are on the device)
+                device_buffer = ops.to_device(buffer)
+                event = ops.record()
+            job = PendingInstall(inc, slots, expires_at, priority, t0, slots_host, event, device_buffer)
+            if not ops.is_async:
+                self._step(job)
+                return self._step(job)
         except BaseException:
             view.free_slots(slots)
             raise
-        t2 = time.perf_counter()
-        inserted = n - already
+        self.pending[h.transfer_id] = job
+        return None
+
+    def _step(self, job: PendingInstall) -> Optional[InstallResult]:
+        """Moves an install on once its event is done: scatter (phase 1 done), insert (phase 2 done). Raises as
+        `install` (the caller frees the slots)."""
+        if not job.event.query():
+            return None
+        h, ops, view = job.inc.header, self.ops, self.view
+        if not job.scattered:
+            k_bufs, v_bufs, layout = view.kv_buffers()
+            with ops.stream():
+                ops.fence()
+                scatter_pages(job.device_buffer, k_bufs, v_bufs, slots_to_page_ids(job.slots_host, h.page_size),
+                              h.page_size, layout=layout)
+                job.event = ops.record()
+            job.scattered = True
+            return None
+        t1 = time.perf_counter()
+        job.scatter_s = t1 - job.started_s
+        already = view.insert(h.token_ids, h.namespace, job.slots, job.priority)
+        inserted = len(h.token_ids) - already
         if inserted > 0:
             self.replicas[h.replication_id] = Replica(h.replication_id, h.namespace, list(h.token_ids), inserted,
-                                                      expires_at, priority)
-        return InstallResult(inserted, t1 - t0, t2 - t1)
+                                                      job.expires_at_s, job.priority)
+        return InstallResult(inserted, job.scatter_s, time.perf_counter() - t1)
+
+    def poll(self) -> list[tuple[Incoming, "InstallResult | Exception"]]:
+        """Moves the installs on the copy stream on. Returns: those that ended (a failure's slots are freed)."""
+        out = []
+        for tid, job in list(self.pending.items()):
+            try:
+                res = self._step(job)
+                if res is None and job.scattered:  # a scatter issued just now may be done already
+                    res = self._step(job)
+            except Exception as exc:
+                self.view.free_slots(job.slots)
+                del self.pending[tid]
+                out.append((job.inc, exc))
+                continue
+            if res is not None:
+                del self.pending[tid]
+                out.append((job.inc, res))
+        return out
+
+    def abandon_pending(self) -> list[Incoming]:
+        """Forgets the installs on the copy stream (the pool was reset: a weight update's flush); their slots went
+        with it. Returns: their transfers (to be answered failed)."""
+        out = [job.inc for job in self.pending.values()]
+        self.pending.clear()
+        return out
 
     def promote(self, replication_id: str) -> bool:
         r = self.replicas.get(replication_id)

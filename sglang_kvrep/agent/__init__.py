@@ -2,7 +2,7 @@
 only through a typed mailbox.
 
     scheduler thread: WorkerAgent            Mailbox                  I/O thread: IoSide
-    (scheduler_side.py)                      (mailbox.py)             (io_side.py)
+    (scheduler_side.py, source_side.py)      (mailbox.py)             (io_side.py)
     ---------------------------              -------                  ------------------
     on_iteration: run commands     <---  Replicate, Install,     <--- coordinator: hello, facts (seq numbers),
                   expire replicas          Promote, Demote, Drop        resync, grants (ExpectReplica)
@@ -14,7 +14,9 @@ only through a typed mailbox.
                                            ReplicaRoom, Stop
 
 One rule: the scheduler thread alone touches the radix tree, the allocator and the KV pool (between SGLang
-iterations); the I/O thread alone touches sockets. `start_agent` wires the two (the plugin calls it in the
+iterations; on a GPU its copies run on the agent's own stream, fenced behind SGLang's forward stream and polled
+by event, never waited for: `sglang_kvrep.device`); the I/O thread alone touches sockets and only host memory
+whose copy is done. `start_agent` wires the two (the plugin calls it in the
 scheduler process).
 """
 from __future__ import annotations

@@ -12,16 +12,14 @@ import threading
 import time
 import uuid
 from array import array
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import torch
-
-from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
 from radix_sync import kv_hints
 from radix_sync import protocol as p
 from sglang_kvrep import compat, events, fingerprint
 from sglang_kvrep.agent import mailbox as m
+from sglang_kvrep.agent.source_side import SourceSide
+from sglang_kvrep.device import CopyOps, make_ops
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.config import KvrepConfig
 from sglang_kvrep.dataplane.checks import LocalGeometry, finite_s
@@ -32,29 +30,24 @@ log = logging.getLogger("kvrep.agent")
 MAX_ERRORS = 20
 MAX_COMMANDS = 64
 """Commands run per iteration at most (the rest wait for the next one)."""
-MAX_AHEAD = 4
-"""Chunks a source gathers ahead of what the I/O thread has sent (bounds memory under a bandwidth cap)."""
-GATHER_SLICE_S = 0.005
-"""Scheduler-thread time a source spends gathering per iteration."""
 START_TIMEOUT_S = 10.0
 """How long `start` waits for the I/O side to say it is up."""
 
 
-@dataclass
-class _GatherJob:
-    header: p.TransferHeader
-    page_ids: torch.Tensor
-    lock: Any
-    next_chunk: int = 0
-
-
-class WorkerAgent:
+class WorkerAgent(SourceSide):
     """The scheduler side of one worker's agent. Scheduler thread only."""
 
-    def __init__(self, view: SchedulerView, config: KvrepConfig, mailbox: Optional[m.Mailbox] = None) -> None:
+    def __init__(self, view: SchedulerView, config: KvrepConfig, mailbox: Optional[m.Mailbox] = None,
+                 ops: Optional[CopyOps] = None) -> None:
+        """`ops`: how copies are ordered against SGLang's device work (`sglang_kvrep.device`; default: the
+        pool's device's, fenced behind SGLang's forward stream)."""
         self.view = view
         self.config = config
         self.mailbox = mailbox if mailbox is not None else m.Mailbox()
+        if ops is None:
+            forward = view.forward_stream() if hasattr(view, "forward_stream") else None
+            ops = make_ops(view.kv_buffers()[0][0].device, forward)
+        self.ops = ops
         self.page_size = view.page_size
         t0 = time.perf_counter()
         self._set_fingerprint(view.fingerprint_fields())
@@ -62,7 +55,9 @@ class WorkerAgent:
                  time.perf_counter() - t0)
         capacity = view.pool_capacity_tokens()
         self.vocab_size = int(view.vocab_size()) if hasattr(view, "vocab_size") else 0
-        self.replicas = ReplicaTable(view, config.replica_budget_tokens or capacity // 4)
+        self.replicas = ReplicaTable(view, config.replica_budget_tokens or capacity // 4, ops=self.ops)
+        self._installing: dict[str, list[int]] = {}
+        """Block hashes of the installs still on the copy stream, by transfer id."""
         self.capacity = capacity
         self._free_replica_tokens = self.replicas.free_tokens()  # last value told to the I/O side
         self.gathers: dict[str, _GatherJob] = {}
@@ -91,8 +86,13 @@ class WorkerAgent:
         self.fingerprint_fields = fields
         self.fingerprint = fingerprint.digest(fields)
         k_bufs, v_bufs, layout = self.view.kv_buffers()
-        row_shape = tuple(k_bufs[0].shape[1:])  # (H, D) for NHD pools
-        page_shape = (2, self.page_size, *row_shape) if v_bufs is not None else (self.page_size, *row_shape)
+        ps = self.page_size
+        if layout == "HND":  # pool (num_pages, H, ps, D) (SGLANG_USE_HND_KVCACHE): pages travel as (2, H, ps, D)
+            _, heads, _, dim = k_bufs[0].shape
+            page_shape: tuple[int, ...] = (2, heads, ps, dim)
+        else:  # pool rows (tokens, H, D): pages travel as (2, ps, H, D), MLA's as (ps, 1, D)
+            heads, dim = k_bufs[0].shape[1:]
+            page_shape = (2, ps, heads, dim) if v_bufs is not None else (ps, heads, dim)
         self.geometry = LocalGeometry(self.fingerprint, self.page_size, str(k_bufs[0].dtype), layout, page_shape,
                                       len(k_bufs), k_bufs[0].element_size())
 
@@ -159,6 +159,8 @@ class WorkerAgent:
             self._on_message(msg)
         if self.gathers:
             self._pump_gathers()
+        if self.replicas.pending:
+            self._poll_installs()
         # NOTE: the pages the previous iteration cached (a prefill just done) reach the coordinator now, while the
         # request decodes, not when its answer is done: a fan-out's copies can start before its branches arrive
         self.view.flush_kv_events()
@@ -238,6 +240,11 @@ class WorkerAgent:
             self.gathers.pop(tid, None)
             self.sent_chunks.pop(tid, None)
         self.cancelled.clear()
+        # installs still on the copy stream carry KV of the old weights: never inserted (their slots went with the
+        # update's flush of the pool)
+        for inc in self.replicas.abandon_pending():
+            self._installing.pop(inc.header.transfer_id, None)
+            self.to_io(m.InstallFailed(inc, "the worker's weights were updated during the install"))
         old = self.fingerprint
         if update.succeeded and update.kind == "disk" and update.model_path:
             fields = self.view.fingerprint_fields(model_path=update.model_path)
@@ -315,88 +322,27 @@ class WorkerAgent:
         self._report(p.ReplicationFailed(worker_id=self.config.worker_id, seq=0, replication_id=replication_id,
                                          role=role, error=error))
 
-    def _replicate(self, cmd: p.ReplicatePages) -> None:
-        """Source side: lock the cached prefix and start a gather job; chunks are gathered over the next
-        iterations (a bounded slice each) while the I/O thread sends the ones already gathered."""
-        if self.config.shadow:
-            return self._fail(cmd.replication_id, "source", "worker is in shadow mode")
-        if cmd.target_fingerprint != self.fingerprint:
-            return self._fail(cmd.replication_id, "source", "target fingerprint differs from the source's")
-        ps = self.page_size
-        n = len(cmd.token_ids) // ps * ps
-        matched, node = self.view.match(cmd.token_ids[:n], cmd.namespace)
-        matched = matched // ps * ps
-        if matched < ps:
-            return self._fail(cmd.replication_id, "source", f"prefix not cached here (0 of {n} tokens)")
-        lock = self.view.lock(node)
-        try:
-            page_ids = slots_to_page_ids(self.view.path_slots(node)[:matched], ps).cpu()
-        except Exception:
-            self.view.unlock(lock)
-            raise
-        geo = self.geometry
-        num_pages = len(page_ids)
-        page_bytes = geo.num_bytes(1)
-        per_chunk = max(1, self.config.chunk_bytes // page_bytes)
-        k_bufs = self.view.kv_buffers()[0]
-        header = p.TransferHeader(
-            transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
-            source_id=self.config.worker_id, fingerprint=self.fingerprint, namespace=cmd.namespace,
-            token_ids=list(cmd.token_ids[:matched]), page_size=ps, num_pages=num_pages, dtype=geo.dtype,
-            layout=geo.layout, buffer_shape=geo.buffer_shape(num_pages), num_bytes=geo.num_bytes(num_pages),
-            pages_per_chunk=per_chunk, num_chunks=-(-num_pages // per_chunk),
-            checksum_kind=default_kind(k_bufs[0]), ttl_s=cmd.ttl_s)
-        self.gathers[header.transfer_id] = _GatherJob(header, page_ids, lock)
-        self.to_io(m.StartSend(header, cmd.target_endpoint))
-        self._pump_gathers()
-
-    def _pump_gathers(self) -> None:
-        """Gather the next chunks of running jobs: at most `MAX_AHEAD` ahead of what was sent, and at most
-        `GATHER_SLICE_S` of scheduler time per iteration, so a long prefix never stalls SGLang's loop."""
-        deadline = time.perf_counter() + GATHER_SLICE_S
-        self.cancelled.intersection_update(self.gathers)  # forget refusals of jobs that already ended
-        for tid, job in list(self.gathers.items()):
-            if tid in self.cancelled:
-                self._end_gather(tid, job)
-                continue
-            h = job.header
-            while job.next_chunk < h.num_chunks and job.next_chunk - self.sent_chunks.get(tid, 0) < MAX_AHEAD:
-                if time.perf_counter() > deadline:
-                    return
-                t0 = time.perf_counter()
-                first = job.next_chunk * h.pages_per_chunk
-                try:
-                    k_bufs, v_bufs, layout = self.view.kv_buffers()
-                    buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
-                                          layout=layout)
-                    # NOTE: the I/O thread reads the payload as host memory (`wire.payload_view`): a device buffer is
-                    # copied to the host here, on this thread (a blocking copy for now; issue 18 item 1 makes it async)
-                    if buffer.device.type != "cpu":
-                        buffer = buffer.cpu()
-                except Exception as exc:  # release the prefix, end the transfer, report it failed; keep serving
-                    log.exception("kvrep: gathering chunk %d of transfer %s failed", job.next_chunk, tid)
-                    self._end_gather(tid, job)
-                    self.to_io(m.GatherFailed(tid, f"gather of chunk {job.next_chunk} failed: {exc!r}"))
-                    break
-                self.to_io(m.ChunkGathered(tid, job.next_chunk, buffer, time.perf_counter() - t0))
-                job.next_chunk += 1
-            if tid in self.gathers and job.next_chunk == h.num_chunks:
-                self._end_gather(tid, job)
-
-    def _end_gather(self, tid: str, job: "_GatherJob") -> None:
-        self.view.unlock(job.lock)
-        del self.gathers[tid]
-        self.cancelled.discard(tid)
-        self.sent_chunks.pop(tid, None)
-
     def _install(self, inc: Incoming, block_hashes: list[int]) -> None:
         try:
             res = self.replicas.install(inc)
         except Exception as exc:  # budget, OOM, bad buffer: nothing was written or kept
             self.to_io(m.InstallFailed(inc, f"install failed: {exc}"))
             return
+        if res is None:  # on the copy stream: `_poll_installs` answers once it is in the tree
+            self._installing[inc.header.transfer_id] = block_hashes
+        else:
+            self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
         self._room_changed()
-        self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
+
+    def _poll_installs(self) -> None:
+        for inc, res in self.replicas.poll():
+            block_hashes = self._installing.pop(inc.header.transfer_id, [])
+            if isinstance(res, Exception):
+                log.warning("kvrep: install of transfer %s failed: %r", inc.header.transfer_id, res)
+                self.to_io(m.InstallFailed(inc, f"install failed: {res}"))
+            else:
+                self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
+            self._room_changed()
 
     def _report_kv_hints(self, hit: compat.RequestMatch) -> None:
         """kvrep's actions in the request's `kv_hints` envelope (`radix_sync.kv_hints`) go to the coordinator as

@@ -192,6 +192,12 @@ class SchedulerView:
             poller.register(socket, 1)  # zmq.POLLIN
 
     # ------------------------------------------------------------------------------------------------ pool
+    def forward_stream(self) -> Any:
+        """SGLang's forward stream (the model runner's: the forwards of overlap scheduling run on it, and HiCache
+        fences its copies behind it, `scheduler.py` ~616-624); None where the runner has none."""
+        runner = getattr(getattr(self.scheduler, "tp_worker", None), "model_runner", None)
+        return getattr(runner, "forward_stream", None)
+
     def kv_buffers(self) -> tuple[list[torch.Tensor], Optional[list[torch.Tensor]], str]:
         """(K buffers, V buffers or None for MLA, layout "NHD"|"HND")."""
         pool = self.pool

@@ -141,7 +141,7 @@ def posted(agent, kind):
 
 
 def test_a_source_gathers_ahead_of_the_wire_and_stops_when_the_transfer_is_cancelled(monkeypatch):
-    monkeypatch.setattr("sglang_kvrep.agent.scheduler_side.GATHER_SLICE_S", 3600.0)  # no time slicing here
+    monkeypatch.setattr("sglang_kvrep.agent.source_side.GATHER_SLICE_S", 3600.0)  # no time slicing here
     view = SourceView()
     agent = WorkerAgent(view, KvrepConfig(worker_id="w", chunk_bytes=4096, load_interval_s=3600.0))  # 1 page a chunk
     cmd = p.ReplicatePages(replication_id="r1", auth_token="t", token_ids=list(range(256)), namespace="",
@@ -183,10 +183,10 @@ def test_progress_reports_do_not_count_against_the_per_iteration_command_budget(
 def test_a_failed_gather_releases_the_lock_and_ends_the_transfer(monkeypatch, failure):
     """A chunk whose gather (or its copy to the host) fails: the prefix's lock is released, the I/O side is told
     to end the transfer (it reports it failed), nothing more is gathered, and the agent keeps serving."""
-    from sglang_kvrep.agent import scheduler_side
+    from sglang_kvrep.agent import source_side
 
-    monkeypatch.setattr(scheduler_side, "GATHER_SLICE_S", 3600.0)
-    real, calls = scheduler_side.gather_pages, []
+    monkeypatch.setattr(source_side, "GATHER_SLICE_S", 3600.0)
+    real, calls = source_side.gather_pages, []
 
     def flaky(*args, **kw):
         calls.append(1)
@@ -197,7 +197,7 @@ def test_a_failed_gather_releases_the_lock_and_ends_the_transfer(monkeypatch, fa
             return buf.to("meta")  # a buffer off the host whose copy to the host fails
         return buf
 
-    monkeypatch.setattr(scheduler_side, "gather_pages", flaky)
+    monkeypatch.setattr(source_side, "gather_pages", flaky)
     view = SourceView()
     agent = WorkerAgent(view, KvrepConfig(worker_id="w", chunk_bytes=4096, load_interval_s=3600.0))
     cmd = p.ReplicatePages(replication_id="r1", auth_token="t", token_ids=list(range(256)), namespace="",

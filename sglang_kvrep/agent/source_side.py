@@ -1,0 +1,185 @@
+"""The source side of a replication, on SGLang's scheduler thread: lock the cached prefix, gather its pages chunk by
+chunk on the agent's copy stream (`sglang_kvrep.device`), hand finished host memory to the I/O side, release the
+prefix when every copy is done. A mixin of `sglang_kvrep.agent.scheduler_side.WorkerAgent` (its state is the
+agent's: `gathers`, `sent_chunks`, `cancelled`, `view`, `ops`, `config`)."""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
+from radix_sync import protocol as p
+from sglang_kvrep.agent import mailbox as m
+
+log = logging.getLogger("kvrep.agent")
+MAX_AHEAD = 4
+"""Chunks a source gathers ahead of what the I/O thread has sent (bounds memory under a bandwidth cap)."""
+GATHER_SLICE_S = 0.005
+"""Scheduler-thread time a source spends gathering per iteration."""
+
+
+@dataclass
+class _GatherJob:
+    header: p.TransferHeader
+    page_ids: Optional[torch.Tensor]
+    """CPU page ids of the prefix, root first (None until `ids_ready`: the slots come to the host first)."""
+    lock: Any
+    next_chunk: int = 0
+    slots_host: Optional[torch.Tensor] = None
+    ids_ready: Any = None
+    """The copy event of the prefix's slots to the host (a GPU pool's slots live on the device)."""
+    pending: "collections.deque[_Pending]" = field(default_factory=collections.deque)
+    """Chunks issued on the copy stream, oldest first, not handed to the I/O side yet."""
+    ending: Optional[str] = None
+    """Why the job ends ("cancelled", an error) once its copies in flight are done (its lock held until then)."""
+
+
+@dataclass
+class _Pending:
+    index: int
+    host: torch.Tensor
+    event: Any
+    started_s: float
+    keep: Any = None
+    """The device buffer the host copy reads (alive until the event is done)."""
+
+
+class SourceSide:
+    """The gather jobs of a `WorkerAgent` (scheduler thread only)."""
+
+    def _replicate(self, cmd: p.ReplicatePages) -> None:
+        """Source side: lock the cached prefix and start a gather job; chunks are gathered over the next
+        iterations (a bounded slice each) while the I/O thread sends the ones already gathered."""
+        if self.config.shadow:
+            return self._fail(cmd.replication_id, "source", "worker is in shadow mode")
+        if cmd.target_fingerprint != self.fingerprint:
+            return self._fail(cmd.replication_id, "source", "target fingerprint differs from the source's")
+        ps = self.page_size
+        n = len(cmd.token_ids) // ps * ps
+        matched, node = self.view.match(cmd.token_ids[:n], cmd.namespace)
+        matched = matched // ps * ps
+        if matched < ps:
+            return self._fail(cmd.replication_id, "source", f"prefix not cached here (0 of {n} tokens)")
+        lock = self.view.lock(node)
+        ops = self.ops
+        try:
+            # NOTE: a GPU pool's slots live on the device: they come to the host on the copy stream (no wait on
+            # the scheduler thread for the forward in progress); the job gathers once they are there
+            slots = self.view.path_slots(node)[:matched].contiguous()
+            slots_host = ops.host_buffer(slots.numel() * slots.element_size()).view(slots.dtype)
+            with ops.stream():
+                ops.to_host(slots, slots_host)
+                ids_ready = ops.record()
+        except Exception:
+            self.view.unlock(lock)
+            raise
+        geo = self.geometry
+        num_pages = matched // ps
+        page_bytes = geo.num_bytes(1)
+        per_chunk = max(1, self.config.chunk_bytes // page_bytes)
+        k_bufs = self.view.kv_buffers()[0]
+        header = p.TransferHeader(
+            transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
+            source_id=self.config.worker_id, fingerprint=self.fingerprint, namespace=cmd.namespace,
+            token_ids=list(cmd.token_ids[:matched]), page_size=ps, num_pages=num_pages, dtype=geo.dtype,
+            layout=geo.layout, buffer_shape=geo.buffer_shape(num_pages), num_bytes=geo.num_bytes(num_pages),
+            pages_per_chunk=per_chunk, num_chunks=-(-num_pages // per_chunk),
+            checksum_kind=default_kind(k_bufs[0]), ttl_s=cmd.ttl_s)
+        self.gathers[header.transfer_id] = _GatherJob(header, None, lock, slots_host=slots_host, ids_ready=ids_ready)
+        self.to_io(m.StartSend(header, cmd.target_endpoint))
+        self._pump_gathers()
+
+    def _pump_gathers(self) -> None:
+        """Gather the next chunks of running jobs: at most `MAX_AHEAD` ahead of what was sent, and at most
+        `GATHER_SLICE_S` of scheduler time per iteration, so a long prefix never stalls SGLang's loop.
+
+        Each chunk: on the copy stream, after a fence behind the forward stream, a gather into a device buffer and
+        one asynchronous copy into host memory, then an event. The I/O side gets the host buffer (and checksums
+        it) only once its event is done, in order; the prefix stays locked until every copy of the job is done,
+        also when the job ends early (cancelled, failed)."""
+        deadline = time.perf_counter() + GATHER_SLICE_S
+        self.cancelled.intersection_update(self.gathers)  # forget refusals of jobs that already ended
+        for tid, job in list(self.gathers.items()):
+            if tid in self.cancelled and job.ending is None:
+                job.ending = "cancelled"
+            if not self._hand_over(tid, job):
+                continue
+            h = job.header
+            if job.page_ids is None:
+                if not job.ids_ready.query():
+                    continue
+                try:
+                    job.page_ids = slots_to_page_ids(job.slots_host, h.page_size)
+                except Exception as exc:
+                    log.exception("kvrep: the slots of transfer %s are not whole pages", tid)
+                    job.ending = f"bad slots: {exc!r}"
+                    self._hand_over(tid, job)
+                    continue
+            while job.ending is None and job.next_chunk < h.num_chunks \
+                    and job.next_chunk - self.sent_chunks.get(tid, 0) < MAX_AHEAD:
+                if time.perf_counter() > deadline:
+                    return
+                if not self._issue_chunk(tid, job):
+                    break
+                self._hand_done(tid, job)
+            self._hand_over(tid, job)
+
+    def _issue_chunk(self, tid: str, job: "_GatherJob") -> bool:
+        """Issues the job's next chunk on the copy stream. False (the job ending) when that failed."""
+        h, ops = job.header, self.ops
+        t0 = time.perf_counter()
+        first = job.next_chunk * h.pages_per_chunk
+        try:
+            k_bufs, v_bufs, layout = self.view.kv_buffers()
+            with ops.stream():
+                ops.fence()
+                buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
+                                      layout=layout)
+                if buffer.device.type == "cpu" and not ops.is_async:
+                    host, keep = buffer, None  # (a CPU pool: the gathered buffer is the host buffer)
+                else:
+                    host = ops.host_buffer(buffer.numel() * buffer.element_size())
+                    ops.to_host(buffer, host)
+                    host, keep = host.view(buffer.dtype).view(buffer.shape), buffer
+                event = ops.record()
+        except Exception as exc:  # release the prefix, end the transfer, report it failed; keep serving
+            log.exception("kvrep: gathering chunk %d of transfer %s failed", job.next_chunk, tid)
+            job.ending = f"gather of chunk {job.next_chunk} failed: {exc!r}"
+            return False
+        job.pending.append(_Pending(job.next_chunk, host, event, t0, keep))
+        job.next_chunk += 1
+        return True
+
+    def _hand_done(self, tid: str, job: "_GatherJob") -> None:
+        """The job's chunks whose copies are done go to the I/O side, in order (none once the job is ending)."""
+        while job.pending and job.pending[0].event.query():
+            done = job.pending.popleft()
+            if job.ending is None:
+                self.to_io(m.ChunkGathered(tid, done.index, done.host, time.perf_counter() - done.started_s))
+
+    def _hand_over(self, tid: str, job: "_GatherJob") -> bool:
+        """Hands the job's finished chunks to the I/O side, in order; ends the job when it is over and its copies
+        are done (the lock released, a failure reported once). Returns: whether the job runs on."""
+        self._hand_done(tid, job)
+        finished = job.ending is None and job.page_ids is not None and job.next_chunk == job.header.num_chunks
+        if not (finished or job.ending is not None) or job.pending:
+            return job.ending is None and not finished
+        if job.ending is not None and job.ids_ready is not None and job.page_ids is None \
+                and not job.ids_ready.query():
+            return False  # (the slots' copy to the host still reads the tree's slots)
+        self._end_gather(tid, job)
+        if job.ending not in (None, "cancelled"):
+            self.to_io(m.GatherFailed(tid, job.ending))
+        return False
+
+    def _end_gather(self, tid: str, job: "_GatherJob") -> None:
+        self.view.unlock(job.lock)
+        del self.gathers[tid]
+        self.cancelled.discard(tid)
+        self.sent_chunks.pop(tid, None)

@@ -1,0 +1,142 @@
+"""How the worker agent orders its copies against SGLang's own device work: `CopyOps`, one per worker.
+
+The agent copies KV pages on SGLang's scheduler thread, between iterations, while the forward of the next
+iteration may already run (overlap scheduling). On a GPU that is two streams: SGLang's forward stream and the
+agent's own copy stream. The rules, as SGLang keeps them for its own KV copies (HiCache's `cache_controller.py`
+waits on the forward stream before a device-to-host write and before a load into reclaimed pages;
+`disaggregation/prefill.py` records an event before early sends):
+
+- **fence**: before the copy stream reads pages (a source's gather: a forward may still be writing a cached
+  prefix's last token) or writes pages (a target's scatter into slots just freed: a late forward write may still
+  land there), it waits for everything queued on the forward stream so far. Later forwards still overlap.
+- **record / query**: the copy's end is an event on the copy stream; the scheduler thread never waits on it, it
+  asks (`done()`) at the next iteration. Until then the pages stay locked (source) or out of the tree (target),
+  and the host memory stays with the copy.
+- **host memory**: a gathered chunk goes device -> host in one asynchronous copy into pinned memory; the I/O
+  thread gets it (and checksums it) only once its event is done. A target uploads its (pinned) staging buffer
+  asynchronously and scatters it on the copy stream.
+
+`SyncOps` is the CPU pool's: every copy is done when issued (what runs in CI and on CPU SGLang). `CudaOps` is the
+GPU's. Tests inject their own `CopyOps` (an asynchronous fake that runs queued work only when told) to check the
+ordering itself on the CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Optional, Protocol
+
+import torch
+
+
+class CopyEvent(Protocol):
+    def query(self) -> bool:
+        """Is all the work issued before the event done? Never blocks."""
+
+
+class CopyOps(Protocol):
+    """The agent's copy stream on its pool's device."""
+
+    device: torch.device
+    is_async: bool
+    """False: every copy is done when `record` returns (no polling needed)."""
+
+    def fence(self) -> None:
+        """The copy stream waits for the work queued on the forward stream so far."""
+
+    def stream(self) -> ContextManager[Any]:
+        """Work issued inside runs on the copy stream."""
+
+    def record(self) -> CopyEvent:
+        """An event after everything issued on the copy stream so far."""
+
+    def host_buffer(self, num_bytes: int) -> torch.Tensor:
+        """A uint8 host buffer (pinned where the device is a GPU: asynchronous copies need it)."""
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the bytes of the (contiguous) device tensor `src` into the host tensor `dst`, of as many bytes,
+        on the copy stream."""
+
+    def to_device(self, src: torch.Tensor) -> torch.Tensor:
+        """`src` (host) on the pool's device, copied on the copy stream (the host memory must stay alive until
+        an event recorded after this call is done)."""
+
+
+class _Done:
+    def query(self) -> bool:
+        return True
+
+
+DONE = _Done()
+
+
+class SyncOps:
+    """CPU pools: copies are plain memory copies on the scheduler thread, done when issued."""
+
+    is_async = False
+
+    def __init__(self, device: torch.device = torch.device("cpu")) -> None:
+        self.device = device
+
+    def fence(self) -> None:
+        pass
+
+    def stream(self) -> ContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def record(self) -> CopyEvent:
+        return DONE
+
+    def host_buffer(self, num_bytes: int) -> torch.Tensor:
+        return torch.empty(num_bytes, dtype=torch.uint8)
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        _bytes_of(dst).copy_(_bytes_of(src))
+
+    def to_device(self, src: torch.Tensor) -> torch.Tensor:
+        return src
+
+
+class CudaOps:
+    """A CUDA pool: the agent's own stream, fenced behind SGLang's forward stream (`forward_stream`; None: the
+    device's current stream at construction, which is the forward stream without overlap scheduling)."""
+
+    is_async = True
+
+    def __init__(self, device: torch.device, forward_stream: Optional["torch.cuda.Stream"] = None) -> None:
+        self.device = device
+        self.forward_stream = forward_stream if forward_stream is not None else torch.cuda.current_stream(device)
+        self.copy_stream = torch.cuda.Stream(device=device)
+
+    def fence(self) -> None:
+        self.copy_stream.wait_stream(self.forward_stream)
+
+    def stream(self) -> ContextManager[Any]:
+        return torch.cuda.stream(self.copy_stream)
+
+    def record(self) -> CopyEvent:
+        ev = torch.cuda.Event()
+        ev.record(self.copy_stream)
+        return ev
+
+    def host_buffer(self, num_bytes: int) -> torch.Tensor:
+        return torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        with torch.cuda.stream(self.copy_stream):
+            _bytes_of(dst).copy_(_bytes_of(src), non_blocking=True)
+
+    def to_device(self, src: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.stream(self.copy_stream):
+            return src.to(self.device, non_blocking=True)
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as a flat uint8 view."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def make_ops(device: torch.device, forward_stream: Optional[Any] = None) -> CopyOps:
+    """The `CopyOps` for a pool on `device` (SGLang's forward stream passed where it has one)."""
+    if device.type == "cuda":
+        return CudaOps(device, forward_stream)
+    return SyncOps(device)

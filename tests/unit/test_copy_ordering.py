@@ -1,0 +1,401 @@
+"""How the agent orders its copies against SGLang's device work (issue 18 items 1 and 6), on the CPU through an
+injected asynchronous device (`FakeDevice`): what a GPU's streams do, with the hazards made observable.
+
+The fake keeps two queues, as a GPU keeps two streams: SGLang's forward stream (`forward`: writes a forward has
+queued and not yet made) and the agent's copy stream (host<->device copies: made only when the test says the device
+ran, `run()`). A kernel the agent launches (the gather or scatter itself) runs when launched, so it sees the pool as
+it is then: a `fence()` runs the forward work queued so far first, exactly the ordering `wait_stream` gives. An
+event is done only after `run()`. So here:
+- a source that gathers without its fence misses the token a forward was still writing; with it, it does not;
+- a target that scatters into just-freed slots without its fence is overwritten by a late forward write; with it,
+  its pages hold the transfer;
+- nothing reaches the I/O side, the tree or the budget's release before the copy's event is done, and a job that
+  ends early keeps its prefix locked until its copies are.
+"""
+import contextlib
+
+import pytest
+import torch
+
+from radix_sync import protocol as p
+from sglang_kvrep.agent import WorkerAgent
+from sglang_kvrep.agent import mailbox as m
+from sglang_kvrep.config import KvrepConfig
+from sglang_kvrep.dataplane.staging import Incoming
+from sglang_kvrep.device import SyncOps
+
+PS = 16
+ROWS = 512  # 32 pages of 16 tokens; page 0 is the pool's padding page
+
+
+class FakeEvent:
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+
+class FakeDevice:
+    is_async = True
+    device = torch.device("cpu")
+
+    def __init__(self, fenced=True):
+        self.fenced = fenced
+        self.forward = []   # writes queued on the forward stream, not made yet
+        self.copies = []    # host<->device copies queued on the copy stream
+        self.events = []
+        self.fences = 0
+
+    def fence(self):
+        self.fences += 1
+        if self.fenced:  # the copy stream waits for the forward work queued so far
+            self._run_forward()
+
+    def stream(self):
+        return contextlib.nullcontext()
+
+    def record(self):
+        ev = FakeEvent()
+        self.events.append(ev)
+        return ev
+
+    def host_buffer(self, num_bytes):
+        return torch.zeros(num_bytes, dtype=torch.uint8)
+
+    def to_host(self, src, dst):
+        src = src.reshape(-1).view(torch.uint8)
+        self.copies.append(lambda: dst.reshape(-1).view(torch.uint8).copy_(src))
+
+    def to_device(self, src):
+        out = torch.zeros_like(src)
+        self.copies.append(lambda: out.copy_(src))
+        return out
+
+    def _run_forward(self):
+        for f in self.forward:
+            f()
+        self.forward.clear()
+
+    def run(self):
+        """The copy stream catches up: queued copies are made, every event of it is done (the forward stream is
+        not waited for: its writes land at `finish_forward`, or at a fence)."""
+        for c in self.copies:
+            c()
+        self.copies.clear()
+        for ev in self.events:
+            ev.done = True
+
+    def finish_forward(self):
+        self._run_forward()
+
+
+class PoolView:
+    """A stand-in scheduler view over one real (CPU) pool: 2 layers, K and V, 2 heads x 8; a 256-token prefix cached
+    at pages 1-16; an allocator handing out pages 20 on; a tree that records inserts."""
+
+    page_size = PS
+
+    def __init__(self):
+        self.k = [torch.arange(ROWS * 16, dtype=torch.float32).view(ROWS, 2, 8) + 1000 * i for i in range(2)]
+        self.v = [x + 0.5 for x in self.k]
+        self.locked, self.unlocked, self.inserted, self.freed = [], [], [], []
+        self.next_slot = 20 * PS
+        self.cached = {}
+
+    def fingerprint_fields(self):
+        return {"model": "fake"}
+
+    def kv_buffers(self):
+        return self.k, self.v, "NHD"
+
+    def pool_capacity_tokens(self):
+        return ROWS
+
+    def load(self):
+        return {"num_running_reqs": 1, "num_waiting_reqs": 0, "num_waiting_tokens": 0, "available_tokens": 10,
+                "evictable_tokens": 0}
+
+    def is_idle(self):
+        return False
+
+    def flush_kv_events(self):
+        pass
+
+    def match(self, token_ids, namespace):
+        if namespace == "src":
+            return min(len(token_ids), 256), "node"
+        return self.cached.get(tuple(token_ids), 0), None
+
+    def lock(self, node):
+        self.locked.append(node)
+        return f"lock{len(self.locked)}"
+
+    def unlock(self, lock):
+        self.unlocked.append(lock)
+
+    def path_slots(self, node):
+        return torch.arange(PS, PS + 256)
+
+    def alloc_slots(self, n):
+        slots = torch.arange(self.next_slot, self.next_slot + n)
+        self.next_slot += n
+        return slots
+
+    def free_slots(self, slots):
+        self.freed.append(slots)
+
+    def insert(self, token_ids, namespace, slots, priority):
+        self.inserted.append((list(token_ids), slots.clone()))
+        self.cached[tuple(token_ids)] = len(token_ids)
+        return 0
+
+    def expected_chunk(self, first_page, num_pages):
+        """What a gather of pool pages [first_page, +num_pages) gives, layer-major (L, P, 2, ps, H, D)."""
+        rows = slice(first_page * PS, (first_page + num_pages) * PS)
+        return torch.stack([torch.stack([k[rows].view(num_pages, PS, 2, 8), v[rows].view(num_pages, PS, 2, 8)], 1)
+                            for k, v in zip(self.k, self.v)])
+
+
+def posted(agent, kind):
+    out = []
+    while (msg := agent.mailbox.take_for_io()) is not None:
+        if isinstance(msg, kind):
+            out.append(msg)
+    return out
+
+
+def source(dev, monkeypatch, chunk_pages=4):
+    monkeypatch.setattr("sglang_kvrep.agent.source_side.GATHER_SLICE_S", 3600.0)
+    view = PoolView()
+    page_bytes = 2 * 2 * PS * 16 * 4  # layers x (K, V) x tokens x (heads x dim) x fp32
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", chunk_bytes=chunk_pages * page_bytes,
+                                          load_interval_s=3600.0), ops=dev)
+    cmd = p.ReplicatePages(replication_id="r1", auth_token="t", token_ids=list(range(256)), namespace="src",
+                           target_id="x", target_endpoint="tcp://127.0.0.1:1", target_fingerprint=agent.fingerprint,
+                           ttl_s=5.0)
+    return view, agent, cmd
+
+
+@pytest.mark.parametrize("fenced", [True, False])
+def test_a_source_gathers_after_the_forward_that_writes_the_prefix_and_hands_over_only_finished_host_memory(
+        monkeypatch, fenced):
+    dev = FakeDevice(fenced=fenced)
+    view, agent, cmd = source(dev, monkeypatch)
+    # overlap scheduling: the forward in flight still writes the cached prefix's last token (page 16, row 255)
+    dev.forward.append(lambda: [k[PS + 255].fill_(-7.0) for k in view.k])
+    agent._on_message(m.Replicate(cmd))
+    [start] = posted(agent, m.StartSend)
+    tid = start.header.transfer_id
+    agent.on_iteration()  # the slots are on their way to the host: nothing gathered yet
+    assert posted(agent, m.ChunkGathered) == [] and dev.fences == 0
+    dev.run()
+    agent.on_iteration()  # slots on the host: all four chunks issued, none done: the prefix stays locked
+    assert posted(agent, m.ChunkGathered) == [] and dev.fences == 4 and view.unlocked == []
+    dev.run()
+    agent.on_iteration()
+    chunks = posted(agent, m.ChunkGathered)
+    assert [c.index for c in chunks] == [0, 1, 2, 3]  # in order, once their copies are done
+    last = chunks[3].buffer
+    assert last.shape == (2, 4, 2, PS, 2, 8)
+    assert torch.equal(chunks[0].buffer, view.expected_chunk(1, 4))  # the host bytes are the pages' bytes
+    dev.finish_forward()
+    saw_last_token = bool((last[:, 3, 0, PS - 1] == -7.0).all())
+    assert saw_last_token == fenced  # unfenced, the gather ran before the forward's write: the hazard
+    assert view.unlocked == ["lock1"] and tid not in agent.gathers  # every copy done: the job is over
+
+
+def test_a_cancelled_source_keeps_its_prefix_locked_until_its_copies_are_done(monkeypatch):
+    dev = FakeDevice()
+    view, agent, cmd = source(dev, monkeypatch)
+    agent._on_message(m.Replicate(cmd))
+    [start] = posted(agent, m.StartSend)
+    tid = start.header.transfer_id
+    dev.run()
+    agent.on_iteration()  # 4 chunks on the copy stream
+    agent.mailbox.post_to_scheduler(m.SendCancelled(tid))
+    agent.on_iteration()
+    # the copies still read the pages: the lock stays, nothing more is issued, nothing is handed over
+    assert view.unlocked == [] and tid in agent.gathers and dev.fences == 4
+    dev.run()
+    agent.on_iteration()
+    assert view.unlocked == ["lock1"] and not agent.gathers and posted(agent, (m.ChunkGathered, m.GatherFailed)) == []
+
+
+def test_a_source_whose_gather_fails_with_copies_in_flight_unlocks_after_them_and_reports_once(monkeypatch):
+    from sglang_kvrep.agent import source_side
+
+    dev = FakeDevice()
+    view, agent, cmd = source(dev, monkeypatch)
+    real, calls = source_side.gather_pages, []
+
+    def flaky(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected: device gather failed")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(source_side, "gather_pages", flaky)
+    agent._on_message(m.Replicate(cmd))
+    dev.run()
+    agent.on_iteration()  # chunk 0 issued, chunk 1 fails
+    assert posted(agent, (m.ChunkGathered, m.GatherFailed)) == [] and view.unlocked == []
+    dev.run()
+    agent.on_iteration()
+    [failed] = posted(agent, (m.ChunkGathered, m.GatherFailed))
+    assert isinstance(failed, m.GatherFailed) and "chunk 1" in failed.error and view.unlocked == ["lock1"]
+    agent.on_iteration()
+    assert posted(agent, (m.ChunkGathered, m.GatherFailed)) == [] and len(calls) == 2
+
+
+def incoming(view, num_pages=4, ttl_s=30.0):
+    """A verified transfer of pool pages 1..num_pages of `view` (as a source would have gathered them)."""
+    tokens = list(range(5000, 5000 + num_pages * PS))
+    payload = view.expected_chunk(1, num_pages).contiguous()
+    h = p.TransferHeader(
+        transfer_id="t1", replication_id="rep1", auth_token="t", source_id="s", fingerprint="f", namespace="",
+        token_ids=tokens, page_size=PS, num_pages=num_pages, dtype="torch.float32", layout="NHD",
+        buffer_shape=list(payload.shape), num_bytes=payload.numel() * 4, pages_per_chunk=num_pages, num_chunks=1,
+        checksum_kind="xxh3", ttl_s=ttl_s)
+    storage = payload.reshape(-1).view(torch.uint8).clone()
+    return Incoming(header=h, peer=b"s", storage=storage, started_s=0.0, last_progress_s=0.0), payload
+
+
+@pytest.mark.parametrize("fenced", [True, False])
+def test_a_target_scatters_after_late_forward_writes_and_inserts_only_once_the_copy_is_done(fenced):
+    dev = FakeDevice(fenced=fenced)
+    view = PoolView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0, replica_budget_tokens=256),
+                        ops=dev)
+    inc, payload = incoming(view)
+    slot0 = view.next_slot  # the slots the install will get were just freed; a forward still writes one of them
+    dev.forward.append(lambda: [k[slot0 + 3].fill_(-9.0) for k in view.k])
+    agent._on_message(m.Install(inc, [11, 12, 13, 14]))
+    assert posted(agent, (m.Installed, m.InstallFailed)) == [] and view.inserted == []
+    assert agent.replicas.live_tokens() == 64 and agent.replicas.free_tokens() == 192  # counted while in flight
+    dev.run()
+    agent.on_iteration()  # upload done: scatter issued (after the fence), not done
+    assert view.inserted == [] and posted(agent, m.Installed) == []
+    dev.run()
+    agent.on_iteration()
+    [done] = posted(agent, m.Installed)
+    assert done.inserted_len == 64 and done.block_hashes == [11, 12, 13, 14] and done.incoming is inc
+    [(tokens, slots)] = view.inserted
+    assert tokens == inc.header.token_ids and torch.equal(slots, torch.arange(slot0, slot0 + 64))
+    dev.finish_forward()  # unfenced, the late forward write lands over the replica now: the hazard
+    rows = slice(slot0, slot0 + 64)
+    got = torch.stack([torch.stack([k[rows].view(4, PS, 2, 8), v[rows].view(4, PS, 2, 8)], 1)
+                       for k, v in zip(view.k, view.v)])
+    assert torch.equal(got, payload) == fenced
+    assert agent.replicas.live_tokens() == 64 and "rep1" in agent.replicas.replicas
+
+
+def test_a_target_install_that_fails_on_the_copy_stream_frees_its_slots_and_answers_failed():
+    dev = FakeDevice()
+    view = PoolView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0, replica_budget_tokens=256),
+                        ops=dev)
+    inc, _ = incoming(view)
+
+    def broken_insert(*_):
+        raise RuntimeError("injected: tree insert failed")
+
+    view.insert = broken_insert
+    agent._on_message(m.Install(inc, [1, 2, 3, 4]))
+    for _ in range(2):
+        dev.run()
+        agent.on_iteration()
+    [failed] = posted(agent, (m.Installed, m.InstallFailed))
+    assert isinstance(failed, m.InstallFailed) and "injected" in failed.error
+    assert len(view.freed) == 1 and view.freed[0].numel() == 64 and agent.replicas.live_tokens() == 0
+    assert not agent.replicas.pending and not agent._installing
+
+
+def test_a_weight_update_abandons_installs_on_the_copy_stream():
+    from sglang_kvrep import compat
+
+    dev = FakeDevice()
+    view = PoolView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0, replica_budget_tokens=256),
+                        ops=dev)
+    inc, _ = incoming(view)
+    agent._on_message(m.Install(inc, [1]))
+    agent.on_weights_updated(compat.WeightUpdate(scheduler=None, kind="tensor", model_path=None,
+                                                 weight_version="2", succeeded=True))
+    [failed] = posted(agent, m.InstallFailed)
+    assert "weights were updated" in failed.error
+    dev.run()
+    agent.on_iteration()
+    assert view.inserted == [] and agent.replicas.live_tokens() == 0 and posted(agent, m.Installed) == []
+
+
+def test_synchronous_copies_install_and_gather_in_the_call_as_before(monkeypatch):
+    """A CPU pool (`SyncOps`): no polling, the answer in the same iteration."""
+    view = PoolView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0, replica_budget_tokens=256),
+                        ops=SyncOps())
+    inc, payload = incoming(view)
+    agent._on_message(m.Install(inc, [1]))
+    [done] = posted(agent, m.Installed)
+    assert done.inserted_len == 64 and not agent.replicas.pending
+    _, agent2, cmd = source(SyncOps(), monkeypatch)
+    agent2._on_message(m.Replicate(cmd))
+    assert [c.index for c in posted(agent2, m.ChunkGathered)] == [0, 1, 2, 3]
+
+
+def test_the_default_copy_ops_follow_the_pools_device():
+    from sglang_kvrep.device import make_ops
+
+    agent = WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0))
+    assert isinstance(agent.ops, SyncOps) and isinstance(make_ops(torch.device("cpu")), SyncOps)
+
+
+class HndView(PoolView):
+    """The same pool in SGLang's HND layout (`SGLANG_USE_HND_KVCACHE=1`): per layer (num_pages, H, ps, D)."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = [k.view(ROWS // PS, PS, 2, 8).transpose(1, 2).contiguous() for k in self.k]
+        self.v = [v.view(ROWS // PS, PS, 2, 8).transpose(1, 2).contiguous() for v in self.v]
+
+    def kv_buffers(self):
+        return self.k, self.v, "HND"
+
+
+def test_an_hnd_pool_with_pages_of_16_announces_the_page_shape_its_gathers_have(monkeypatch):
+    """Issue 18: with `SGLANG_USE_HND_KVCACHE=1` and page size > 1 the agent announced (2, ps, H, ps, D) pages, so
+    every chunk was refused; a page is (2, H, ps, D), as gathered."""
+    monkeypatch.setattr("sglang_kvrep.agent.source_side.GATHER_SLICE_S", 3600.0)
+    view = HndView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", chunk_bytes=4 * 4096, load_interval_s=3600.0), ops=SyncOps())
+    assert agent.geometry.page_shape == (2, 2, PS, 8)
+    cmd = p.ReplicatePages(replication_id="r1", auth_token="t", token_ids=list(range(256)), namespace="src",
+                           target_id="x", target_endpoint="tcp://127.0.0.1:1", target_fingerprint=agent.fingerprint,
+                           ttl_s=5.0)
+    agent._on_message(m.Replicate(cmd))
+    msgs = posted(agent, (m.StartSend, m.ChunkGathered))
+    h = msgs[0].header
+    assert h.layout == "HND" and h.buffer_shape == [2, 16, 2, 2, PS, 8]
+    assert all(tuple(c.buffer.shape) == (2, 4, 2, 2, PS, 8) for c in msgs[1:]) and len(msgs) == 5
+    # a target with the same pool takes the chunks: its install scatters them into its HND pool bit for bit
+    dst = HndView()
+    dst.next_slot = 4 * PS  # (16 pages from page 4 on fit this 32-page pool)
+    target = WorkerAgent(dst, KvrepConfig(worker_id="t", load_interval_s=3600.0, replica_budget_tokens=256),
+                         ops=SyncOps())
+    payload = torch.cat([c.buffer for c in msgs[1:]], dim=1).contiguous()
+    inc = Incoming(header=msgspec_replace(h, namespace=""), peer=b"s",
+                   storage=payload.reshape(-1).view(torch.uint8).clone(), started_s=0.0, last_progress_s=0.0)
+    target._on_message(m.Install(inc, [1]))
+    [done] = posted(target, (m.Installed, m.InstallFailed))
+    assert isinstance(done, m.Installed), done.error
+    slot0 = dst.next_slot - 256
+    assert done.inserted_len == 256
+    for layer in range(2):
+        assert torch.equal(dst.k[layer][slot0 // PS:slot0 // PS + 16], view.k[layer][1:17])
+        assert torch.equal(dst.v[layer][slot0 // PS:slot0 // PS + 16], view.v[layer][1:17])
+
+
+def msgspec_replace(header, **changes):
+    import msgspec
+
+    return msgspec.structs.replace(header, **changes)
