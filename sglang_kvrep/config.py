@@ -40,6 +40,9 @@ class KvrepConfig:
     """Payload frame size on the wire (at most 16 MiB: larger frames fault inside libzmq's buffers)."""
     staging_bytes: int = 256 << 20
     """Receive buffers kept for reuse between transfers."""
+    pin_staging: bool = False
+    """Receive buffers in pinned host memory: set by `start_agent` for a GPU pool (an upload to the device is
+    asynchronous only from pinned memory); not a flag."""
     send_rate_mbps: float = 0.0
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
     transport: str = "zmq"

@@ -21,6 +21,7 @@ scheduler process).
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from sglang_kvrep.agent.io_side import run_io_thread
@@ -37,7 +38,9 @@ def start_agent(view: SchedulerView, config: KvrepConfig) -> WorkerAgent:
     then the agent is disabled and SGLang serves as usual)."""
     mailbox = Mailbox()
     agent = WorkerAgent(view, config, mailbox)
-    thread = threading.Thread(target=run_io_thread, args=(config, agent.info, mailbox), name="kvrep-io",
+    # a GPU pool's target uploads from the receive buffers: pinned, so the upload is asynchronous
+    io_config = dataclasses.replace(config, pin_staging=agent.ops.device.type == "cuda")
+    thread = threading.Thread(target=run_io_thread, args=(io_config, agent.info, mailbox), name="kvrep-io",
                               daemon=True)
     agent.start(thread)
     return agent

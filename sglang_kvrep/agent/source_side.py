@@ -13,13 +13,22 @@ from typing import Any, Optional
 
 import torch
 
-from kvrep_kernels import default_kind, gather_pages, slots_to_page_ids
+from kvrep_kernels import gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
 from sglang_kvrep.agent import mailbox as m
 
 log = logging.getLogger("kvrep.agent")
 MAX_AHEAD = 4
 """Chunks a source gathers ahead of what the I/O thread has sent (bounds memory under a bandwidth cap)."""
+DEVICE_AHEAD_BYTES = 256 << 20
+"""With asynchronous copies (a GPU pool) the bound is bytes of pinned host memory instead: a launch takes
+microseconds of the scheduler thread, and 4 chunks a step would pace a 4 GiB replica by the scheduler's steps
+(~16 MiB a step) instead of the link."""
+
+
+def ahead_chunks(chunk_bytes: int, is_async: bool) -> int:
+    """Chunks a source job may have gathered and not yet sent."""
+    return max(MAX_AHEAD, DEVICE_AHEAD_BYTES // max(1, chunk_bytes)) if is_async else MAX_AHEAD
 GATHER_SLICE_S = 0.005
 """Scheduler-thread time a source spends gathering per iteration."""
 
@@ -83,20 +92,20 @@ class SourceSide:
         num_pages = matched // ps
         page_bytes = geo.num_bytes(1)
         per_chunk = max(1, self.config.chunk_bytes // page_bytes)
-        k_bufs = self.view.kv_buffers()[0]
         header = p.TransferHeader(
             transfer_id=uuid.uuid4().hex[:16], replication_id=cmd.replication_id, auth_token=cmd.auth_token,
             source_id=self.config.worker_id, fingerprint=self.fingerprint, namespace=cmd.namespace,
             token_ids=list(cmd.token_ids[:matched]), page_size=ps, num_pages=num_pages, dtype=geo.dtype,
             layout=geo.layout, buffer_shape=geo.buffer_shape(num_pages), num_bytes=geo.num_bytes(num_pages),
             pages_per_chunk=per_chunk, num_chunks=-(-num_pages // per_chunk),
-            checksum_kind=default_kind(k_bufs[0]), ttl_s=cmd.ttl_s)
+            # the I/O side checksums host memory only (a GPU pool's chunks come to pinned host memory first)
+            checksum_kind="xxh3", ttl_s=cmd.ttl_s)
         self.gathers[header.transfer_id] = _GatherJob(header, None, lock, slots_host=slots_host, ids_ready=ids_ready)
         self.to_io(m.StartSend(header, cmd.target_endpoint))
         self._pump_gathers()
 
     def _pump_gathers(self) -> None:
-        """Gather the next chunks of running jobs: at most `MAX_AHEAD` ahead of what was sent, and at most
+        """Gather the next chunks of running jobs: at most `ahead_chunks` ahead of what was sent, and at most
         `GATHER_SLICE_S` of scheduler time per iteration, so a long prefix never stalls SGLang's loop.
 
         Each chunk: on the copy stream, after a fence behind the forward stream, a gather into a device buffer and
@@ -121,8 +130,9 @@ class SourceSide:
                     job.ending = f"bad slots: {exc!r}"
                     self._hand_over(tid, job)
                     continue
+            ahead = ahead_chunks(h.num_bytes // h.num_chunks, self.ops.is_async)
             while job.ending is None and job.next_chunk < h.num_chunks \
-                    and job.next_chunk - self.sent_chunks.get(tid, 0) < MAX_AHEAD:
+                    and job.next_chunk - self.sent_chunks.get(tid, 0) < ahead:
                 if time.perf_counter() > deadline:
                     return
                 if not self._issue_chunk(tid, job):

@@ -399,3 +399,39 @@ def msgspec_replace(header, **changes):
     import msgspec
 
     return msgspec.structs.replace(header, **changes)
+
+
+def test_with_asynchronous_copies_a_source_runs_ahead_by_bytes_not_by_four_chunks(monkeypatch):
+    """Issue 18 item 3: on a GPU the launches take microseconds; four 4 MiB chunks a scheduler step paced a 4 GiB
+    replica by the steps (5-13 s). Asynchronous copies run up to 256 MiB of pinned host memory ahead instead."""
+    from sglang_kvrep.agent.source_side import DEVICE_AHEAD_BYTES, MAX_AHEAD, ahead_chunks
+
+    assert ahead_chunks(4 << 20, is_async=False) == MAX_AHEAD == 4
+    assert ahead_chunks(4 << 20, is_async=True) == DEVICE_AHEAD_BYTES // (4 << 20) == 64
+    assert ahead_chunks(1 << 30, is_async=True) == MAX_AHEAD  # never fewer than the synchronous bound
+    runs = {}
+    for name, dev in (("sync", SyncOps()), ("async", FakeDevice())):
+        _, agent, cmd = source(dev, monkeypatch, chunk_pages=1)  # 16 chunks of one page
+        agent._on_message(m.Replicate(cmd))
+        if name == "async":
+            dev.run()
+            agent.on_iteration()
+            dev.run()
+            agent.on_iteration()
+        runs[name] = [c.index for c in posted(agent, m.ChunkGathered)]
+    assert runs == {"sync": [0, 1, 2, 3], "async": list(range(16))}  # nothing sent yet in either
+
+
+def test_a_source_names_xxh3_whatever_its_pools_device_the_io_side_hashes_host_memory(monkeypatch):
+    _, agent, cmd = source(FakeDevice(), monkeypatch)
+    agent._on_message(m.Replicate(cmd))
+    [start] = posted(agent, m.StartSend)
+    assert start.header.checksum_kind == "xxh3"
+
+
+def test_receive_buffers_are_pinned_only_for_a_gpu_pool():
+    from sglang_kvrep.dataplane.staging import StagingPool
+
+    assert StagingPool(1 << 20).pin is False and KvrepConfig().pin_staging is False
+    pool = StagingPool(1 << 20, pin=False)
+    assert not pool.acquire(4096).is_pinned()
