@@ -8,7 +8,7 @@ lists of per-layer tensors (``pool.k_buffer``, ``pool.v_buffer`` or ``pool.kv_bu
 from .checksum import (CHECKSUM_KINDS, PayloadDigest, default_kind, payload_checksum, payload_digest, pieces_checksum,
                        verify_payload)
 from .geometry import PoolGeometry
-from .page_copy import gather_pages, scatter_pages, slots_to_page_ids
+from .page_copy import gather_pages, scatter_pages, slots_to_page_ids, warm_up
 
 __all__ = [
     "CHECKSUM_KINDS",
@@ -22,4 +22,5 @@ __all__ = [
     "scatter_pages",
     "slots_to_page_ids",
     "verify_payload",
+    "warm_up",
 ]

@@ -136,6 +136,43 @@ def scatter_pages(
         _run(plan, buffer, backend, gather=False)
 
 
+def warm_up(
+    k_buffers: Sequence[torch.Tensor],
+    v_buffers: Sequence[torch.Tensor] | None,
+    page_size: int,
+    *,
+    layout: str = "NHD",
+    backend: str = "auto",
+) -> bool:
+    """Compile the copy kernels a pool's gathers and scatters will launch, once, now (the worker agent calls it
+    when it starts): the first copy then does not compile on SGLang's scheduler thread (~1-3 s). The copies run
+    on a scratch pool of two pages with the pool's own per-tensor strides, dtype, device and relative alignment
+    (the kernel variant depends on them), never on the pool itself.
+
+    Returns:
+        whether anything was compiled (False for a pool whose copies need no compiled kernel: CPU, torch).
+    """
+    ref = k_buffers[0]
+    if _backend(backend, ref.device) != "triton":
+        return False
+    n = len(k_buffers) + (len(v_buffers) if v_buffers is not None else 0)
+    rows_per_page = page_size if ref.dim() == 3 else 1  # NHD/MLA rows are tokens; an HND pool's rows are pages
+    # each scratch tensor starts where its pool tensor does within a 16-byte line (which kernel runs depends on it)
+    line = max(1, 16 // ref.element_size())
+    row = ref[0].numel()
+    length = -(-(2 * rows_per_page * row + line) // line) * line
+    scratch = torch.zeros((n, length), dtype=ref.dtype, device=ref.device)  # (allocations are 16-byte aligned)
+    offs = [t.data_ptr() % 16 // t.element_size() for t in [*k_buffers, *(v_buffers or [])]]
+    shape = (2 * rows_per_page, *ref.shape[1:])
+    views = [scratch[i, o:o + 2 * rows_per_page * row].view(shape) for i, o in enumerate(offs)]
+    k = views[:len(k_buffers)]
+    v = views[len(k_buffers):] if v_buffers is not None else None
+    ids = torch.tensor([1])
+    buf = gather_pages(k, v, ids, page_size, layout=layout, backend=backend)
+    scatter_pages(buf, k, v, ids, page_size, layout=layout, backend=backend)
+    return True
+
+
 def slots_to_page_ids(slot_indices: torch.Tensor, page_size: int) -> torch.Tensor:
     """Turn SGLang's per-token slot indices of a page-aligned prefix into page ids.
 

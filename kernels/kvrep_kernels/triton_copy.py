@@ -16,7 +16,9 @@ Work decomposition (grid = (num_chunks, num_tensors)):
 
 When both sides store a page in the same dense order (the usual case: NHD pool -> NHD buffer, HND pool ->
 HND buffer) the kernel copies a page as one flat span (``FLAT``); otherwise it computes (tk, h, d) per
-element, which is how an NHD pool is transposed into an HND buffer and back.
+element, which is how an NHD pool is transposed into an HND buffer and back. A FLAT copy whose addresses and
+strides the host finds 16-byte aligned (the usual case: torch allocations, pages of whole vectors) runs
+`_copy_pages_aligned_kernel` instead, written so the compiler can prove the alignment: 16-byte loads and stores.
 Data are moved as integers of the element width, so any dtype (bf16, fp16, fp32, fp8-as-uint8) is copied
 bit-exactly. Page ids are bounds-checked on the host (`plan.make_plan`) before the launch.
 """
@@ -30,6 +32,9 @@ import triton.language as tl
 from .plan import CopyPlan
 
 _TL_BITS = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
+_INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+LAUNCHES = {"aligned": 0, "general": 0}
+"""Launches of each kernel in this process (which one a geometry gets: tests, benchmarks)."""
 CHUNK_BYTES = 64 * 1024  # bytes one program copies at most (per tensor); ~1e4 programs for a 32K prefix
 MAX_BLOCK = 4096
 
@@ -69,6 +74,42 @@ def _copy_pages_kernel(
                 dst_off = tk * dst_tok_stride + h * dst_head_stride + d
             vals = tl.load(src_base + src_off, mask=mask)
             tl.store(dst_base + dst_off, vals, mask=mask)
+
+
+@triton.jit
+def _copy_pages_aligned_kernel(
+    src_anchor, dst_anchor,                              # pointers (16-byte aligned): a pool tensor / the buffer
+    src_offs, dst_offs,                                  # int64[num_tensors]: each tensor's base - anchor, elements
+    chunk_src_page, chunk_dst_page, chunk_num_pages,     # int64[num_chunks]
+    src_page_vecs, dst_page_vecs, page_vecs,             # page strides and page length, in 16-byte vectors
+    VEC: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The FLAT copy when the host checked that every base, page stride and page length is a multiple of 16
+    bytes: written so the compiler can prove it (pointer arguments it specializes as 16-byte aligned, offsets that
+    are multiples of `VEC` elements), which gives 16-byte loads and stores (`ld.global.v4.b32`) instead of one
+    load per element (a base address cast from an integer carries no alignment)."""
+    c = tl.program_id(0)
+    t = tl.program_id(1)
+    src = src_anchor + (tl.load(src_offs + t) // VEC) * VEC
+    dst = dst_anchor + (tl.load(dst_offs + t) // VEC) * VEC
+    src_page = tl.load(chunk_src_page + c)
+    dst_page = tl.load(chunk_dst_page + c)
+    num_pages = tl.load(chunk_num_pages + c)
+    offs = tl.arange(0, BLOCK)
+    page_elems = page_vecs * VEC
+    for j in range(num_pages):
+        src_base = src + (src_page + j) * (src_page_vecs * VEC)
+        dst_base = dst + (dst_page + j) * (dst_page_vecs * VEC)
+        for e0 in range(0, page_elems, BLOCK):
+            e = e0 + offs
+            mask = e < page_elems
+            vals = tl.load(src_base + e, mask=mask)
+            tl.store(dst_base + e, vals, mask=mask)
+
+
+def aligned(ptrs: list[int], strides_bytes: list[int]) -> bool:
+    """Whether the 16-byte kernel applies: every address and every byte stride a multiple of 16."""
+    return all(x % 16 == 0 for x in ptrs) and all(x % 16 == 0 for x in strides_bytes)
 
 
 def _page_offsets(tok_stride: int, head_stride: int, page_size: int, num_heads: int) -> torch.Tensor:
@@ -142,6 +183,26 @@ def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
         src_strides, dst_strides = (buf_page, buf_tok, buf_head), (pool_page, pool_tok, pool_head)
 
     device = ref.device
+    if flat and itemsize in _INT_OF and aligned(
+            [*src_ptrs, *dst_ptrs], [src_strides[0] * itemsize, dst_strides[0] * itemsize, page_elems * itemsize]):
+        # anchors: one pool tensor and the buffer, seen as integers of the element width (bit-exact for any dtype)
+        pool_anchor, buf_anchor = ref.view(_INT_OF[itemsize]), buffer.view(_INT_OF[itemsize])
+        src_anchor, dst_anchor = (pool_anchor, buf_anchor) if gather else (buf_anchor, pool_anchor)
+        offs = [[(x - src_anchor.data_ptr()) // itemsize for x in src_ptrs],
+                [(x - dst_anchor.data_ptr()) // itemsize for x in dst_ptrs]]
+        host = torch.cat([torch.tensor(offs, dtype=torch.int64).flatten(), src_page, dst_page, num])
+        dev = host.to(device, non_blocking=False)
+        n_t, n_c = len(pools), num.numel()
+        vec = 16 // itemsize
+        block = min(MAX_BLOCK, triton.next_power_of_2(page_elems))
+        _copy_pages_aligned_kernel[(n_c, n_t)](
+            src_anchor, dst_anchor, dev[:n_t], dev[n_t:2 * n_t], dev[2 * n_t:2 * n_t + n_c],
+            dev[2 * n_t + n_c:2 * n_t + 2 * n_c], dev[2 * n_t + 2 * n_c:],
+            src_strides[0] // vec, dst_strides[0] // vec, page_elems // vec,
+            VEC=vec, BLOCK=block, num_warps=4 if block <= 1024 else 8,
+        )
+        LAUNCHES["aligned"] += 1
+        return
     meta = torch.tensor(
         [src_ptrs, dst_ptrs], dtype=torch.int64
     )  # addresses fit int64 on every platform we run on
@@ -159,3 +220,4 @@ def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
         ELEM=_TL_BITS[itemsize], FLAT=flat, BLOCK=block,
         num_warps=4 if block <= 1024 else 8,
     )
+    LAUNCHES["general"] += 1

@@ -14,6 +14,7 @@ import uuid
 from array import array
 from typing import Any, Callable, Optional
 
+from kvrep_kernels import warm_up
 from radix_sync import kv_hints
 from radix_sync import protocol as p
 from sglang_kvrep import compat, events, fingerprint
@@ -48,6 +49,15 @@ class WorkerAgent(SourceSide):
             forward = view.forward_stream() if hasattr(view, "forward_stream") else None
             ops = make_ops(view.kv_buffers()[0][0].device, forward)
         self.ops = ops
+        if ops.device.type == "cuda":  # the copy kernels compile now, not on the first copy's scheduler step
+            t0 = time.perf_counter()
+            k_bufs, v_bufs, layout = view.kv_buffers()
+            try:
+                with ops.stream():
+                    warm_up(k_bufs, v_bufs, view.page_size, layout=layout)
+                log.info("kvrep: copy kernels ready in %.2fs", time.perf_counter() - t0)
+            except Exception:
+                log.exception("kvrep: compiling the copy kernels failed; copies will fail and report it")
         self.page_size = view.page_size
         t0 = time.perf_counter()
         self._set_fingerprint(view.fingerprint_fields())

@@ -113,6 +113,98 @@ def test_triton_checks_bounds_before_launch(triton_copy):
     assert all(bits_equal(a, b) for a, b in zip(before, pool.tensors))
 
 
+@pytest.mark.parametrize("kind,layout,dtype,page_size,head_dim,path", [
+    ("separate", "NHD", torch.bfloat16, 16, 128, "aligned"),  # Llama-3.1-8B's pages: whole 16-byte vectors
+    ("hnd_pool", "HND", torch.bfloat16, 16, 128, "aligned"),
+    ("mla", "NHD", torch.bfloat16, 1, 576, "aligned"),
+    ("separate", "NHD", torch.uint8, 1, 3, "general"),        # a 6-byte page: no 16-byte vector fits
+    ("separate", "HND", torch.bfloat16, 16, 128, "general"),  # transposed inside the page: not FLAT
+    ("fused", "NHD", torch.uint8, 2, 4, "general/aligned"),   # 16-byte pages, V 19 rows of 8 bytes in (the
+                                                               # scatter's target: separate K, V tensors)
+])
+def test_aligned_geometries_take_the_16_byte_kernel_bit_exactly(triton_copy, kind, layout, dtype, page_size,
+                                                                head_dim, path):
+    """Issue 18 item 2: where the host finds every base and stride 16-byte aligned the vector kernel runs (its
+    loads are 16 bytes on sm_90: the next test), else the general one; both bit-exact against the oracle."""
+    pool = make_pool(kind, dtype, page_size, num_pages=8, head_dim=head_dim, seed=3)
+    ids = torch.tensor([3, 4, 5, 1, 7])
+    def ran(op):
+        before = dict(triton_copy.LAUNCHES)
+        op()
+        [kernel] = [k for k in before if triton_copy.LAUNCHES[k] != before[k]]
+        return kernel
+
+    out = []
+    path_gather = ran(lambda: out.append(kk.gather_pages(pool.k, pool.v, ids, page_size, layout=layout,
+                                                         backend="triton")))
+    assert bits_equal(out[0], oracle_gather(pool, ids.tolist(), layout))
+    dst = zeros_like_pool(pool)
+    path_scatter = ran(lambda: kk.scatter_pages(out[0], dst.k, dst.v, ids, page_size, layout=layout,
+                                                backend="triton"))
+    assert bits_equal(oracle_gather(dst, ids.tolist(), layout), out[0])
+    assert (path_gather, path_scatter) == tuple(path.split("/")) * (2 // len(path.split("/")))
+
+
+@pytest.mark.parametrize("kind,layout,dtype,page_size,head_dim", [
+    ("separate", "NHD", torch.bfloat16, 16, 128), ("fused", "NHD", torch.uint8, 2, 4), ("hnd_pool", "HND",
+                                                                                        torch.float16, 4, 8),
+    ("mla", "NHD", torch.bfloat16, 1, 24)])
+def test_warm_up_runs_the_pools_kernels_on_a_scratch_pool_and_never_touches_the_pool(triton_copy, kind, layout,
+                                                                                     dtype, page_size, head_dim):
+    """Issue 18 item 2: compiled once at agent start. The warm-up launches the very kernel variants (aligned or
+    general, gather and scatter) the pool's copies will, on two scratch pages, and leaves the pool as it was."""
+    pool = make_pool(kind, dtype, page_size, num_pages=6, head_dim=head_dim, seed=4)
+    before_bits = [t.clone() for t in pool.tensors]
+    ids = torch.tensor([2, 3])
+    launches = dict(triton_copy.LAUNCHES)
+    assert kk.warm_up(pool.k, pool.v, page_size, layout=layout, backend="triton")
+    warm = {k: triton_copy.LAUNCHES[k] - launches[k] for k in launches}
+    launches = dict(triton_copy.LAUNCHES)
+    buf = kk.gather_pages(pool.k, pool.v, ids, page_size, layout=layout, backend="triton")
+    kk.scatter_pages(buf, pool.k, pool.v, ids, page_size, layout=layout, backend="triton")
+    real = {k: triton_copy.LAUNCHES[k] - launches[k] for k in launches}
+    assert warm == real and sum(warm.values()) == 2
+    assert all(bits_equal(a, b) for a, b in zip(before_bits, pool.tensors))
+    assert kk.warm_up(pool.k, pool.v, page_size, layout=layout) is False  # CPU pools copy with torch: nothing
+
+
+def test_the_aligned_kernel_compiles_to_16_byte_loads_for_an_h200(triton_copy):
+    """Compiled for sm_90 here, no GPU needed (Triton's own compiler and ptxas): the vector kernel's global loads
+    and stores of data are 16 bytes; the general kernel's are one element (2 bytes for bf16) -- why it exists."""
+    import re
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def ptx(fn, sig, constexprs):
+        attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items()) if ty.startswith("*")}
+        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+    old = os.environ.pop("TRITON_INTERPRET", None)  # the module fixture's interpreter: not for compiling
+    try:
+        module = importlib.reload(importlib.import_module("kvrep_kernels.triton_copy"))
+        tables = {n: "*i64" for n in ("chunk_src_page", "chunk_dst_page", "chunk_num_pages")}
+        vec = ptx(module._copy_pages_aligned_kernel,
+                  {"src_anchor": "*i16", "dst_anchor": "*i16", "src_offs": "*i64", "dst_offs": "*i64", **tables,
+                   "src_page_vecs": "i64", "dst_page_vecs": "i64", "page_vecs": "i64",
+                   "VEC": "constexpr", "BLOCK": "constexpr"}, {"VEC": 8, "BLOCK": 2048})
+        general = ptx(module._copy_pages_kernel,
+                      {"src_ptrs": "*i64", "dst_ptrs": "*i64", **tables,
+                       **{f"{side}_{x}_stride": "i64" for side in ("src", "dst") for x in ("page", "tok", "head")},
+                       "page_elems": "i64", "num_heads": "i64", "head_dim": "i64",
+                       "ELEM": "constexpr", "FLAT": "constexpr", "BLOCK": "constexpr"},
+                      {"ELEM": tl.int16, "FLAT": True, "BLOCK": 2048})
+    finally:
+        if old is not None:
+            os.environ["TRITON_INTERPRET"] = old
+        importlib.reload(importlib.import_module("kvrep_kernels.triton_copy"))
+    assert "st.global.v4.b32" in vec and "ld.global.v4.b32" in vec and "st.global.b16" not in vec
+    assert "st.global.b16" in general and "v4" not in general
+
+
 def test_the_compiled_kernel_fixture_clears_the_interpreter(triton_copy, compiled_copy):
     """With the module fixture's interpreter setting active (as it is for the CUDA test when the file runs
     whole), `compiled_copy` gives the compiled kernel and no interpreter setting; afterwards the setting and the
