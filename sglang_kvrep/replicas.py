@@ -166,6 +166,14 @@ class ReplicaTable:
                 out.append((job.inc, res))
         return out
 
+    def wind_down(self) -> None:
+        """The agent stopped: installs whose copy is done let go of their slots (never inserted); the others wait
+        for their copy (call again)."""
+        for tid, job in list(self.pending.items()):
+            if job.event.query():
+                del self.pending[tid]
+                self.view.free_slots(job.slots)
+
     def abandon_pending(self) -> list[Incoming]:
         """Forgets the installs on the copy stream (the pool was reset: a weight update's flush); their slots went
         with it. Returns: their transfers (to be answered failed)."""

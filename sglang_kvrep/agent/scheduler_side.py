@@ -147,6 +147,8 @@ class WorkerAgent(SourceSide):
     # ====================================================================================== per iteration
     def on_iteration_safe(self) -> None:
         if self.disabled:
+            if self.gathers or self.replicas.pending:
+                self._wind_down()
             return
         try:
             self.on_iteration()
@@ -156,6 +158,21 @@ class WorkerAgent(SourceSide):
             if self._errors >= MAX_ERRORS:
                 log.error("kvrep agent disabled after repeated errors; serving as plain SGLang")
                 self.disabled = True
+
+    def _wind_down(self) -> None:
+        """A disabled agent's copies still on the device: each gather's prefix is unlocked and each install's slots
+        freed once its copy is done (not before: a copy in flight still reads those pages or writes those slots,
+        and SGLang would hand them to new requests). Never raises; on an error it lets go of everything."""
+        try:
+            for tid, job in list(self.gathers.items()):
+                if job.ending is None:
+                    job.ending = "the worker's replication agent stopped"
+                self._hand_over(tid, job)
+            self.replicas.wind_down()
+        except Exception:
+            log.exception("kvrep: winding down the copies in flight failed; their locks and slots are left")
+            self.gathers.clear()
+            self.replicas.pending.clear()
 
     def on_iteration(self) -> None:
         self.mailbox.clear_bell()

@@ -435,3 +435,27 @@ def test_receive_buffers_are_pinned_only_for_a_gpu_pool():
     assert StagingPool(1 << 20).pin is False and KvrepConfig().pin_staging is False
     pool = StagingPool(1 << 20, pin=False)
     assert not pool.acquire(4096).is_pinned()
+
+
+def test_an_agent_whose_io_thread_died_lets_go_of_locks_and_slots_only_after_its_copies(monkeypatch):
+    """Issue 18 item 6: the I/O thread dies with a gather and an install on the copy stream. The agent disables
+    itself (SGLang serves on) and releases the prefix's lock and the install's slots once each copy is done, never
+    before (a copy in flight still reads those pages / writes those slots); nothing is inserted."""
+    dev = FakeDevice()
+    view, agent, cmd = source(dev, monkeypatch)
+    agent.replicas.budget_tokens = 256
+    agent._on_message(m.Replicate(cmd))
+    dev.run()
+    agent.on_iteration()  # chunks on the copy stream
+    inc, _ = incoming(view)
+    agent._on_message(m.Install(inc, [1]))  # its upload on the copy stream
+    agent.mailbox.post_to_scheduler(m.IoDied())
+    agent.on_iteration_safe()
+    assert agent.disabled and view.unlocked == [] and view.freed == [] and agent.replicas.pending
+    agent.on_iteration_safe()  # still in flight: still held
+    assert view.unlocked == [] and view.freed == []
+    dev.run()
+    agent.on_iteration_safe()
+    assert view.unlocked == ["lock1"] and not agent.gathers
+    assert len(view.freed) == 1 and view.freed[0].numel() == 64 and not agent.replicas.pending
+    assert view.inserted == [] and agent.replicas.live_tokens() == 0
