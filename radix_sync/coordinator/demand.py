@@ -7,10 +7,13 @@ planner drains (`LivePlanner.consume`). What a record says (which prefix, held b
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
 
 from radix_sync.integrity import IntegrityError
+
+if TYPE_CHECKING:
+    from radix_sync.policy.tracker import TrackedNode
 
 HINT_KINDS = ("fanout", "keepalive")
 MAX_HINT_IDS = 65_536
@@ -95,6 +98,10 @@ class DemandLog:
         plan for without a pass over every record (`popular`)."""
         self.popular: dict[int, None] = {}
         """Prefixes with two or more hits or two or more arrivals (a candidate by popularity needs that much)."""
+        self.stamps: dict[int, int] = {}
+        """Prefix in `by_prefix` -> a number that changes whenever its entries change (a record added or trimmed),
+        unique over the log's life: a reader that derived something from a prefix's entries keeps it while the
+        stamp is the same (the live planner's candidate views, `LivePlanner`)."""
         self._seq = 0
         self.hint_times: dict[int, dict[str, float]] = {}
         """Live hinted prefix -> `hint_s` (the hint came), `stored_s` (its pages reached the directory: the
@@ -120,6 +127,7 @@ class DemandLog:
             entries = self.by_prefix[rec.block_hash] = (deque(), deque())
         self._seq += 1
         entries[which].append((self._seq, rec.time_s, rec.namespace))
+        self.stamps[rec.block_hash] = self._seq
         if len(entries[which]) == 2:
             self.popular[rec.block_hash] = None
 
@@ -129,10 +137,13 @@ class DemandLog:
             return
         entries = self.by_prefix[rec.block_hash]
         entries[which].popleft()
+        self._seq += 1
+        self.stamps[rec.block_hash] = self._seq
         if len(entries[0]) < 2 and len(entries[1]) < 2:
             self.popular.pop(rec.block_hash, None)
             if not entries[0] and not entries[1]:
                 del self.by_prefix[rec.block_hash]
+                del self.stamps[rec.block_hash]
 
     def add_finish(self, rec: FinishRecord, hashes: list[int]) -> None:
         self.finishes.append(rec)
@@ -179,7 +190,7 @@ class DemandLog:
     def clear(self) -> None:
         """Forgets every demand signal (a policy switch with `reset_demand`)."""
         for log in (self.hits, self.arrivals, self.finishes, self.hints, self.events, self.hint_ids, self.by_prefix,
-                    self.popular):
+                    self.popular, self.stamps):
             log.clear()
         self.hint_times.clear()
         self.hint_counts.clear()
@@ -251,6 +262,10 @@ class DemandLog:
             raise IntegrityError("the hits and arrivals by prefix disagree with their logs")
         if set(self.popular) != {b for b, (hits, arrivals) in index.items() if len(hits) >= 2 or len(arrivals) >= 2}:
             raise IntegrityError("the popular prefixes disagree with the hits and arrivals")
+        if self.stamps.keys() != self.by_prefix.keys() or any(
+                stamp < max(e[-1][0] for e in entries if e) for stamp, entries in
+                ((self.stamps[b], entries) for b, entries in self.by_prefix.items())):
+            raise IntegrityError("the prefixes' stamps disagree with their hits and arrivals")
         counts: dict[str, int] = {}
         for hint in self.hints:
             if hint.kind not in HINT_KINDS or hint.k < 1 or not hint.ttl_s > 0:
@@ -267,3 +282,118 @@ class DemandLog:
         for block_hash, times in self.hint_times.items():
             if "hint_s" not in times:
                 raise IntegrityError(f"hinted prefix {block_hash} has no hint time: {times}")
+
+
+# ---------------------------------------------------------------------------------- what a plan tick reads
+def drop_explained(times: list[float], since_s: float, k: int) -> list[float]:
+    """`times` without the first `k` at or after `since_s` (the arrivals a fan-out hint announced)."""
+    out = []
+    for t in sorted(times):
+        if k > 0 and t >= since_s:
+            k -= 1
+            continue
+        out.append(t)
+    return out
+
+
+@dataclass
+class CandidateDemand:
+    """The demand signals one plan tick's snapshot chooses its prefixes from, by block hash. Built by
+    `candidate_demand`, then `LivePlanner._add_hints` and
+    `LivePlanner._add_busy_sessions`, in that order."""
+
+    times: dict[int, list[float]]
+    """Recent request times (arrivals, else hits, less those a fan-out hint explains); empty for a prefix that
+    only a hint or an open session names."""
+    namespaces: dict[int, str]
+    fanout: dict[int, tuple[int, float]] = field(default_factory=dict)
+    """Live fan-out hints: (branches, when they are due)."""
+    keepalive: dict[int, float] = field(default_factory=dict)
+    """Keep-alive hints: until when."""
+    sessions: dict[int, "TrackedNode"] = field(default_factory=dict)
+    """Open session nodes whose every holder is busy."""
+    by_prefix: dict = field(default_factory=dict)
+    """`DemandLog.by_prefix`: each prefix's hits and arrivals."""
+    fanout_hints: dict[int, list] = field(default_factory=dict)
+    """Fan-out hints (all, live or not) by prefix."""
+    memo: Optional[object] = None
+    """What earlier ticks derived from the demand entries, with `entry(block hash, entries)` -> [stamp, times,
+    namespace, log position, ...] (`radix_sync.coordinator.live_planner._ViewCache`); None: derive everything."""
+    order: dict[int, int] = field(default_factory=dict)
+    """Prefix -> where a pass over the logs meets it (`log_position`), or, without entries, after them all in
+    the order added."""
+
+    def add(self, block_hash: int) -> None:
+        """The prefix's request times (its arrivals', else its hits', less those a fan-out hint announced) into
+        `times`, its namespace (that of its latest arrival, else hit) into `namespaces`; no-op if it is there."""
+        if block_hash in self.times:
+            return
+        entries = self.by_prefix.get(block_hash)
+        if entries is None:
+            self.order[block_hash] = NO_ENTRIES + len(self.times)
+            self.times[block_hash] = []
+            return
+        hints = self.fanout_hints.get(block_hash)
+        if hints is None and self.memo is not None:
+            kept = self.memo.entry(block_hash, entries)
+            times, namespace, pos = kept[1], kept[2], kept[3]
+        else:
+            times, namespace = entry_times(entries, hints or ())
+            pos = log_position(entries)
+        self.order[block_hash] = pos
+        self.times[block_hash] = times
+        self.namespaces[block_hash] = namespace
+
+    def in_log_order(self) -> list[int]:
+        """The prefixes of `times` as a pass over the logs meets them: those with hits by their oldest hit, then
+        those with arrivals only by their oldest arrival, then the others as added (hinted, then sessions)."""
+        return sorted(self.times, key=self.order.__getitem__)
+
+
+def entry_times(entries: tuple, hints) -> tuple[list[float], str]:
+    """A prefix's request times (arrivals, else hits, less those a fan-out hint of `hints` announced) and its
+    namespace (its latest arrival's, else hit's), from its `DemandLog.by_prefix` entries."""
+    hits, arrivals = ([t for _, t, _ in e] for e in entries)
+    for hint in hints:
+        hits = drop_explained(hits, hint.time_s, hint.k) if hits else hits
+        arrivals = drop_explained(arrivals, hint.time_s, hint.k) if arrivals else arrivals
+    return arrivals or hits, (entries[1] or entries[0])[-1][2]
+
+
+ARRIVALS_ONLY = 1 << 62
+NO_ENTRIES = 2 << 62
+
+
+def log_position(entries: tuple) -> int:
+    """Where a pass over the logs first meets a prefix with entries: at its oldest hit, or, with arrivals only,
+    after every hit, at its oldest arrival (sequence numbers of `DemandLog.by_prefix`, below 2^62)."""
+    return entries[0][0][0] if entries[0] else ARRIVALS_ONLY + entries[1][0][0]
+
+
+def candidate_demand(log: DemandLog, memo: Optional[object] = None) -> CandidateDemand:
+    """Recent request times and the namespace of each prefix (block hash) the planner may be offered: the popular
+    ones (`DemandLog.popular`) and the hinted ones; `CandidateDemand.add` adds others (busy sessions).
+
+    NOTE: with a router in front, one request shows up twice: as the router's arrival and as the worker's prefix
+    hit, both on the prefix it reuses. A prefix's demand is its arrivals when the router reported any, else its
+    hits (workers without our router), never the sum.
+    NOTE: read from the demand log's index by prefix, kept as records come and go: a pass over every record each
+    tick (20,000 hits in the window) was most of a plan tick's time at 100,000 prefixes.
+    `memo`: what earlier ticks derived (`radix_sync.coordinator.live_planner._ViewCache`), None: nothing.
+    """
+    demand = CandidateDemand({}, {}, by_prefix=log.by_prefix, memo=memo)
+    for hint in log.hints:
+        # NOTE: a fan-out's branches are explained by its hint, not popularity (the tracker's rule): counted as
+        # hits, the K branches of a finished tree made its trunk look hot for the whole window and it was copied
+        # again after its replicas expired (~half the copies of a fan-out run were such re-copies).
+        if hint.kind == "fanout" and hint.block_hash is not None:
+            demand.fanout_hints.setdefault(hint.block_hash, []).append(hint)
+    if memo is not None:
+        memo.add_popular(demand, log.popular)
+    else:
+        for block_hash in log.popular:
+            demand.add(block_hash)
+    for hint in log.hints:
+        if hint.block_hash is not None:
+            demand.add(hint.block_hash)
+    return demand

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
+from radix_sync.coordinator.demand import CandidateDemand, candidate_demand, entry_times, log_position
 from radix_sync.coordinator.state import DONE, PENDING, RUNNING, ClusterState
 from radix_sync.directory import REPLICA
+from radix_sync.integrity import IntegrityError
 from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostModel, load_profile
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
-from radix_sync.policy.tracker import NodeTracker, TrackedNode
+from radix_sync.policy.tracker import NodeTracker
 
 LIVE_SCORING_BUDGET = 2048
 """The live planner's `PlannerConfig.max_scored_per_tick`: (prefix, target) pairs scored per tick, the rest
@@ -61,88 +63,71 @@ def kv_bytes_per_token(fields: dict[str, str]) -> Optional[int]:
         return None
 
 
-def _drop_explained(times: list[float], since_s: float, k: int) -> list[float]:
-    """`times` without the first `k` at or after `since_s` (the arrivals a fan-out hint announced)."""
-    out = []
-    for t in sorted(times):
-        if k > 0 and t >= since_s:
-            k -= 1
-            continue
-        out.append(t)
-    return out
+class _ViewCache:
+    """What the last tick derived from facts that have not changed since, kept for the next (each tick keeps only
+    what it used), per prefix: its request times, namespace and log position from its demand entries (valid while
+    its `DemandLog.stamps` entry is the same; not for a prefix a fan-out hint names), and, for a candidate by its
+    popularity alone (no hint names it, no open session, no copy of it in flight), its `PrefixView`: then a
+    function of those entries and of its directory page (the same page object, depth, and holders with their
+    roles and expiries), for the same worker index and page length (`scope`). `LivePlanner.check_views` checks
+    the views against fresh ones."""
 
+    def __init__(self) -> None:
+        self.scope: tuple = ()
+        """What every kept entry depends on: (directory, demand index, worker ids, page length)."""
+        self._kept: dict[int, list] = {}
+        """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders as (worker, role,
+        expiry), view] (the last four None until a view is made)."""
+        self._next: dict[int, list] = {}
+        self._stamps: dict[int, int] = {}
 
-@dataclass
-class _Demand:
-    """The demand signals one snapshot chooses its prefixes from, by block hash. Built by `_demand_times`, then
-    `LivePlanner._add_hints` and `LivePlanner._add_busy_sessions`, in that order."""
+    def begin(self, scope: tuple, stamps: dict[int, int]) -> None:
+        """A new tick over `scope` (everything is dropped when that changed)."""
+        old = self.scope
+        if not old or scope[0] is not old[0] or scope[1] is not old[1] or scope[2:] != old[2:]:
+            self._kept = {}
+        self.scope = scope
+        self._stamps = stamps
+        self._next = {}
 
-    times: dict[int, list[float]]
-    """Recent request times (arrivals, else hits, less those a fan-out hint explains); empty for a prefix that
-    only a hint or an open session names."""
-    namespaces: dict[int, str]
-    fanout: dict[int, tuple[int, float]] = field(default_factory=dict)
-    """Live fan-out hints: (branches, when they are due)."""
-    keepalive: dict[int, float] = field(default_factory=dict)
-    """Keep-alive hints: until when."""
-    sessions: dict[int, TrackedNode] = field(default_factory=dict)
-    """Open session nodes whose every holder is busy."""
-    by_prefix: dict = field(default_factory=dict)
-    """`DemandLog.by_prefix`: each prefix's hits and arrivals."""
-    fanout_hints: dict[int, list] = field(default_factory=dict)
-    """Fan-out hints (all, live or not) by prefix."""
+    def end(self) -> None:
+        """The tick is over: what it used is kept for the next."""
+        self._kept, self._next = self._next, {}
 
-    def add(self, block_hash: int) -> None:
-        """The prefix's request times (its arrivals', else its hits', less those a fan-out hint announced) into
-        `times`, its namespace (that of its latest arrival, else hit) into `namespaces`; no-op if it is there."""
-        if block_hash in self.times:
-            return
-        entries = self.by_prefix.get(block_hash)
-        if entries is None:
-            self.times[block_hash] = []
-            return
-        hits, arrivals = ([t for _, t, _ in e] for e in entries)
-        for hint in self.fanout_hints.get(block_hash, ()):
-            hits = _drop_explained(hits, hint.time_s, hint.k) if hits else hits
-            arrivals = _drop_explained(arrivals, hint.time_s, hint.k) if arrivals else arrivals
-        self.times[block_hash] = arrivals or hits
-        self.namespaces[block_hash] = (entries[1] or entries[0])[-1][2]
+    def entry(self, block_hash: int, entries: tuple) -> list:
+        """The kept entry of a prefix no fan-out hint names (its times are shared: read-only)."""
+        stamp = self._stamps[block_hash]
+        kept = self._kept.get(block_hash)
+        if kept is None or kept[0] != stamp:
+            kept = [stamp, *entry_times(entries, ()), log_position(entries), None, 0, None, None]
+        self._next[block_hash] = kept
+        return kept
 
-    def in_log_order(self) -> list[int]:
-        """The prefixes of `times` as a pass over the logs meets them: those with hits by their oldest hit, then
-        those with arrivals only by their oldest arrival, then the others as added (hinted, then sessions)."""
-        def key(item):
-            pos, block_hash = item
-            entries = self.by_prefix.get(block_hash)
-            if entries is None:
-                return (2, pos)
-            return (0, entries[0][0][0]) if entries[0] else (1, entries[1][0][0])
-        return [b for _, b in sorted(enumerate(self.times), key=key)]
+    def add_popular(self, demand: CandidateDemand, popular) -> None:
+        """`demand.add` of each prefix of `popular` (in order, into an empty `demand`), from the kept entries."""
+        times, namespaces, order, fanout_hints = demand.times, demand.namespaces, demand.order, demand.fanout_hints
+        by_prefix, stamps, kept_by, next_by = demand.by_prefix, self._stamps, self._kept, self._next
+        for block_hash in popular:
+            if block_hash in fanout_hints:
+                demand.add(block_hash)
+                continue
+            stamp = stamps[block_hash]
+            kept = kept_by.get(block_hash)
+            if kept is None or kept[0] != stamp:
+                entries = by_prefix[block_hash]
+                kept = [stamp, *entry_times(entries, ()), log_position(entries), None, 0, None, None]
+            next_by[block_hash] = kept
+            times[block_hash] = kept[1]
+            namespaces[block_hash] = kept[2]
+            order[block_hash] = kept[3]
 
-
-def _demand_times(state: ClusterState) -> _Demand:
-    """Recent request times and the namespace of each prefix (block hash) the planner may be offered: the popular
-    ones (`DemandLog.popular`) and the hinted ones; `_Demand.add` adds others (busy sessions).
-
-    NOTE: with a router in front, one request shows up twice: as the router's arrival and as the worker's prefix
-    hit, both on the prefix it reuses. A prefix's demand is its arrivals when the router reported any, else its
-    hits (workers without our router), never the sum.
-    NOTE: read from the demand log's index by prefix, kept as records come and go: a pass over every record each
-    tick (20,000 hits in the window) was most of a plan tick's time at 100,000 prefixes.
-    """
-    demand = _Demand({}, {}, by_prefix=state.demand.by_prefix)
-    for hint in state.hints:
-        # NOTE: a fan-out's branches are explained by its hint, not popularity (the tracker's rule): counted as
-        # hits, the K branches of a finished tree made its trunk look hot for the whole window and it was copied
-        # again after its replicas expired (~half the copies of a fan-out run were such re-copies).
-        if hint.kind == "fanout" and hint.block_hash is not None:
-            demand.fanout_hints.setdefault(hint.block_hash, []).append(hint)
-    for block_hash in state.demand.popular:
-        demand.add(block_hash)
-    for hint in state.hints:
-        if hint.block_hash is not None:
-            demand.add(hint.block_hash)
-    return demand
+    def view(self, block_hash: int, node, make) -> Optional[PrefixView]:
+        """The kept view of a candidate by its popularity alone whose page is `node`, else `make()` (kept)."""
+        kept = self._next[block_hash]
+        holding = [(w, h.role, h.expires_at_s) for w, h in node.holders.items()]
+        if kept[4] is not node or kept[5] != node.depth or kept[6] != holding:
+            kept[4], kept[5], kept[6], kept[7] = node, node.depth, holding, make()
+        return kept[7]
 
 
 def _holder_bits(holders, index: dict[str, int]) -> int:
@@ -187,6 +172,7 @@ class LivePlanner:
         self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
         self._carried: dict[int, int] = {}
+        self._views = _ViewCache()
         """The prefixes the last pass left unscored (its budget spent): scored first in the next."""
         self._namespaces: dict[str, int] = {"": 0}
         self.hint_grace_s = 1.0
@@ -275,8 +261,9 @@ class LivePlanner:
                 "ended_by_hint": self.num_sessions_ended,
                 "gap_models": models}
 
-    def snapshot(self, state: ClusterState, now_s: float) -> tuple[ClusterSnapshot, list[str]]:
-        """The planner's view of the cluster now.
+    def snapshot(self, state: ClusterState, now_s: float, cached: bool = True) -> tuple[ClusterSnapshot, list[str]]:
+        """The planner's view of the cluster now. `cached`: reuse what earlier ticks derived from facts that have
+        not changed since (`_ViewCache`); False: derive everything again (the same snapshot: `check_views`).
 
         Returns:
             the snapshot (workers by dense index, in worker-id order) and the worker ids by that index.
@@ -293,25 +280,57 @@ class LivePlanner:
         workers = self._worker_views(state, ids, in_flight, busy, now_s, pulls)
         self.planner.cfg = self._cfgs[self.pulls_assumed(pulls)]
         page_len = min((state.workers[w].hello.page_size for w in ids), default=1)
-        demand = _demand_times(state)
+        cache = self._views if cached else None
+        if cache is not None:
+            cache.begin((state.directory, state.demand.by_prefix, tuple(ids), page_len), state.demand.stamps)
+        demand = candidate_demand(state.demand, cache)
         self._add_hints(state, demand, now_s)
         self._add_busy_sessions(state, workers, index, demand, now_s)
         flights: dict[int, list] = {}  # copies in flight by prefix (each candidate's own, in creation order)
         for r in in_flight:
             if r.block_hash is not None:
                 flights.setdefault(r.block_hash, []).append(r)
+        # NOTE: a prefix no hint names, with no open session and no copy in flight, is a candidate by its
+        # popularity alone, and its view depends only on its demand entries and its directory page: kept from the
+        # last tick while those are the same (`_ViewCache`); the others are built each tick.
+        hinted = {h.block_hash for h in state.hints}
+        times, sessions, by_prefix = demand.times, demand.sessions, demand.by_prefix
+        fanout, keepalive = demand.fanout, demand.keepalive
+        node_of = state.directory.node
         prefixes = []
         for block_hash in demand.in_log_order():
-            if not is_candidate(len(demand.times[block_hash]), block_hash in demand.fanout or block_hash in demand.keepalive,
-                                block_hash in demand.sessions):
-                continue
-            view = self._prefix_view(state, block_hash, demand, index, flights.get(block_hash, ()), busy, page_len,
-                                     now_s)
+            if cache is not None and block_hash not in hinted and block_hash not in sessions \
+                    and block_hash not in flights and block_hash in by_prefix:
+                if len(times[block_hash]) < 2:  # (`is_candidate`: no hint names it, no open session)
+                    continue
+                node = node_of(block_hash)
+                if node is None:
+                    continue
+                view = cache.view(block_hash, node, lambda: self._prefix_view(
+                    state, block_hash, demand, index, (), busy, page_len, now_s))
+            else:
+                if not is_candidate(len(times[block_hash]), block_hash in fanout or block_hash in keepalive,
+                                    block_hash in sessions):
+                    continue
+                view = self._prefix_view(state, block_hash, demand, index, flights.get(block_hash, ()), busy,
+                                         page_len, now_s)
             if view is not None:
                 prefixes.append(view)
         snap = ClusterSnapshot(workers=tuple(workers), prefixes=tuple(prefixes), page_len=page_len,
                                kv_bytes_per_token=kvb, carried=self._carried)
+        if cache is not None:
+            cache.end()
         return snap, ids
+
+    def check_views(self, state: ClusterState, now_s: float) -> None:
+        """Raises IntegrityError unless the snapshot built with what earlier ticks kept (`_ViewCache`) equals one
+        built from scratch. Call it where `decide` would be called (it drains the demand events, as a tick does)."""
+        fresh, _ = self.snapshot(state, now_s, cached=False)
+        kept, _ = self.snapshot(state, now_s)
+        if fresh != kept:
+            diff = [(a.node_id, a, b) for a, b in zip(fresh.prefixes, kept.prefixes) if a != b][:3]
+            raise IntegrityError(f"kept candidate views differ from fresh ones ({len(fresh.prefixes)} vs "
+                                 f"{len(kept.prefixes)} prefixes; first differences {diff})")
 
     def _link_busy_until(self, in_flight: list, kvb: int, now_s: float) -> dict[str, float]:
         """Returns: per worker, when the copies queued on its link end (both ends of a copy are busy with it)."""
@@ -372,7 +391,7 @@ class LivePlanner:
                 ingress_pull_rate_per_s=ingress_pulls.get(wid, 0) / window))
         return workers
 
-    def _add_hints(self, state: ClusterState, demand: _Demand, now_s: float) -> None:
+    def _add_hints(self, state: ClusterState, demand: CandidateDemand, now_s: float) -> None:
         """Adds every hinted prefix to `demand.times` (its namespace to `demand.namespaces`), the live fan-outs to
         `demand.fanout` and the keep-alives to `demand.keepalive`."""
         namespaces, fanout, keepalive = demand.namespaces, demand.fanout, demand.keepalive
@@ -396,7 +415,7 @@ class LivePlanner:
                 keepalive[hint.block_hash] = max(keepalive.get(hint.block_hash, 0.0), hint.time_s + hint.ttl_s)
 
     def _add_busy_sessions(self, state: ClusterState, workers: list[WorkerView], index: dict[str, int],
-                           demand: _Demand, now_s: float) -> None:
+                           demand: CandidateDemand, now_s: float) -> None:
         """Adds the open session nodes whose every holder is busy (`radix_sync.policy.candidates`, as the simulator
         selects them) to `demand.sessions` and `demand.times` (their namespace to `demand.namespaces`)."""
         busy = busy_mask(self.cost, workers, now_s, self.planner.cfg.min_gain_s)
@@ -410,7 +429,7 @@ class LivePlanner:
                 demand.add(n.node_id)
                 namespaces.setdefault(n.node_id, dnode.namespace)
 
-    def _prefix_view(self, state: ClusterState, block_hash: int, demand: _Demand, index: dict[str, int],
+    def _prefix_view(self, state: ClusterState, block_hash: int, demand: CandidateDemand, index: dict[str, int],
                      in_flight, busy: dict[str, float], page_len: int, now_s: float) -> Optional[PrefixView]:
         """Returns: the candidate prefix with its holders (`in_flight`: the copies of it in flight included), or
         None when nobody holds it (or its tokens are not known yet): nothing to copy."""

@@ -49,6 +49,10 @@ class WaitForecast:
         self._after: list[Optional[list[float]]] = [None] * len(workers)
         """Per worker, the backlog just after each predicted arrival (the recurrence of `wait_at`, kept until the
         worker's work changes): a wait is then a bisection, not a walk over the arrivals before it."""
+        self._changed: list[int] = []
+        """The workers whose work changed, in order (what `waits_at` takes again)."""
+        self._waits: dict[float, tuple[list[float], int]] = {}
+        """Arrival time -> (every worker's `wait_at` it, how many changes of `_changed` they include)."""
 
     def add_work(self, worker_id: int, at_s: float, work_s: float) -> None:
         """Registers `work_s` seconds of prefill expected to arrive at `worker_id` at `at_s`."""
@@ -56,6 +60,7 @@ class WaitForecast:
         self._times[worker_id].insert(i, at_s)
         self._work[worker_id].insert(i, work_s)
         self._after[worker_id] = None
+        self._changed.append(worker_id)
 
     def remove_work(self, worker_id: int, at_s: float, work_s: float) -> None:
         """Removes one entry registered with `add_work` (same arguments)."""
@@ -66,6 +71,7 @@ class WaitForecast:
                 del times[i]
                 del work[i]
                 self._after[worker_id] = None
+                self._changed.append(worker_id)
                 return
             i += 1
         raise ValueError(f"no work {work_s!r} at {at_s!r} on worker {worker_id}")
@@ -83,6 +89,22 @@ class WaitForecast:
         if after is None:
             after = self._after[worker_id] = self._backlogs(worker_id)
         return max(0.0, after[n - 1] - max(0.0, t - times[n - 1]))
+
+    def waits_at(self, t: float) -> list[float]:
+        """Every worker's `wait_at(worker, t)`, in worker order (read-only: kept for the next call at `t`, which
+        takes again only the workers whose work changed since)."""
+        kept = self._waits.get(t)
+        changed = self._changed
+        if kept is None:
+            waits = [self.wait_at(w, t) for w in range(len(self.base_s))]
+        elif kept[1] == len(changed):
+            return kept[0]
+        else:
+            waits = list(kept[0])
+            for w in set(changed[kept[1]:]):
+                waits[w] = self.wait_at(w, t)
+        self._waits[t] = (waits, len(changed))
+        return waits
 
     def _backlogs(self, worker_id: int) -> list[float]:
         """The backlog just after each predicted arrival at `worker_id`: FCFS, the backlog at `now` first."""

@@ -39,10 +39,11 @@ from typing import Optional
 
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.forecast import WaitForecast
-from radix_sync.policy.gate import landing_room_tokens, link_free_s, pull_delay_s
+from radix_sync.policy.gate import link_free_s
 from radix_sync.policy.predictor import Demand, DemandPredictor
 from radix_sync.policy.snapshot import REPLICA, ClusterSnapshot, PrefixView, Replicate, WorkerView
-from radix_sync.policy.spread import Spread, num_spread, spread_s
+from radix_sync.policy.scoring import CostMemo, LandingRoom, PassTargets, best_candidate
+from radix_sync.policy.spread import num_spread, spread_s
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class _NodePlan:
     depth: dict[int, int]  # worker -> tokens held (landed or in flight)
     eta: dict[int, float]  # worker -> when its copy lands (absent: landed)
     source: int  # the deepest holder that is ready first (for pull estimates)
+    wanted: list = ()  # its landed holdings, (worker, replica?, tokens): predicted demand wants them there
 
 
 class KvrepPlanner:
@@ -152,10 +154,15 @@ class KvrepPlanner:
         has waited, this one included (the caller carries them over: `ClusterSnapshot.carried`)."""
         self.num_scored = 0
         """(prefix, target) pairs the last `plan` scored."""
+        self._kept: dict[int, tuple] = {}
+        """Node id -> what the last pass took from its view alone (`_node_plans`)."""
+        self._kept_scope: tuple = ()
+        self._targets: Optional[PassTargets] = None
+        """What the pass's scoring reads of each target (`radix_sync.policy.scoring`)."""
 
     # ---- expected TTFT of the demand of one node, given its holders ----
     def _option_s(self, np_: _NodePlan, w: int, fc: WaitForecast, workers: tuple[WorkerView, ...],
-                  kv_bytes: int, wait: Optional[float] = None, costs: Optional["_Costs"] = None
+                  kv_bytes: int, wait: Optional[float] = None, costs: Optional[CostMemo] = None
                   ) -> tuple[float, float]:
         """Returns (TTFT of the first request at `w`, service time of each further one). `wait`: `w`'s wait at the
         arrival, when the caller has it; `costs`: the pass's memo of cost-model answers."""
@@ -191,29 +198,59 @@ class KvrepPlanner:
 
     # ---- planning ----
     def _node_plans(self, snap: ClusterSnapshot, now: float) -> list[_NodePlan]:
+        """The prefixes with predicted demand and a holder to copy from, each with its holders' depths and
+        arrivals. NOTE: what a prefix's plan takes from its view alone (depths, arrivals, the source when it does
+        not depend on `now`, what it holds that is wanted) is kept from the last pass while the snapshot carries
+        the same view object (views are frozen: the live coordinator hands the same object again while nothing it
+        was built from changed); only the prediction, which depends on `now`, is made again."""
+        cfg = self.cfg
+        chain, horizon = cfg.chain_sources, cfg.horizon_s
+        scope = (chain, cfg.default_new_len, len(snap.workers))
+        kept = self._kept if scope == self._kept_scope else {}
+        keep: dict[int, tuple] = {}
+        outcomes = self.outcomes
         plans = []
-        for node in snap.prefixes:
-            if node.token_len <= 0 or not node.holders:
-                continue
-            demand = self.predictor.predict(node, now, self.cfg.horizon_s)
+        nodes = [node for node in snap.prefixes if node.token_len > 0 and node.holders]
+        for node, demand in zip(nodes, self.predictor.predict_all(nodes, now, horizon)):
             if demand.expected_count <= 0.0:
-                self.outcomes[node.node_id] = "no demand predicted"
+                outcomes[node.node_id] = "no demand predicted"
                 continue
-            depth, eta = {}, {}
-            for h in node.holders:
-                if h.depth_len > depth.get(h.worker_id, 0):
-                    depth[h.worker_id] = h.depth_len
-                    if h.eta_s is not None:
-                        eta[h.worker_id] = h.eta_s
-                    else:
-                        eta.pop(h.worker_id, None)
-            if not depth or (not self.cfg.chain_sources and len(eta) == len(depth)):
-                self.outcomes[node.node_id] = "no holder has the pages yet"
-                continue
-            source = min(depth, key=lambda w: (w in eta and not self.cfg.chain_sources, -depth[w], eta.get(w, now), w))
-            new_len = node.expected_new_len or self.cfg.default_new_len
-            plans.append(_NodePlan(node, demand, new_len, depth, eta, source))
+            entry = kept.get(node.node_id)
+            if entry is None or entry[0] is not node:
+                entry = self._node_entry(node, len(snap.workers))
+            keep[node.node_id] = entry
+            _, depth, eta, source, wanted = entry
+            if source is None:
+                if not depth or (not chain and len(eta) == len(depth)):
+                    outcomes[node.node_id] = "no holder has the pages yet"
+                    continue
+                source = min(depth, key=lambda w: (w in eta and not chain, -depth[w], eta.get(w, now), w))
+            plans.append(_NodePlan(node, demand, node.expected_new_len or cfg.default_new_len, depth, eta, source,
+                                   wanted))
+        self._kept, self._kept_scope = keep, scope
         return plans
+
+    def _node_entry(self, node: PrefixView, num_workers: int) -> tuple:
+        """(the view, its holders' depths and arrivals, the source if it does not depend on `now` else None, its
+        landed holdings that predicted demand wants there as (worker, replica?, tokens)) (see `_node_plans`; the
+        depths and arrivals are shared: a plan copies them before it adds to them)."""
+        depth: dict[int, int] = {}
+        eta: dict[int, float] = {}
+        for h in node.holders:
+            if h.depth_len > depth.get(h.worker_id, 0):
+                depth[h.worker_id] = h.depth_len
+                if h.eta_s is not None:
+                    eta[h.worker_id] = h.eta_s
+                else:
+                    eta.pop(h.worker_id, None)
+        source = None
+        if depth and not self.cfg.chain_sources and len(eta) < len(depth):
+            # (without chained sources, a holder with pages in flight is never the source: the order among the
+            # others does not depend on `now`)
+            source = min(depth, key=lambda w: (w in eta, -depth[w], 0.0, w))
+        wanted = [(h.worker_id, h.role == REPLICA, h.depth_len) for h in node.holders
+                  if h.eta_s is None and 0 <= h.worker_id < num_workers]
+        return node, depth, eta, source, wanted
 
     def _ttl_s(self, np_: _NodePlan, land_s: float, now: float) -> float:
         d, node = np_.demand, np_.node
@@ -244,12 +281,23 @@ class KvrepPlanner:
         fc = WaitForecast(self.cost, workers, now)
         plans = self._node_plans(snap, now)
         # Predicted work of every node lands on its best current option (its primary holder).
-        own: dict[int, tuple[int, float, float]] = {}
+        own: list[tuple[int, float, float]] = []
+        base_s, add_work = fc.base_s, fc.add_work
+        prefill: dict[tuple[int, int], float] = {}  # (the cost model's answers, memoised for the pass)
         for np_ in plans:
-            w = min(np_.depth, key=lambda i: (fc.base_s[i], i))
-            work = np_.demand.expected_count * self.cost.prefill_s(np_.new_len, np_.node.token_len)
-            fc.add_work(w, np_.demand.arrival_s, work)
-            own[id(np_)] = (w, np_.demand.arrival_s, work)
+            it = iter(np_.depth)
+            w = next(it)
+            wait = base_s[w]
+            for i in it:  # (the holder with the least wait, the lowest index among equals)
+                if base_s[i] < wait or (base_s[i] == wait and i < w):
+                    w, wait = i, base_s[i]
+            key = (np_.new_len, np_.node.token_len)
+            one = prefill.get(key)
+            if one is None:
+                one = prefill[key] = self.cost.prefill_s(*key)
+            work = np_.demand.expected_count * one
+            add_work(w, np_.demand.arrival_s, work)
+            own.append((w, np_.demand.arrival_s, work))
         # the gate (`radix_sync.policy.gate`): links free after what is booked and what is decided but not booked;
         # landing room that evicts no wanted page (requests routed there wait for it, or predicted demand for a
         # replica or for an ordinary prefix held there)
@@ -262,39 +310,49 @@ class KvrepPlanner:
         wanted = [0] * len(workers)
         wanted_ordinary = [0] * len(workers)
         for np_ in plans:
-            for h in np_.node.holders:
-                if h.eta_s is None and 0 <= h.worker_id < len(workers):
-                    if h.role == REPLICA:
-                        wanted[h.worker_id] += h.depth_len
-                    else:
-                        wanted_ordinary[h.worker_id] += h.depth_len
-        room = _Room(workers, wanted, wanted_ordinary)
+            for i, replica, tokens in np_.wanted:
+                if replica:
+                    wanted[i] += tokens
+                else:
+                    wanted_ordinary[i] += tokens
+        room = LandingRoom(workers, wanted, wanted_ordinary)
+        self._targets = PassTargets(workers, ingress, budget, free, room)
         out: list[Replicate] = []
         carried = snap.carried
         deferred: dict[int, int] = {}
         # NOTE: due within `urgent_s` first, soonest first; then the longest carried over (no budget earlier)
         urgent_by = now + cfg.urgent_s
-        order = sorted(plans, key=lambda p: (0, p.demand.arrival_s, 0, p.node.node_id)
-                       if p.demand.arrival_s <= urgent_by
-                       else (1, -carried.get(p.node.node_id, 0), p.demand.arrival_s, p.node.node_id))
-        for np_ in order:
+        keys = [(0, p.demand.arrival_s, 0, p.node.node_id) if p.demand.arrival_s <= urgent_by
+                else (1, -carried.get(p.node.node_id, 0), p.demand.arrival_s, p.node.node_id) for p in plans]
+        order = sorted(range(len(plans)), key=keys.__getitem__)
+        budget_spent = False
+        for n, j in enumerate(order):
             if len(out) >= cfg.max_copies_per_tick:
                 break
             if cfg.max_scored_per_tick and self.num_scored and self.num_scored >= cfg.max_scored_per_tick:
-                deferred[np_.node.node_id] = carried.get(np_.node.node_id, 0) + 1
-                self.outcomes[np_.node.node_id] = "deferred (the pass's scoring budget is spent)"
-                continue
+                # (and so for every one left: the count only grows, the copies stay as many)
+                budget_spent = True
+                break
+            np_ = plans[j]
+            # (the plan adds to its depths and arrivals: its own copies, not those `_node_plans` keeps)
+            np_.depth, np_.eta = dict(np_.depth), dict(np_.eta)
             # A node's own predicted work must not count against itself.
-            fc.remove_work(*own[id(np_)])
+            fc.remove_work(*own[j])
             try:
                 self._plan_node(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, out)
             finally:
-                fc.add_work(*own[id(np_)])
+                fc.add_work(*own[j])
+        if budget_spent:
+            outcomes, why = self.outcomes, "deferred (the pass's scoring budget is spent)"
+            for j in order[n:]:
+                node_id = plans[j].node.node_id
+                deferred[node_id] = carried.get(node_id, 0) + 1
+                outcomes[node_id] = why
         self.deferred = deferred
         return out
 
     def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
-                   egress: list[float], ingress: list[float], budget: list[int], free: list[int], room: "_Room",
+                   egress: list[float], ingress: list[float], budget: list[int], free: list[int], room: LandingRoom,
                    now: float, out: list[Replicate]) -> None:
         """Adds copies of one node while the marginal gain of one more holder clears the bar."""
         cfg = self.cfg
@@ -310,7 +368,7 @@ class KvrepPlanner:
         # Both waits at the request's arrival: the least wait *now* is larger than at arrival by up to the lead time,
         # and a bound taken with it refused copies that pay (tests/unit/test_policy_gate.py, a target 19.5 s busy).
         # (the forecast does not change while this node is planned: every worker's wait is taken once)
-        waits = [fc.wait_at(w, np_.demand.arrival_s) for w in range(len(workers))]
+        waits = fc.waits_at(np_.demand.arrival_s)
         holder_wait = min(waits[w] for w in np_.depth)
         min_wait = min(waits)
         k = max(1, min(cfg.max_spread, math.ceil(count - 1e-9)))
@@ -331,6 +389,7 @@ class KvrepPlanner:
             budget[target] -= depth - np_.depth.get(target, 0)
             free[target] = max(0, free[target] - (depth - np_.depth.get(target, 0)))
             room.add(target, depth - np_.depth.get(target, 0))
+            self._targets.changed(target)
             np_.depth[target] = depth
             np_.eta[target] = land
             out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain))
@@ -340,161 +399,9 @@ class KvrepPlanner:
 
     def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
                         egress: list[float], ingress: list[float], budget: list[int], free: list[int],
-                        room: "_Room", now: float, why: Optional[dict[str, int]] = None,
+                        room: LandingRoom, now: float, why: Optional[dict[str, int]] = None,
                         waits: Optional[list[float]] = None) -> Optional[tuple[float, int, int, int, float]]:
-        """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None.
-        `why` counts the reasons candidates were turned down; `waits`: every worker's `fc.wait_at` the node's
-        predicted arrival, when the caller has them."""
-        def no(reason: str) -> None:
-            if why is not None:
-                why[reason] = why.get(reason, 0) + 1
-
-        cfg, L = self.cfg, np_.node.token_len
-        limit = now + cfg.max_link_backlog_s
-        # a link's backlog counts from when its holder has the pages (a prefill or copy in flight is no backlog)
-        sources = [(max(np_.eta.get(s, now), egress[s]), s) for s in np_.depth
-                   if (cfg.chain_sources or s not in np_.eta)
-                   and egress[s] <= max(now, np_.eta.get(s, now)) + cfg.max_link_backlog_s]
-        if not sources:
-            no("every source's link is booked")
-            return None
-        sources.sort()
-        t_a = np_.demand.arrival_s
-        costs = _Costs(self.cost)
-        if waits is None:
-            waits = [fc.wait_at(w, t_a) for w in range(len(workers))]
-        opts = [self._option_s(np_, w, fc, workers, kvb, waits[w], costs) for w in range(len(workers))]
-        count = np_.demand.expected_count
-        spread = Spread(opts, num_spread(count, cfg.max_spread))
-        base = spread.base_s
-        fp = workers[np_.source].fingerprint
-        page = self._page_len
-
-        def score(w: WorkerView, t: int) -> tuple[Optional[tuple[float, int, int, float, int]], list[str]]:
-            """(gain, depth, source, landing time, bytes) of the best copy to `t` (None: none clears the bar), and
-            the reasons candidates to `t` were turned down."""
-            held = np_.depth.get(t, 0)
-            wait_t = waits[t]
-            target_best = None
-            reasons: list[str] = []
-            for frac in cfg.depth_fractions:
-                depth = int(L * frac)
-                depth -= depth % page
-                if depth <= held:
-                    continue
-                tokens = depth - held
-                if tokens > budget[t]:
-                    reasons.append("replica budget")
-                    continue
-                if tokens > room.tokens[t]:
-                    reasons.append("would evict a wanted page")
-                    continue
-                nbytes = tokens * kvb
-                # the source that lands the copy first (a holder is a source from its own arrival on)
-                src, land, xfer = -1, math.inf, 0.0
-                for ready, s in sources:
-                    if ready >= land:
-                        break
-                    if s == t or np_.depth[s] < depth:
-                        continue
-                    x = costs.transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s,
-                                                     w.nic_bandwidth_bytes_per_s))
-                    end = max(now, ready, ingress[t]) + x
-                    if cfg.endpoint_wait:  # gathered after the source's iteration, installed after the target's
-                        end = max(max(now, ready, ingress[t], workers[s].busy_until_s) + x, w.busy_until_s)
-                    if end < land:
-                        src, land, xfer = s, end, x
-                if src < 0:
-                    reasons.append("no source")
-                    continue
-                svc = costs.prefill_s(np_.new_len + L - depth, depth)
-                new_opt = (max(wait_t, land - t_a) + svc, svc)
-                if new_opt[0] >= opts[t][0]:
-                    reasons.append("no faster there")
-                    continue
-                with_s = spread.with_option(t, new_opt)
-                displaced = max(0, tokens - free[t])
-                mem_cost = cfg.displaced_reuse_prob * costs.prefill_s(displaced, 0) if displaced else 0.0
-                # the delay it imposes on the critical-path pulls that want the two links meanwhile
-                harm = (pull_delay_s(workers[src].egress_pull_rate_per_s, land - xfer, xfer, now)
-                        + pull_delay_s(w.ingress_pull_rate_per_s, land - xfer, xfer, now))
-                gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost - harm
-                # depth by marginal gain: the deepest copy wins unless a shallower one nets more
-                if gain < cfg.min_gain_s:
-                    reasons.append("gain below minimum")
-                elif target_best is None or gain > target_best[0]:
-                    target_best = (gain, depth, src, land, nbytes)
-            return target_best, reasons
-
-        # NOTE: targets alike in everything `score` reads score alike (the idle workers, mostly): each kind is
-        # scored once. The key holds every per-target input of `score`; a holder's own id too (it is no source
-        # to itself). `spread.with_option` depends on `opts[t]`, not on `t` (see `radix_sync.policy.spread`).
-        scored: dict[tuple, tuple[Optional[tuple[float, int, int, float, int]], list[str]]] = {}
-        best: Optional[tuple[float, int, int, int, float]] = None
-        best_ratio = 0.0
-        for w in workers:
-            t = w.worker_id
-            if w.fingerprint != fp or w.nic_bandwidth_bytes_per_s <= 0:
-                continue
-            if ingress[t] > limit:
-                no("target link booked")
-                continue
-            key = (t if t in np_.depth else -1, ingress[t], budget[t], room.tokens[t], free[t], opts[t], waits[t],
-                   w.nic_bandwidth_bytes_per_s, w.busy_until_s, w.ingress_pull_rate_per_s)
-            result = scored.get(key)
-            if result is None:
-                result = scored[key] = score(w, t)
-            target_best, reasons = result
-            for reason in reasons:
-                no(reason)
-            if target_best is not None:
-                gain, depth, src, land, nbytes = target_best
-                ratio = gain / nbytes
-                if ratio > best_ratio:
-                    best, best_ratio = (gain, t, depth, src, land), ratio
-        return best
-
-
-class _Costs:
-    """One candidate's memo of the cost model's answers (the same few arguments come back for every target):
-    the same values, computed once."""
-
-    def __init__(self, cost: CostModel) -> None:
-        self._cost = cost
-        self._prefill: dict[tuple[int, int], float] = {}
-        self._transfer: dict[tuple[float, float], float] = {}
-
-    def prefill_s(self, new_len: int, cached_len: int) -> float:
-        key = (new_len, cached_len)
-        v = self._prefill.get(key)
-        if v is None:
-            v = self._prefill[key] = self._cost.prefill_s(new_len, cached_len)
-        return v
-
-    def transfer_s(self, num_bytes: float, bandwidth_bytes_per_s: float = 0.0) -> float:
-        key = (num_bytes, bandwidth_bytes_per_s)
-        v = self._transfer.get(key)
-        if v is None:
-            v = self._transfer[key] = self._cost.transfer_s(num_bytes, bandwidth_bytes_per_s)
-        return v
-
-
-class _Room:
-    """Per target, the tokens a copy may still bring without evicting a wanted page (`gate.landing_room_tokens`),
-    updated as the pass accepts copies (each one is incoming, then wanted)."""
-
-    def __init__(self, workers: tuple[WorkerView, ...], wanted: list[int], wanted_ordinary: list[int]) -> None:
-        self._workers = workers
-        self._wanted = wanted
-        self._ordinary = wanted_ordinary
-        self._incoming = [0] * len(workers)
-        self.tokens = [landing_room_tokens(w, wanted[i], wanted_ordinary[i]) for i, w in enumerate(workers)]
-
-    def add(self, target: int, tokens: int) -> None:
-        """A copy of `tokens` to `target` was accepted."""
-        self._incoming[target] += tokens
-        self._wanted[target] += tokens
-        w = self._workers[target]
-        self.tokens[target] = landing_room_tokens(
-            w._replace(incoming_tokens=w.incoming_tokens + self._incoming[target]), self._wanted[target],
-            self._ordinary[target])
+        """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None
+        (`radix_sync.policy.scoring.best_candidate`)."""
+        return best_candidate(self.cfg, self.cost, self._page_len, self._targets, np_, fc, workers, kvb, egress,
+                              ingress, budget, free, room, now, why, waits)

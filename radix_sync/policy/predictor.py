@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from radix_sync.policy.snapshot import PrefixView
 
@@ -61,9 +61,11 @@ class PredictorConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
 
 
-@dataclass(frozen=True)
-class Demand:
-    """Predicted demand for one prefix node within a horizon."""
+class Demand(NamedTuple):
+    """Predicted demand for one prefix node within a horizon.
+
+    NOTE: a NamedTuple (as immutable as the frozen dataclass it was, several times cheaper to build): a plan tick
+    predicts every candidate's demand, a thousand of them at 100,000 prefixes."""
 
     expected_count: float
     """Expected number of requests extending the node within the horizon."""
@@ -232,6 +234,31 @@ class DemandPredictor:
     def abandon_after_s(self, class_key: str, stop: Optional[str]) -> float:
         """Elapsed time (s) after which a silent response of this class and stop kind counts as abandoned."""
         return self.gap_model(class_key, stop).abandon_after_s(self.cfg.abandon_p)
+
+    def predict_all(self, nodes, now: float, horizon_s: float) -> list[Demand]:
+        """`predict` of each of `nodes`, in order (popularity alone, the common case, without a call each)."""
+        if type(self).predict is not DemandPredictor.predict:
+            return [self.predict(node, now, horizon_s) for node in nodes]
+        end = now + horizon_s
+        window, burst = self.cfg.popularity_window_s, self.cfg.burst_window_s
+        since_long, since_short = now - window, now - burst
+        arrival = now + 0.5 * horizon_s
+        none = Demand(0.0, end, end, "none")
+        out = []
+        for node in nodes:
+            if node.fanout_hint > 0 or node.keepalive_until_s is not None or node.last_finish_s is not None:
+                out.append(self.predict(node, now, horizon_s))
+                continue
+            times = node.recent_hit_times_s
+            if not times:
+                out.append(none)
+                continue
+            # (`popularity_rate`, inline)
+            n = len(times)
+            rate = max((n - bisect.bisect_left(times, since_long)) / window,
+                       (n - bisect.bisect_left(times, since_short)) / burst)
+            out.append(Demand(rate * horizon_s, arrival, end, "popularity") if rate > 0.0 else none)
+        return out
 
     def predict(self, node: PrefixView, now: float, horizon_s: float) -> Demand:
         """Predicts the requests extending `node` within `[now, now + horizon_s]`.

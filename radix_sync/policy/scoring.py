@@ -1,0 +1,257 @@
+"""The planner's inner loop: the best copy of one prefix to any target, scored pair by pair (`best_candidate`),
+and what a planning pass keeps for it about the targets (`PassTargets`), the links' memory (`LandingRoom`) and
+the cost model (`CostMemo`).
+
+For a prefix with predicted demand, every compatible target is scored at each candidate depth: the source that
+lands the copy first, the expected TTFT of the prefix's requests with the copy there (`radix_sync.policy.spread`),
+less the copy's link time, the memory it displaces and the delay it imposes on the pulls behind it
+(`radix_sync.policy.gate`). Targets alike in every input of that score are scored once. See
+`radix_sync.policy.planner` for the whole gain and the gate.
+
+Pure: the pass's state in, the best copy (or None) out; `why` (the caller's) counts the reasons targets were
+turned down. Who calls it: `KvrepPlanner._best_candidate`, for every copy of every prefix a pass scores.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from radix_sync.policy.cost import CostModel
+from radix_sync.policy.forecast import WaitForecast
+from radix_sync.policy.gate import landing_room_tokens, pull_delay_s
+from radix_sync.policy.snapshot import WorkerView
+from radix_sync.policy.spread import Spread, num_spread
+
+
+class PassTargets:
+    """Per target, what `best_candidate` reads of it that is the same for every prefix of a planning pass
+    (`keys`), taken again when a copy to it is accepted (`changed`); and per fingerprint the targets a copy may go
+    to (`compatible`)."""
+
+    def __init__(self, workers: tuple[WorkerView, ...], ingress: list[float], budget: list[int], free: list[int],
+                 room: "LandingRoom") -> None:
+        self._workers, self._ingress, self._budget, self._free, self._room = workers, ingress, budget, free, room
+        self.keys = [self._key(t) for t in range(len(workers))]
+        self._compatible: dict[str, list[int]] = {}
+
+    def _key(self, t: int) -> tuple:
+        w = self._workers[t]
+        return (self._ingress[t], self._budget[t], self._room.tokens[t], self._free[t], w.nic_bandwidth_bytes_per_s,
+                w.busy_until_s, w.ingress_pull_rate_per_s)
+
+    def changed(self, t: int) -> None:
+        """A copy to `t` was accepted (its link, budget, memory and room changed)."""
+        self.keys[t] = self._key(t)
+
+    def compatible(self, fingerprint: str) -> list[int]:
+        """The workers a copy from a worker with `fingerprint` may go to (same fingerprint, a link), in order."""
+        out = self._compatible.get(fingerprint)
+        if out is None:
+            out = self._compatible[fingerprint] = [
+                t for t, w in enumerate(self._workers)
+                if w.fingerprint == fingerprint and w.nic_bandwidth_bytes_per_s > 0]
+        return out
+
+
+def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_, fc: WaitForecast,
+                   workers: tuple[WorkerView, ...], kvb: int, egress: list[float], ingress: list[float],
+                   budget: list[int], free: list[int], room: "LandingRoom", now: float,
+                   why: Optional[dict[str, int]] = None, waits: Optional[list[float]] = None
+                   ) -> Optional[tuple[float, int, int, int, float]]:
+    """Returns: (gain, target, depth, source, landing time) of the best copy of one prefix (`np_`, the planner's
+    plan of it) by gain per byte, or None. `cfg`: the planner's `PlannerConfig`; `page`: tokens a page; `targets`:
+    the pass's `PassTargets`; `egress`, `ingress`, `budget`, `free`, `room`: the pass's links and memory so far.
+    `why` counts the reasons candidates were turned down; `waits`: every worker's `fc.wait_at` the node's
+    predicted arrival, when the caller has them."""
+    L = np_.node.token_len
+    limit = now + cfg.max_link_backlog_s
+    depth_of, eta = np_.depth, np_.eta
+    # a link's backlog counts from when its holder has the pages (a prefill or copy in flight is no backlog)
+    sources = [(max(eta.get(s, now), egress[s]), s) for s in depth_of
+               if (cfg.chain_sources or s not in eta)
+               and egress[s] <= max(now, eta.get(s, now)) + cfg.max_link_backlog_s]
+    if not sources:
+        if why is not None:
+            why["every source's link is booked"] = why.get("every source's link is booked", 0) + 1
+        return None
+    sources.sort()
+    t_a = np_.demand.arrival_s
+    costs = CostMemo(cost)
+    prefill_s, transfer_s = costs.prefill_s, costs.transfer_s
+    if waits is None:
+        waits = fc.waits_at(t_a)
+    # every worker's option (`_option_s`, the same arithmetic)
+    n = len(workers)
+    new_len = np_.new_len
+    src_w = workers[np_.source]
+    full = prefill_s(new_len + L, 0)
+    svc_hit = prefill_s(new_len, L)
+    if cfg.allow_pull and src_w.nic_bandwidth_bytes_per_s > 0:
+        opts = []
+        src_bw = src_w.nic_bandwidth_bytes_per_s
+        for w, wait in zip(workers, waits):
+            best_s = wait + full
+            if w.nic_bandwidth_bytes_per_s > 0:
+                pull = transfer_s(L * kvb, min(src_bw, w.nic_bandwidth_bytes_per_s))
+                best_s = min(best_s, max(wait, pull) + svc_hit)
+            opts.append((best_s, full))
+    else:
+        opts = [(wait + full, full) for wait in waits]
+    for w, held in depth_of.items():
+        if 0 <= w < n and held > 0:
+            svc = prefill_s(new_len + L - held, held)
+            opts[w] = (max(waits[w], eta.get(w, fc.now) - t_a) + svc, svc)
+    count = np_.demand.expected_count
+    spread = Spread(opts, num_spread(count, cfg.max_spread))
+    base = spread.base_s
+    fp = workers[np_.source].fingerprint
+    depths = []
+    for frac in cfg.depth_fractions:
+        depth = int(L * frac)
+        depth -= depth % page
+        depths.append((depth, prefill_s(new_len + L - depth, depth)))
+    endpoint_wait = cfg.endpoint_wait
+    links: dict[tuple, tuple[int, float, float]] = {}
+    room_tokens = room.tokens
+
+    def score(w: WorkerView, t: int) -> tuple[Optional[tuple[float, int, int, float, int]], list[str]]:
+        """(gain, depth, source, landing time, bytes) of the best copy to `t` (None: none clears the bar), and
+        the reasons candidates to `t` were turned down."""
+        held = depth_of.get(t, 0)
+        wait_t = waits[t]
+        target_best = None
+        reasons: list[str] = []
+        for depth, svc in depths:
+            if depth <= held:
+                continue
+            tokens = depth - held
+            if tokens > budget[t]:
+                reasons.append("replica budget")
+                continue
+            if tokens > room_tokens[t]:
+                reasons.append("would evict a wanted page")
+                continue
+            nbytes = tokens * kvb
+            # the source that lands the copy first (a holder is a source from its own arrival on): the same
+            # for every target alike in what it reads (kept for the candidate's other targets)
+            link_key = (depth, nbytes, t if held else -1, ingress[t], w.nic_bandwidth_bytes_per_s,
+                        w.busy_until_s)
+            link = links.get(link_key)
+            if link is None:
+                src, land, xfer = -1, math.inf, 0.0
+                for ready, s in sources:
+                    if ready >= land:
+                        break
+                    if s == t or depth_of[s] < depth:
+                        continue
+                    x = transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s,
+                                               w.nic_bandwidth_bytes_per_s))
+                    end = max(now, ready, ingress[t]) + x
+                    if endpoint_wait:  # gathered after the source's iteration, installed after the target's
+                        end = max(max(now, ready, ingress[t], workers[s].busy_until_s) + x, w.busy_until_s)
+                    if end < land:
+                        src, land, xfer = s, end, x
+                link = links[link_key] = (src, land, xfer)
+            src, land, xfer = link
+            if src < 0:
+                reasons.append("no source")
+                continue
+            new_opt = (max(wait_t, land - t_a) + svc, svc)
+            if new_opt[0] >= opts[t][0]:
+                reasons.append("no faster there")
+                continue
+            with_s = spread.with_option(t, new_opt)
+            displaced = max(0, tokens - free[t])
+            mem_cost = cfg.displaced_reuse_prob * prefill_s(displaced, 0) if displaced else 0.0
+            # the delay it imposes on the critical-path pulls that want the two links meanwhile
+            if workers[src].egress_pull_rate_per_s <= 0 and w.ingress_pull_rate_per_s <= 0:
+                harm = 0.0 + 0.0
+            else:
+                harm = (pull_delay_s(workers[src].egress_pull_rate_per_s, land - xfer, xfer, now)
+                        + pull_delay_s(w.ingress_pull_rate_per_s, land - xfer, xfer, now))
+            gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost - harm
+            # depth by marginal gain: the deepest copy wins unless a shallower one nets more
+            if gain < cfg.min_gain_s:
+                reasons.append("gain below minimum")
+            elif target_best is None or gain > target_best[0]:
+                target_best = (gain, depth, src, land, nbytes)
+        return target_best, reasons
+
+    # NOTE: targets alike in everything `score` reads score alike (the idle workers, mostly): each kind is
+    # scored once, for the first target of its kind (the others of a kind tie with it on gain per byte, and
+    # the first best wins), its reasons counted once per target. The key holds every per-target input of
+    # `score`; a holder's own id too (it is no source to itself). `spread.with_option` depends on `opts[t]`,
+    # not on `t` (see `radix_sync.policy.spread`).
+    target_keys = targets.keys
+    kinds: dict[tuple, list] = {}
+    booked = 0
+    for t in targets.compatible(fp):
+        if ingress[t] > limit:
+            booked += 1
+            continue
+        key = (t if t in depth_of else -1, target_keys[t], opts[t], waits[t])
+        kind = kinds.get(key)
+        if kind is None:
+            kinds[key] = [t, 1]
+        else:
+            kind[1] += 1
+    if why is not None and booked:
+        why["target link booked"] = why.get("target link booked", 0) + booked
+    best: Optional[tuple[float, int, int, int, float]] = None
+    best_ratio = 0.0
+    for t, num in kinds.values():
+        target_best, reasons = score(workers[t], t)
+        if why is not None:
+            for reason in reasons:
+                why[reason] = why.get(reason, 0) + num
+        if target_best is not None:
+            gain, depth, src, land, nbytes = target_best
+            ratio = gain / nbytes
+            if ratio > best_ratio:
+                best, best_ratio = (gain, t, depth, src, land), ratio
+    return best
+
+
+class CostMemo:
+    """One candidate's memo of the cost model's answers (the same few arguments come back for every target):
+    the same values, computed once."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self._cost = cost
+        self._prefill: dict[tuple[int, int], float] = {}
+        self._transfer: dict[tuple[float, float], float] = {}
+
+    def prefill_s(self, new_len: int, cached_len: int) -> float:
+        key = (new_len, cached_len)
+        v = self._prefill.get(key)
+        if v is None:
+            v = self._prefill[key] = self._cost.prefill_s(new_len, cached_len)
+        return v
+
+    def transfer_s(self, num_bytes: float, bandwidth_bytes_per_s: float = 0.0) -> float:
+        key = (num_bytes, bandwidth_bytes_per_s)
+        v = self._transfer.get(key)
+        if v is None:
+            v = self._transfer[key] = self._cost.transfer_s(num_bytes, bandwidth_bytes_per_s)
+        return v
+
+
+class LandingRoom:
+    """Per target, the tokens a copy may still bring without evicting a wanted page (`gate.landing_room_tokens`),
+    updated as the pass accepts copies (each one is incoming, then wanted)."""
+
+    def __init__(self, workers: tuple[WorkerView, ...], wanted: list[int], wanted_ordinary: list[int]) -> None:
+        self._workers = workers
+        self._wanted = wanted
+        self._ordinary = wanted_ordinary
+        self._incoming = [0] * len(workers)
+        self.tokens = [landing_room_tokens(w, wanted[i], wanted_ordinary[i]) for i, w in enumerate(workers)]
+
+    def add(self, target: int, tokens: int) -> None:
+        """A copy of `tokens` to `target` was accepted."""
+        self._incoming[target] += tokens
+        self._wanted[target] += tokens
+        w = self._workers[target]
+        self.tokens[target] = landing_room_tokens(
+            w._replace(incoming_tokens=w.incoming_tokens + self._incoming[target]), self._wanted[target],
+            self._ordinary[target])
