@@ -1,0 +1,116 @@
+"""The two stream hazards of issue 18 on a real GPU, each run fenced (as the agent copies: `CudaOps.fence` before
+the copy) and unfenced, with SGLang's forward stream kept busy so that the race has room to happen.
+
+1. source: a forward still writes a cached prefix's last token when the agent gathers the prefix. The forward
+   stream sleeps (`torch.cuda._sleep`), then writes a marker into the pool. Fenced, the gathered chunk holds the
+   marker; unfenced, it may not (the hazard).
+2. target: a late forward write lands in slots just freed and handed to a replica. The forward stream sleeps,
+   then writes a marker there. Fenced, the replica's pages hold the transfer after everything; unfenced, the
+   marker may overwrite them (the hazard).
+
+The fenced runs must be correct (exit 1 otherwise); the unfenced ones say whether the hazard was seen. Also
+checked: the copy's event is not done while the forward stream still sleeps (the scheduler thread would not
+wait for it), and the chunk's host buffer is pinned.
+
+    PYTHONPATH=kernels:. python3 scripts/gpu_ordering.py --json out.json      # needs CUDA
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "kernels"), str(ROOT)]
+
+import kvrep_kernels as kk  # noqa: E402
+from sglang_kvrep.device import CudaOps  # noqa: E402
+
+L, H, D, PS = 4, 8, 128, 16
+SLEEP_CYCLES = 200_000_000  # ~0.1 s at ~2 GHz: far longer than issuing the copy takes on the host
+
+
+def pool(pages: int, device: torch.device, seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = [torch.randn(pages * PS, H, D, generator=gen).to(torch.bfloat16).to(device) for _ in range(L)]
+    v = [torch.randn(pages * PS, H, D, generator=gen).to(torch.bfloat16).to(device) for _ in range(L)]
+    return k, v
+
+
+def source_hazard(fenced: bool) -> dict:
+    dev = torch.device("cuda")
+    forward = torch.cuda.Stream()
+    k, v = pool(64, dev)
+    ops = CudaOps(dev, forward)
+    torch.cuda.synchronize()
+    ids = torch.arange(1, 17)  # the prefix: pages 1..16; its last token is row 16 * PS + PS - 1
+    last_row = 16 * PS + PS - 1
+    with torch.cuda.stream(forward):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for t in k:
+            t[last_row].fill_(7.0)
+    with ops.stream():
+        if fenced:
+            ops.fence()
+        buf = kk.gather_pages(k, v, ids, PS)
+        host = ops.host_buffer(buf.numel() * buf.element_size())
+        ops.to_host(buf, host)
+        event = ops.record()
+    pending_while_forward_runs = not event.query()
+    torch.cuda.synchronize()
+    got = host.view(torch.bfloat16).view(buf.shape)
+    saw = bool((got[:, 15, 0, PS - 1] == 7.0).all())  # K of the last token of the last page, every layer
+    return {"fenced": fenced, "gather_saw_the_forwards_write": saw, "event_pending_while_forward_ran":
+            pending_while_forward_runs, "host_buffer_pinned": host.is_pinned()}
+
+
+def target_hazard(fenced: bool) -> dict:
+    dev = torch.device("cuda")
+    forward = torch.cuda.Stream()
+    k, v = pool(64, dev)
+    src_k, src_v = pool(64, dev, seed=1)
+    payload = kk.gather_pages(src_k, src_v, torch.arange(1, 9), PS).cpu().pin_memory()
+    ops = CudaOps(dev, forward)
+    torch.cuda.synchronize()
+    slots_pages = torch.arange(40, 48)  # the replica's pages: just freed by a request whose forward still runs
+    with torch.cuda.stream(forward):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for t in k:
+            t[40 * PS + 3].fill_(-9.0)  # the late write
+    with ops.stream():
+        dev_buf = ops.to_device(payload)
+        if fenced:
+            ops.fence()
+        kk.scatter_pages(dev_buf, k, v, slots_pages, PS)
+        event = ops.record()
+    pending = not event.query()
+    torch.cuda.synchronize()
+    again = kk.gather_pages(k, v, slots_pages, PS).cpu()
+    return {"fenced": fenced, "replica_intact": bool(torch.equal(again.view(torch.int16), payload.view(torch.int16))),
+            "event_pending_while_forward_ran": pending}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to show")
+        return 2
+    out = {"device": torch.cuda.get_device_name(), "source": [source_hazard(f) for f in (True, False)],
+           "target": [target_hazard(f) for f in (True, False)]}
+    print(json.dumps(out, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    fenced_ok = out["source"][0]["gather_saw_the_forwards_write"] and out["target"][0]["replica_intact"]
+    print("fenced copies correct" if fenced_ok else "FENCED COPIES WRONG")
+    print("hazard seen unfenced: source %s, target %s" % (not out["source"][1]["gather_saw_the_forwards_write"],
+                                                         not out["target"][1]["replica_intact"]))
+    return 0 if fenced_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

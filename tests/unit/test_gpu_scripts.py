@@ -1,0 +1,56 @@
+"""The GPU check's parts, run on the CPU as far as they go (issue 18 item 7): the profile re-measurement on a tiny
+model, the hazard script's refusal without CUDA, and the check's time box and output folder limits."""
+import importlib.util
+import re
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_profile_remeasurement_runs_and_fits_every_term_on_a_tiny_model():
+    gp = load("gpu_profile")
+    model = gp.build(gp.TINY, torch.device("cpu"))
+    out = gp.measure(model, torch.device("cpu"), [16, 32, 48], [(1, 8), (2, 8), (2, 16)], 1, gp.TINY["vocab_size"])
+    assert [r["tokens"] for r in out["prefill"]] == [16, 32, 48] and len(out["decode"]) == 3
+    assert all(r["s"] > 0 for r in out["prefill"] + out["decode"])
+    assert set(out["fitted"]) == {"prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_pair",
+                                  "decode_step_s", "decode_s_per_request", "decode_s_per_ctx_token"}
+    # the fit is exact on three points of a model with three terms
+    assert gp.fit([[1, 1, 1], [1, 2, 4], [1, 3, 9]], [6, 17, 34]) == pytest_approx([1, 2, 3])
+
+
+def pytest_approx(xs):
+    import pytest
+
+    return pytest.approx(xs, abs=1e-9)
+
+
+def test_the_hazard_script_says_it_needs_cuda(capsys):
+    if torch.cuda.is_available():  # (on a GPU the check itself runs it)
+        return
+    import sys
+
+    argv, sys.argv = sys.argv, ["gpu_ordering.py"]
+    try:
+        assert load("gpu_ordering").main() == 2
+    finally:
+        sys.argv = argv
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_the_gpu_check_fits_its_time_box_and_the_devices_output_limits():
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    limits = [int(x) for x in re.findall(r"^step \S+ (\d+) ", text, re.M)]
+    names = re.findall(r"^step (\S+) ", text, re.M)
+    assert sum(limits) <= 8 * 60 and len(limits) == 5
+    files = {"summary.txt", "hazards.json", "profile.json"} | {f"{n}.txt" for n in names}
+    assert len(files) <= 8  # what comes back from a device run: 8 files at most
