@@ -199,8 +199,17 @@ class SchedulerView:
         return getattr(runner, "forward_stream", None)
 
     def kv_buffers(self) -> tuple[list[torch.Tensor], Optional[list[torch.Tensor]], str]:
-        """(K buffers, V buffers or None for MLA, layout "NHD"|"HND")."""
+        """(K buffers, V buffers or None for MLA, layout "NHD"|"HND").
+
+        Raises:
+            RuntimeError: a pool whose pages are more than these buffers (the block scales of SGLang's FP4 and
+                MXFP8 pools: copying K/V without them would install garbage), or of an unknown kind.
+        """
         pool = self.pool
+        for name in ("k_scale_buffer", "v_scale_buffer", "kv_scale_buffer"):
+            if getattr(pool, name, None) is not None:
+                raise RuntimeError(f"unsupported KV pool {type(pool).__name__}: its {name} (block scales of a "
+                                   f"quantized pool) would not be copied with the pages")
         if hasattr(pool, "k_buffer") and pool.k_buffer is not None:
             layout = "HND" if getattr(pool, "use_hnd", False) else "NHD"
             return list(pool.k_buffer), list(pool.v_buffer), layout

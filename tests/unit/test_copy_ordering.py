@@ -459,3 +459,22 @@ def test_an_agent_whose_io_thread_died_lets_go_of_locks_and_slots_only_after_its
     assert view.unlocked == ["lock1"] and not agent.gathers
     assert len(view.freed) == 1 and view.freed[0].numel() == 64 and not agent.replicas.pending
     assert view.inserted == [] and agent.replicas.live_tokens() == 0
+
+
+def test_a_quantized_pool_with_block_scales_is_refused_not_copied_without_them():
+    """Issue 18: SGLang's FP4 / MXFP8 pools keep per-block scales beside K/V; the view refuses them (the plugin
+    then serves as plain SGLang, saying why) instead of copying pages whose scales stay behind."""
+    import types
+
+    from sglang_kvrep.compat import SchedulerView
+
+    def view(**pool_fields):
+        pool = types.SimpleNamespace(k_buffer=[torch.zeros(32, 2, 8)], v_buffer=[torch.zeros(32, 2, 8)],
+                                     **pool_fields)
+        sched = types.SimpleNamespace(server_args=types.SimpleNamespace(page_size=16), tree_cache=None,
+                                      token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool))
+        return SchedulerView(sched)
+
+    assert view().kv_buffers()[2] == "NHD"
+    with pytest.raises(RuntimeError, match="k_scale_buffer"):
+        view(k_scale_buffer=[torch.zeros(32, 1)], v_scale_buffer=[torch.zeros(32, 1)]).kv_buffers()
