@@ -7,8 +7,9 @@ waits on the forward stream before a device-to-host write and before a load into
 `disaggregation/prefill.py` records an event before early sends):
 
 - **fence**: before the copy stream reads pages (a source's gather: a forward may still be writing a cached
-  prefix's last token) or writes pages (a target's scatter into slots just freed: a late forward write may still
-  land there), it waits for everything queued on the forward stream so far. Later forwards still overlap.
+  prefix's last token; HiCache may still be loading host-tier pages back) or writes pages (a target's scatter into
+  slots just freed: a late forward write may still land there), it waits for everything queued on the forward
+  stream (and HiCache's load-back stream) so far. Later forwards still overlap.
 - **record / query**: the copy's end is an event on the copy stream; the scheduler thread never waits on it, it
   asks (`done()`) at the next iteration. Until then the pages stay locked (source) or out of the tree (target),
   and the host memory stays with the copy.
@@ -102,13 +103,18 @@ class CudaOps:
 
     is_async = True
 
-    def __init__(self, device: torch.device, forward_stream: Optional["torch.cuda.Stream"] = None) -> None:
+    def __init__(self, device: torch.device, forward_stream: Optional["torch.cuda.Stream"] = None,
+                 other_streams: tuple = ()) -> None:
+        """`other_streams`: more streams whose queued work a copy waits for (HiCache's load-back stream: its pages
+        match as device prefix while they load)."""
         self.device = device
         self.forward_stream = forward_stream if forward_stream is not None else torch.cuda.current_stream(device)
+        self.fenced = (self.forward_stream, *(s for s in other_streams if s is not None))
         self.copy_stream = torch.cuda.Stream(device=device)
 
     def fence(self) -> None:
-        self.copy_stream.wait_stream(self.forward_stream)
+        for stream in self.fenced:
+            self.copy_stream.wait_stream(stream)
 
     def stream(self) -> ContextManager[Any]:
         return torch.cuda.stream(self.copy_stream)
@@ -135,8 +141,9 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def make_ops(device: torch.device, forward_stream: Optional[Any] = None) -> CopyOps:
-    """The `CopyOps` for a pool on `device` (SGLang's forward stream passed where it has one)."""
+def make_ops(device: torch.device, forward_stream: Optional[Any] = None, other_streams: tuple = ()) -> CopyOps:
+    """The `CopyOps` for a pool on `device` (SGLang's forward stream, and its HiCache load-back stream, passed
+    where it has them)."""
     if device.type == "cuda":
-        return CudaOps(device, forward_stream)
+        return CudaOps(device, forward_stream, other_streams)
     return SyncOps(device)

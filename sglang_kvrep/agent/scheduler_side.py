@@ -47,7 +47,8 @@ class WorkerAgent(SourceSide):
         self.mailbox = mailbox if mailbox is not None else m.Mailbox()
         if ops is None:
             forward = view.forward_stream() if hasattr(view, "forward_stream") else None
-            ops = make_ops(view.kv_buffers()[0][0].device, forward)
+            load_back = view.load_back_stream() if hasattr(view, "load_back_stream") else None
+            ops = make_ops(view.kv_buffers()[0][0].device, forward, (load_back,))
         self.ops = ops
         if ops.device.type == "cuda":  # the copy kernels compile now, not on the first copy's scheduler step
             t0 = time.perf_counter()

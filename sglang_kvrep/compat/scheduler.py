@@ -198,6 +198,14 @@ class SchedulerView:
         runner = getattr(getattr(self.scheduler, "tp_worker", None), "model_runner", None)
         return getattr(runner, "forward_stream", None)
 
+    def load_back_stream(self) -> Any:
+        """The stream HiCache loads host-tier pages back to the device on (`--enable-hierarchical-cache`), None
+        without one. Pages being loaded back already match as device prefix (SGLang's own early send skips them,
+        `disaggregation/prefill.py` ~1474): a copy fenced behind this stream reads them loaded."""
+        controller = getattr(self.tree_cache, "cache_controller", None)
+        engine = getattr(controller, "l2_transfer_engine", None)
+        return getattr(engine, "host_to_device_stream", None)
+
     def kv_buffers(self) -> tuple[list[torch.Tensor], Optional[list[torch.Tensor]], str]:
         """(K buffers, V buffers or None for MLA, layout "NHD"|"HND").
 

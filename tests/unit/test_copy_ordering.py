@@ -478,3 +478,26 @@ def test_a_quantized_pool_with_block_scales_is_refused_not_copied_without_them()
     assert view().kv_buffers()[2] == "NHD"
     with pytest.raises(RuntimeError, match="k_scale_buffer"):
         view(k_scale_buffer=[torch.zeros(32, 1)], v_scale_buffer=[torch.zeros(32, 1)]).kv_buffers()
+
+
+def test_the_view_names_the_streams_a_copy_is_fenced_behind():
+    """SGLang's forward stream (the model runner's) and, with HiCache, its load-back stream (pages loading back
+    already match as device prefix); None where there is none (a CPU worker without HiCache)."""
+    import types
+
+    from sglang_kvrep.compat import SchedulerView
+
+    pool = types.SimpleNamespace(k_buffer=[torch.zeros(32, 2, 8)], v_buffer=[torch.zeros(32, 2, 8)])
+    forward, load = object(), object()
+    engine = types.SimpleNamespace(host_to_device_stream=load)
+    sched = types.SimpleNamespace(
+        server_args=types.SimpleNamespace(page_size=16),
+        tree_cache=types.SimpleNamespace(cache_controller=types.SimpleNamespace(l2_transfer_engine=engine)),
+        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool),
+        tp_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(forward_stream=forward)))
+    view = SchedulerView(sched)
+    assert view.forward_stream() is forward and view.load_back_stream() is load
+    plain = SchedulerView(types.SimpleNamespace(server_args=sched.server_args,
+                                                tree_cache=types.SimpleNamespace(cache_controller=None),
+                                                token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator))
+    assert plain.forward_stream() is None and plain.load_back_stream() is None
