@@ -21,7 +21,6 @@ scheduler process).
 """
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 from sglang_kvrep.agent.io_side import run_io_thread
@@ -38,9 +37,11 @@ def start_agent(view: SchedulerView, config: KvrepConfig) -> WorkerAgent:
     then the agent is disabled and SGLang serves as usual)."""
     mailbox = Mailbox()
     agent = WorkerAgent(view, config, mailbox)
-    # a GPU pool's target uploads from the receive buffers: pinned, so the upload is asynchronous
-    io_config = dataclasses.replace(config, pin_staging=agent.ops.device.type == "cuda")
-    thread = threading.Thread(target=run_io_thread, args=(io_config, agent.info, mailbox), name="kvrep-io",
+    # NOTE: receive buffers stay pageable (`KvrepConfig.pin_staging` off): pinning them would make the I/O thread
+    # allocate pinned memory, a CUDA call from another thread, which invalidates a CUDA-graph capture in global mode
+    # (SGLang recaptures after a weight update); the I/O thread makes no CUDA call at all. The price: a GPU target's
+    # upload of a transfer blocks the scheduler thread for the host-side copy (docs/gpu.md).
+    thread = threading.Thread(target=run_io_thread, args=(config, agent.info, mailbox), name="kvrep-io",
                               daemon=True)
     agent.start(thread)
     return agent

@@ -429,7 +429,7 @@ def test_a_source_names_xxh3_whatever_its_pools_device_the_io_side_hashes_host_m
     assert start.header.checksum_kind == "xxh3"
 
 
-def test_receive_buffers_are_pinned_only_for_a_gpu_pool():
+def test_receive_buffers_are_not_pinned_the_io_thread_makes_no_cuda_call():
     from sglang_kvrep.dataplane.staging import StagingPool
 
     assert StagingPool(1 << 20).pin is False and KvrepConfig().pin_staging is False
