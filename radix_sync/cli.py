@@ -40,8 +40,9 @@ def _add_coordinator(sub) -> None:
     p.add_argument("--max-hint-ttl-s", type=float, default=S.max_hint_ttl_s, help="hints' TTLs are capped to it")
     p.add_argument("--hint-rate-per-s", type=float, default=S.hint_rate_per_s, help="hints per second per tenant")
     p.add_argument("--ledger-holdout", type=float, default=S.ledger_holdout,
-                   help="fraction of the prefixes the planner decides on whose copies are held back, to measure "
-                        "whether copies pay (GET /status `ledger`; 0: off)")
+                   help="fraction of the prefixes the planner decides on (and, separately, that routers ask to "
+                        "pull) whose copies are held back, to measure whether copies pay; shown to cost, they "
+                        "pause (GET /status `ledger`, `pull_ledger`; 0: off)")
     p.add_argument("--keys", default=C.keys, metavar="DIR",
                    help="key directory from `kvrep keys`: CurveZMQ on the workers' socket, only its workers' keys "
                         "admitted, each bound to its worker id (required to bind a non-loopback address)")

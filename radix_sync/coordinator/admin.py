@@ -184,6 +184,7 @@ class AdminServer:
                 "planner": getattr(coord.policy, "last_pass", None),
                 "loop": coord.loop_stats.summary(),
                 "ledger": st.ledger.status(time.monotonic()),
+                "pull_ledger": st.pull_ledger.status(time.monotonic()),
                 "plain_workers": [feed.stats() for feed in coord.plain_feeds],
                 "demotions": {**coord.num_demotions, "recent": coord.recent_demotions[-20:]},
                 "hints": [{"block_hash": b, **{k: round(v, 3) for k, v in t.items()},

@@ -82,6 +82,24 @@ def join_critical(state, req: api.ReplicateRequest, block_hash: Optional[int]):
     return None
 
 
+def ledger_allows_pull(state, block_hash: Optional[int], now_s: float) -> None:
+    """The pull ledger's draw (`ClusterState.pull_ledger`, a `CopyLedger` of its own): pulls are a bet like the
+    planner's copies, so a share of the prefixes pulls are asked for is held out (served as without pulls: the router
+    routes by its ranking), the two groups' answers are compared, and while pulls are shown to cost every pull is
+    held out (the router then only routes: inert). Caller holds the coordinator's lock.
+
+    Raises:
+        AdminError (409): held out (the router falls back to its ranking, as for any refused pull).
+    """
+    if block_hash is None:
+        return
+    if not state.pull_ledger.assign(block_hash, now_s):
+        paused = state.pull_ledger.verdict(now_s)[0] == "costs"
+        raise AdminError("held out by the pull ledger: " + (
+            "pulls are paused, shown to cost time to first token" if paused else
+            "this prefix's pulls are not made, to measure whether pulls pay"), CONFLICT)
+
+
 async def wait_replication(coord, req: api.ReplicationWaitRequest) -> api.ReplicationInfo:
     """`POST /replications/wait`: the replication once it is done or failed, or as it is after `req.wait_s`.
 

@@ -25,7 +25,7 @@ from radix_sync.coordinator.admin import AdminServer
 from radix_sync.coordinator.metrics import CoordinatorMetrics
 from radix_sync.coordinator.plain import PlainFeed, PlainWorkerSpec
 from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
-from radix_sync.coordinator.pull import check_critical, critical_prefix_hash, join_critical
+from radix_sync.coordinator.pull import check_critical, critical_prefix_hash, join_critical, ledger_allows_pull
 from radix_sync.coordinator.state import ClusterState, StateConfig
 from radix_sync.policy.rules import RuleConfig
 
@@ -385,6 +385,7 @@ class Coordinator:
                 if joined is not None:  # the same pages are on their way there already: wait for that copy
                     self.num_critical_joined += 1
                     return joined.to_info()
+                ledger_allows_pull(self.state, block_hash, now)
             rep, target_rid, expect = self.state.request_replication(
                 req.source, req.target, req.input_ids, api.namespace_of(req.cache_salt), ttl_s, now,
                 origin="pull" if req.critical else "admin", block_hash=block_hash)

@@ -48,6 +48,8 @@ class ClusterState:
         self.demand = DemandLog(config.max_demand_events)
         self.ledger = CopyLedger(LedgerConfig(holdout=config.ledger_holdout))
         """Whether the planner's copies pay, live (a holdout of prefixes; `radix_sync.coordinator.ledger`)."""
+        self.pull_ledger = CopyLedger(LedgerConfig(holdout=config.ledger_holdout))
+        """Whether the routers' pulls (copies on a request's path) pay, the same way (`pull.ledger_allows_pull`)."""
         self.num_protocol_errors = 0
         self.num_refused_facts: dict[str, int] = {}
         """Facts refused after decoding, by type (unverifiable pages, a replication's fact from a non-party,
@@ -387,6 +389,7 @@ class ClusterState:
                            worker_id)
         self.demand.add_finish(rec, hashes)
         self.ledger.finished(hashes, ttft_s, now_s)
+        self.pull_ledger.finished(hashes, ttft_s, now_s)
         return rec
 
     def record_hint(self, req: Union[api.HintRequest, dict], now_s: float) -> HintRecord:

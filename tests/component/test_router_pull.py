@@ -125,7 +125,8 @@ def router_proc(tmp, name, coord, stubs, *extra):
 
 class Env:
     def __init__(self, tmp):
-        self.coord = Coordinator(tmp, extra_args=("--policy", "none", "--worker-timeout-s", "120"))
+        self.coord = Coordinator(tmp, extra_args=("--policy", "none", "--worker-timeout-s", "120",
+                                                  "--ledger-holdout", "0"))  # every pull made, none held out
         self.a, self.b = start_stub("A", tmp), start_stub("B", tmp)
         # `patient` waits up to 30 s for a copy (the test holds copies); `hasty` gives up after 0.3 s
         self.patient = router_proc(tmp, "router-patient", self.coord, (self.a, self.b),

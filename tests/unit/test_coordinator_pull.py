@@ -149,3 +149,46 @@ def test_the_admin_replicate_of_two_routers_pulls_makes_one_copy(tmp_path):
     finally:
         coord._sock.close(0)
         coord._ctx.term()
+
+
+def test_pulls_are_a_bet_the_pull_ledger_holds_some_out_and_pauses_them_all_when_they_cost(st):
+    """Inert unless it pays, for reactive copies too: a share of the prefixes pulls are asked for is held out
+    (409: the router routes by its ranking instead); answers on pulled prefixes and on held-out ones are compared;
+    once pulls are shown to cost, every new pull is held out (inert: routing only) until the evidence ages out."""
+    from radix_sync.coordinator.ledger import COPIED, HELD_OUT
+    from radix_sync.coordinator.pull import ledger_allows_pull
+
+    groups = {COPIED: [], HELD_OUT: []}
+    for i in range(400):  # distinct prefixes (one each, as sessions'), drawn into the two groups by their hash
+        h = 10_000 + i
+        try:
+            ledger_allows_pull(st, h, 5.0)
+            groups[COPIED].append(h)
+        except AdminError as exc:
+            assert exc.status == 409 and "not made, to measure" in str(exc)
+            groups[HELD_OUT].append(h)
+    assert 0.1 < len(groups[HELD_OUT]) / 400 < 0.3  # the default holdout, 0.2
+    ledger_allows_pull(st, groups[COPIED][0], 6.0)  # a prefix keeps its group
+    # answers: pulled prefixes answer in 2 s, held-out ones in 1 s: pulls cost
+    for group, ttft in ((COPIED, 2.0), (HELD_OUT, 1.0)):
+        for j, h in enumerate(groups[group][:40]):
+            assert st.pull_ledger.finished([h], ttft + 0.01 * (j % 5), 7.0) == group
+    assert st.pull_ledger.verdict(7.0)[0] == "costs"
+    with pytest.raises(AdminError, match="pulls are paused") as exc:
+        ledger_allows_pull(st, 99_999, 8.0)  # a new prefix: held out while paused
+    assert exc.value.status == 409
+    assert st.ledger.verdict(8.0)[0] == "not shown"  # the planner's ledger is another one
+    ledger_allows_pull(st, None, 8.0)  # no prefix (shorter than a page): nothing to draw
+
+
+def test_a_routers_finish_report_is_evidence_for_the_pull_ledger(st):
+    from radix_sync.coordinator.pull import ledger_allows_pull
+
+    tokens = list(range(40))
+    try:  # whichever group the prefix draws, its answers count there
+        ledger_allows_pull(st, page_hashes(tokens, 4)[-1], 5.0)
+    except AdminError:
+        pass
+    st.record_demand([], [{"input_ids": tokens + [1, 2, 3, 4], "worker": "b", "ttft_s": 0.5}], 6.0)
+    groups = st.pull_ledger.status(6.0)["groups"]
+    assert sum(g["answers"] for g in groups.values()) == 1
