@@ -150,6 +150,7 @@ class WorkerAgent(SourceSide):
         if self.disabled:
             if self.gathers or self.replicas.pending:
                 self._wind_down()
+                self._keep_polling()
             return
         try:
             self.on_iteration()
@@ -216,6 +217,15 @@ class WorkerAgent(SourceSide):
                                         demoted_evicted_tokens=self.demote_stats["evicted_tokens"],
                                         demotions_taken_back=self.demote_stats["taken_back"], **load))
             self._reported_busy = load["num_running_reqs"] + load["num_waiting_reqs"] > 0
+        self._keep_polling()
+
+    def _keep_polling(self) -> None:
+        """Copies on the device end without telling anyone: while some are in flight the scheduler's idle poller
+        (`--sleep-on-idle`) must not sleep, or a finished chunk or install waits for the next request. Ringing our
+        own bell makes its next poll return at once (it spins, for as long as the copies run)."""
+        if self.ops.is_async and (self.replicas.pending or any(j.pending or j.page_ids is None
+                                                               for j in self.gathers.values())):
+            self.mailbox.ring_scheduler()
 
     def _on_message(self, msg: m.ToScheduler) -> None:
         if isinstance(msg, m.ChunksSent):

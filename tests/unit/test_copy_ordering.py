@@ -501,3 +501,27 @@ def test_the_view_names_the_streams_a_copy_is_fenced_behind():
                                                 tree_cache=types.SimpleNamespace(cache_controller=None),
                                                 token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator))
     assert plain.forward_stream() is None and plain.load_back_stream() is None
+
+
+def test_while_copies_are_on_the_device_the_scheduler_is_kept_from_sleeping(monkeypatch):
+    """A device copy ends without waking anyone: with `--sleep-on-idle` an idle scheduler would hand a finished
+    chunk over only at the next request. While copies are in flight the agent rings its own bell (the idle poller
+    returns at once); once they are done, it stops."""
+    import select
+
+    dev = FakeDevice()
+    view, agent, cmd = source(dev, monkeypatch)
+    bell = agent.mailbox.scheduler_bell_fd
+
+    def rung():
+        return bool(select.select([bell], [], [], 0)[0])
+
+    agent.on_iteration()
+    assert not rung()  # nothing in flight: the scheduler may sleep
+    agent._on_message(m.Replicate(cmd))
+    agent.on_iteration()  # the slots' copy is in flight
+    assert rung()
+    for _ in range(3):
+        dev.run()
+        agent.on_iteration()
+    assert not agent.gathers and not rung()  # all handed over, the lock released: sleep again
