@@ -46,10 +46,9 @@ class ClusterState:
         self._workers = WorkerRegistry()
         self._replications = ReplicationBook(config.replication_timeout_s)
         self.demand = DemandLog(config.max_demand_events)
-        self.ledger = CopyLedger(LedgerConfig(holdout=config.ledger_holdout))
-        """Whether the planner's copies pay, live (a holdout of prefixes; `radix_sync.coordinator.ledger`)."""
-        self.pull_ledger = CopyLedger(LedgerConfig(holdout=config.ledger_holdout))
-        """Whether the routers' pulls (copies on a request's path) pay, the same way (`pull.ledger_allows_pull`)."""
+        self.ledger, self.pull_ledger = (CopyLedger(LedgerConfig(holdout=config.ledger_holdout)) for _ in "ab")
+        """Whether the planner's copies, and the routers' pulls (`pull.ledger_allows_pull`), pay, live (a holdout of
+        prefixes each; `radix_sync.coordinator.ledger`)."""
         self.num_protocol_errors = 0
         self.num_refused_facts: dict[str, int] = {}
         """Facts refused after decoding, by type (unverifiable pages, a replication's fact from a non-party,
