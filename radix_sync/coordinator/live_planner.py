@@ -78,7 +78,8 @@ class _ViewCache:
         self._kept: dict[int, list] = {}
         """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders as (worker, role,
         expiry), view] (the last four None until a view is made)."""
-        self._next: dict[int, list] = {}
+        self.entries: dict[int, list] = {}
+        """This tick's entries (those it used), by prefix."""
         self._stamps: dict[int, int] = {}
 
     def begin(self, scope: tuple, stamps: dict[int, int]) -> None:
@@ -88,11 +89,11 @@ class _ViewCache:
             self._kept = {}
         self.scope = scope
         self._stamps = stamps
-        self._next = {}
+        self.entries = {}
 
     def end(self) -> None:
         """The tick is over: what it used is kept for the next."""
-        self._kept, self._next = self._next, {}
+        self._kept, self.entries = self.entries, {}
 
     def entry(self, block_hash: int, entries: tuple) -> list:
         """The kept entry of a prefix no fan-out hint names (its times are shared: read-only)."""
@@ -100,13 +101,13 @@ class _ViewCache:
         kept = self._kept.get(block_hash)
         if kept is None or kept[0] != stamp:
             kept = [stamp, *entry_times(entries, ()), log_position(entries), None, 0, None, None]
-        self._next[block_hash] = kept
+        self.entries[block_hash] = kept
         return kept
 
     def add_popular(self, demand: CandidateDemand, popular) -> None:
         """`demand.add` of each prefix of `popular` (in order, into an empty `demand`), from the kept entries."""
         times, namespaces, order, fanout_hints = demand.times, demand.namespaces, demand.order, demand.fanout_hints
-        by_prefix, stamps, kept_by, next_by = demand.by_prefix, self._stamps, self._kept, self._next
+        by_prefix, stamps, kept_by, next_by = demand.by_prefix, self._stamps, self._kept, self.entries
         for block_hash in popular:
             if block_hash in fanout_hints:
                 demand.add(block_hash)
@@ -120,15 +121,6 @@ class _ViewCache:
             times[block_hash] = kept[1]
             namespaces[block_hash] = kept[2]
             order[block_hash] = kept[3]
-
-    def view(self, block_hash: int, node, make) -> Optional[PrefixView]:
-        """The kept view of a candidate by its popularity alone whose page is `node`, else `make()` (kept)."""
-        kept = self._next[block_hash]
-        holding = [(w, h.role, h.expires_at_s) for w, h in node.holders.items()]
-        if kept[4] is not node or kept[5] != node.depth or kept[6] != holding:
-            kept[4], kept[5], kept[6], kept[7] = node, node.depth, holding, make()
-        return kept[7]
-
 
 def _holder_bits(holders, index: dict[str, int]) -> int:
     """Returns: the holders (worker ids) as a bitmask by worker index.
@@ -297,6 +289,7 @@ class LivePlanner:
         times, sessions, by_prefix = demand.times, demand.sessions, demand.by_prefix
         fanout, keepalive = demand.fanout, demand.keepalive
         node_of = state.directory.node
+        entries = cache.entries if cache is not None else {}
         prefixes = []
         for block_hash in demand.in_log_order():
             if cache is not None and block_hash not in hinted and block_hash not in sessions \
@@ -306,8 +299,13 @@ class LivePlanner:
                 node = node_of(block_hash)
                 if node is None:
                     continue
-                view = cache.view(block_hash, node, lambda: self._prefix_view(
-                    state, block_hash, demand, index, (), busy, page_len, now_s))
+                # (the kept view while its page and holders are the same: `_ViewCache`)
+                kept = entries[block_hash]
+                holding = [(w, h.role, h.expires_at_s) for w, h in node.holders.items()]
+                if kept[4] is not node or kept[5] != node.depth or kept[6] != holding:
+                    kept[4], kept[5], kept[6] = node, node.depth, holding
+                    kept[7] = self._prefix_view(state, block_hash, demand, index, (), busy, page_len, now_s)
+                view = kept[7]
             else:
                 if not is_candidate(len(times[block_hash]), block_hash in fanout or block_hash in keepalive,
                                     block_hash in sessions):

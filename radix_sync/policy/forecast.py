@@ -6,7 +6,6 @@ Used by the expected-TTFT router and the planner. Pure: a `WorkerView`, `now` an
 from __future__ import annotations
 
 import bisect
-from typing import Optional
 
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.snapshot import WorkerView
@@ -46,9 +45,11 @@ class WaitForecast:
         self.base_s = [queue_wait_s(cost, w, now) for w in workers]
         self._times: list[list[float]] = [[] for _ in workers]
         self._work: list[list[float]] = [[] for _ in workers]
-        self._after: list[Optional[list[float]]] = [None] * len(workers)
-        """Per worker, the backlog just after each predicted arrival (the recurrence of `wait_at`, kept until the
-        worker's work changes): a wait is then a bisection, not a walk over the arrivals before it."""
+        self._after: list[list[float]] = [[] for _ in workers]
+        """Per worker, the backlog just after each predicted arrival (the recurrence of `wait_at`), its first
+        `_valid` kept while the arrivals before them do not change: a wait is then a bisection, not a walk over
+        the arrivals before it."""
+        self._valid: list[int] = [0] * len(workers)
         self._changed: list[int] = []
         """The workers whose work changed, in order (what `waits_at` takes again)."""
         self._waits: dict[float, tuple[list[float], int]] = {}
@@ -59,7 +60,8 @@ class WaitForecast:
         i = bisect.bisect_right(self._times[worker_id], at_s)
         self._times[worker_id].insert(i, at_s)
         self._work[worker_id].insert(i, work_s)
-        self._after[worker_id] = None
+        if i < self._valid[worker_id]:
+            self._valid[worker_id] = i
         self._changed.append(worker_id)
 
     def remove_work(self, worker_id: int, at_s: float, work_s: float) -> None:
@@ -70,7 +72,8 @@ class WaitForecast:
             if work[i] == work_s:
                 del times[i]
                 del work[i]
-                self._after[worker_id] = None
+                if i < self._valid[worker_id]:
+                    self._valid[worker_id] = i
                 self._changed.append(worker_id)
                 return
             i += 1
@@ -86,8 +89,8 @@ class WaitForecast:
         if n == 0:
             return max(0.0, self.base_s[worker_id] - max(0.0, t - self.now))
         after = self._after[worker_id]
-        if after is None:
-            after = self._after[worker_id] = self._backlogs(worker_id)
+        if self._valid[worker_id] < len(times) or len(after) != len(times):
+            after = self._backlogs(worker_id)
         return max(0.0, after[n - 1] - max(0.0, t - times[n - 1]))
 
     def waits_at(self, t: float) -> list[float]:
@@ -107,11 +110,18 @@ class WaitForecast:
         return waits
 
     def _backlogs(self, worker_id: int) -> list[float]:
-        """The backlog just after each predicted arrival at `worker_id`: FCFS, the backlog at `now` first."""
-        backlog, clock = self.base_s[worker_id], self.now
-        out = []
-        for at_s, work_s in zip(self._times[worker_id], self._work[worker_id]):
+        """The backlog just after each predicted arrival at `worker_id`: FCFS, the backlog at `now` first (those
+        after the arrivals that did not change since they were taken are taken again, from the last of those on:
+        the same recurrence, the same values)."""
+        times, out, valid = self._times[worker_id], self._after[worker_id], self._valid[worker_id]
+        del out[valid:]
+        if valid:
+            backlog, clock = out[-1], times[valid - 1]
+        else:
+            backlog, clock = self.base_s[worker_id], self.now
+        for at_s, work_s in zip(times[valid:], self._work[worker_id][valid:]):
             backlog = max(0.0, backlog - (at_s - clock)) + work_s
             clock = at_s
             out.append(backlog)
+        self._valid[worker_id] = len(times)
         return out

@@ -197,43 +197,70 @@ class KvrepPlanner:
         return self._spread_s(opts, np_.demand.expected_count)
 
     # ---- planning ----
-    def _node_plans(self, snap: ClusterSnapshot, now: float) -> list[_NodePlan]:
-        """The prefixes with predicted demand and a holder to copy from, each with its holders' depths and
-        arrivals. NOTE: what a prefix's plan takes from its view alone (depths, arrivals, the source when it does
-        not depend on `now`, what it holds that is wanted) is kept from the last pass while the snapshot carries
-        the same view object (views are frozen: the live coordinator hands the same object again while nothing it
-        was built from changed); only the prediction, which depends on `now`, is made again."""
+    def _node_plans(self, snap: ClusterSnapshot, now: float, fc: WaitForecast) -> tuple[list[tuple], list[int],
+                                                                                        list[int]]:
+        """The prefixes with predicted demand and a holder to copy from, as (view, demand, depths, arrivals,
+        source, new tokens, its own predicted work (primary holder, arrival, seconds)), each one's own work added to
+        `fc`; and the tokens per worker of replicas and of ordinary prefixes that predicted demand wants there.
+
+        NOTE: what a prefix's plan takes from its view alone (depths, arrivals, the source when it does not depend
+        on `now`, what it holds that is wanted) is kept from the last pass while the snapshot carries the same view
+        object (views are frozen: the live coordinator hands the same object again while nothing it was built
+        from changed); the prediction and the primary holder, which depend on `now` and the loads, are made
+        again. A `_NodePlan` is made only for a prefix the pass scores."""
         cfg = self.cfg
-        chain, horizon = cfg.chain_sources, cfg.horizon_s
-        scope = (chain, cfg.default_new_len, len(snap.workers))
+        chain, horizon, n = cfg.chain_sources, cfg.horizon_s, len(snap.workers)
+        scope = (chain, cfg.default_new_len, n)
         kept = self._kept if scope == self._kept_scope else {}
         keep: dict[int, tuple] = {}
         outcomes = self.outcomes
         plans = []
+        wanted, wanted_ordinary = [0] * n, [0] * n
+        base_s, add_work = fc.base_s, fc.add_work
+        prefill: dict[tuple[int, int], float] = {}  # (the cost model's answers, memoised for the pass)
         nodes = [node for node in snap.prefixes if node.token_len > 0 and node.holders]
         for node, demand in zip(nodes, self.predictor.predict_all(nodes, now, horizon)):
-            if demand.expected_count <= 0.0:
+            count = demand.expected_count
+            if count <= 0.0:
                 outcomes[node.node_id] = "no demand predicted"
                 continue
             entry = kept.get(node.node_id)
             if entry is None or entry[0] is not node:
-                entry = self._node_entry(node, len(snap.workers))
+                entry = self._node_entry(node, n)
             keep[node.node_id] = entry
-            _, depth, eta, source, wanted = entry
+            _, depth, eta, source, held, new_len, prefill_key = entry
             if source is None:
                 if not depth or (not chain and len(eta) == len(depth)):
                     outcomes[node.node_id] = "no holder has the pages yet"
                     continue
                 source = min(depth, key=lambda w: (w in eta and not chain, -depth[w], eta.get(w, now), w))
-            plans.append(_NodePlan(node, demand, node.expected_new_len or cfg.default_new_len, depth, eta, source,
-                                   wanted))
+            # Predicted work of every node lands on its best current option (its primary holder): the holder with
+            # the least wait, the lowest index among equals.
+            it = iter(depth)
+            w = next(it)
+            wait = base_s[w]
+            for i in it:
+                if base_s[i] < wait or (base_s[i] == wait and i < w):
+                    w, wait = i, base_s[i]
+            one = prefill.get(prefill_key)
+            if one is None:
+                one = prefill[prefill_key] = self.cost.prefill_s(*prefill_key)
+            own = (w, demand.arrival_s, count * one)
+            add_work(*own)
+            for i, replica, tokens in held:
+                if replica:
+                    wanted[i] += tokens
+                else:
+                    wanted_ordinary[i] += tokens
+            plans.append((node, demand, depth, eta, source, new_len, held, own))
         self._kept, self._kept_scope = keep, scope
-        return plans
+        return plans, wanted, wanted_ordinary
 
     def _node_entry(self, node: PrefixView, num_workers: int) -> tuple:
         """(the view, its holders' depths and arrivals, the source if it does not depend on `now` else None, its
-        landed holdings that predicted demand wants there as (worker, replica?, tokens)) (see `_node_plans`; the
-        depths and arrivals are shared: a plan copies them before it adds to them)."""
+        landed holdings that predicted demand wants there as (worker, replica?, tokens), the tokens a request adds
+        to it, the prefill its predicted work is made of) (see `_node_plans`; the depths and arrivals are shared:
+        a plan copies them before it adds to them)."""
         depth: dict[int, int] = {}
         eta: dict[int, float] = {}
         for h in node.holders:
@@ -250,7 +277,8 @@ class KvrepPlanner:
             source = min(depth, key=lambda w: (w in eta, -depth[w], 0.0, w))
         wanted = [(h.worker_id, h.role == REPLICA, h.depth_len) for h in node.holders
                   if h.eta_s is None and 0 <= h.worker_id < num_workers]
-        return node, depth, eta, source, wanted
+        new_len = node.expected_new_len or self.cfg.default_new_len
+        return node, depth, eta, source, wanted, new_len, (new_len, node.token_len)
 
     def _ttl_s(self, np_: _NodePlan, land_s: float, now: float) -> float:
         d, node = np_.demand, np_.node
@@ -279,25 +307,7 @@ class KvrepPlanner:
             return []
         self._page_len = max(1, snap.page_len)
         fc = WaitForecast(self.cost, workers, now)
-        plans = self._node_plans(snap, now)
-        # Predicted work of every node lands on its best current option (its primary holder).
-        own: list[tuple[int, float, float]] = []
-        base_s, add_work = fc.base_s, fc.add_work
-        prefill: dict[tuple[int, int], float] = {}  # (the cost model's answers, memoised for the pass)
-        for np_ in plans:
-            it = iter(np_.depth)
-            w = next(it)
-            wait = base_s[w]
-            for i in it:  # (the holder with the least wait, the lowest index among equals)
-                if base_s[i] < wait or (base_s[i] == wait and i < w):
-                    w, wait = i, base_s[i]
-            key = (np_.new_len, np_.node.token_len)
-            one = prefill.get(key)
-            if one is None:
-                one = prefill[key] = self.cost.prefill_s(*key)
-            work = np_.demand.expected_count * one
-            add_work(w, np_.demand.arrival_s, work)
-            own.append((w, np_.demand.arrival_s, work))
+        plans, wanted, wanted_ordinary = self._node_plans(snap, now, fc)
         # the gate (`radix_sync.policy.gate`): links free after what is booked and what is decided but not booked;
         # landing room that evicts no wanted page (requests routed there wait for it, or predicted demand for a
         # replica or for an ordinary prefix held there)
@@ -307,14 +317,6 @@ class KvrepPlanner:
                    for w in workers]
         budget = [w.replica_budget_tokens for w in workers]
         free = [w.free_tokens for w in workers]
-        wanted = [0] * len(workers)
-        wanted_ordinary = [0] * len(workers)
-        for np_ in plans:
-            for i, replica, tokens in np_.wanted:
-                if replica:
-                    wanted[i] += tokens
-                else:
-                    wanted_ordinary[i] += tokens
         room = LandingRoom(workers, wanted, wanted_ordinary)
         self._targets = PassTargets(workers, ingress, budget, free, room)
         out: list[Replicate] = []
@@ -322,8 +324,8 @@ class KvrepPlanner:
         deferred: dict[int, int] = {}
         # NOTE: due within `urgent_s` first, soonest first; then the longest carried over (no budget earlier)
         urgent_by = now + cfg.urgent_s
-        keys = [(0, p.demand.arrival_s, 0, p.node.node_id) if p.demand.arrival_s <= urgent_by
-                else (1, -carried.get(p.node.node_id, 0), p.demand.arrival_s, p.node.node_id) for p in plans]
+        keys = [(0, p[1].arrival_s, 0, p[0].node_id) if p[1].arrival_s <= urgent_by
+                else (1, -carried.get(p[0].node_id, 0), p[1].arrival_s, p[0].node_id) for p in plans]
         order = sorted(range(len(plans)), key=keys.__getitem__)
         budget_spent = False
         for n, j in enumerate(order):
@@ -333,21 +335,19 @@ class KvrepPlanner:
                 # (and so for every one left: the count only grows, the copies stay as many)
                 budget_spent = True
                 break
-            np_ = plans[j]
+            node, demand, depth, eta, source, new_len, held, own = plans[j]
             # (the plan adds to its depths and arrivals: its own copies, not those `_node_plans` keeps)
-            np_.depth, np_.eta = dict(np_.depth), dict(np_.eta)
+            np_ = _NodePlan(node, demand, new_len, dict(depth), dict(eta), source, held)
             # A node's own predicted work must not count against itself.
-            fc.remove_work(*own[j])
+            fc.remove_work(*own)
             try:
                 self._plan_node(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, out)
             finally:
-                fc.add_work(*own[j])
+                fc.add_work(*own)
         if budget_spent:
-            outcomes, why = self.outcomes, "deferred (the pass's scoring budget is spent)"
-            for j in order[n:]:
-                node_id = plans[j].node.node_id
-                deferred[node_id] = carried.get(node_id, 0) + 1
-                outcomes[node_id] = why
+            left = [plans[j][0].node_id for j in order[n:]]
+            deferred = {node_id: carried.get(node_id, 0) + 1 for node_id in left}
+            self.outcomes.update(dict.fromkeys(left, "deferred (the pass's scoring budget is spent)"))
         self.deferred = deferred
         return out
 
@@ -380,7 +380,8 @@ class KvrepPlanner:
         why: dict[str, int] = {}
         while len(out) < cfg.max_copies_per_tick:
             self.num_scored += len(workers)
-            best = self._best_candidate(np_, fc, workers, kvb, egress, ingress, budget, free, room, now, why, waits)
+            best = best_candidate(cfg, self.cost, self._page_len, self._targets, np_, fc, workers, kvb, egress,
+                                  ingress, budget, free, room, now, why, waits)
             if best is None:
                 break
             made += 1
@@ -396,12 +397,3 @@ class KvrepPlanner:
         self.outcomes[np_.node.node_id] = (f"{made} cop{'y' if made == 1 else 'ies'}; then no target: "
                                            + (", ".join(f"{k} x{v}" for k, v in sorted(why.items()))
                                               or "every compatible worker holds it or has it coming"))
-
-    def _best_candidate(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
-                        egress: list[float], ingress: list[float], budget: list[int], free: list[int],
-                        room: LandingRoom, now: float, why: Optional[dict[str, int]] = None,
-                        waits: Optional[list[float]] = None) -> Optional[tuple[float, int, int, int, float]]:
-        """Returns: (gain, target, depth, source, landing time) of the best copy by gain per byte, or None
-        (`radix_sync.policy.scoring.best_candidate`)."""
-        return best_candidate(self.cfg, self.cost, self._page_len, self._targets, np_, fc, workers, kvb, egress,
-                              ingress, budget, free, room, now, why, waits)

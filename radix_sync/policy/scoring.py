@@ -9,7 +9,7 @@ less the copy's link time, the memory it displaces and the delay it imposes on t
 `radix_sync.policy.planner` for the whole gain and the gate.
 
 Pure: the pass's state in, the best copy (or None) out; `why` (the caller's) counts the reasons targets were
-turned down. Who calls it: `KvrepPlanner._best_candidate`, for every copy of every prefix a pass scores.
+turned down. Who calls it: `KvrepPlanner._plan_node`, for every copy of every prefix a pass scores.
 """
 from __future__ import annotations
 
@@ -24,15 +24,20 @@ from radix_sync.policy.spread import Spread, num_spread
 
 
 class PassTargets:
-    """Per target, what `best_candidate` reads of it that is the same for every prefix of a planning pass
-    (`keys`), taken again when a copy to it is accepted (`changed`); and per fingerprint the targets a copy may go
-    to (`compatible`)."""
+    """Per target, what `best_candidate` reads of it that is the same for every prefix of a planning pass (as a
+    kind: `kinds`), taken again when a copy to it is accepted (`changed`); and per fingerprint the targets a copy
+    may go to (`compatible`)."""
 
     def __init__(self, workers: tuple[WorkerView, ...], ingress: list[float], budget: list[int], free: list[int],
                  room: "LandingRoom") -> None:
         self._workers, self._ingress, self._budget, self._free, self._room = workers, ingress, budget, free, room
-        self.keys = [self._key(t) for t in range(len(workers))]
+        self._ids: dict[tuple, int] = {}
+        self.kinds = [self._kind(t) for t in range(len(workers))]
+        """Per target, its kind: equal for targets equal in `_key` (a small int, cheap to hash)."""
         self._compatible: dict[str, list[int]] = {}
+
+    def _kind(self, t: int) -> int:
+        return self._ids.setdefault(self._key(t), len(self._ids))
 
     def _key(self, t: int) -> tuple:
         w = self._workers[t]
@@ -41,7 +46,7 @@ class PassTargets:
 
     def changed(self, t: int) -> None:
         """A copy to `t` was accepted (its link, budget, memory and room changed)."""
-        self.keys[t] = self._key(t)
+        self.kinds[t] = self._kind(t)
 
     def compatible(self, fingerprint: str) -> list[int]:
         """The workers a copy from a worker with `fingerprint` may go to (same fingerprint, a link), in order."""
@@ -111,85 +116,68 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
         depth -= depth % page
         depths.append((depth, prefill_s(new_len + L - depth, depth)))
     endpoint_wait = cfg.endpoint_wait
-    links: dict[tuple, tuple[int, float, float]] = {}
     room_tokens = room.tokens
+    min_gain, link_cost_weight, reuse_prob = cfg.min_gain_s, cfg.link_cost_weight, cfg.displaced_reuse_prob
 
-    def score(w: WorkerView, t: int) -> tuple[Optional[tuple[float, int, int, float, int]], list[str]]:
-        """(gain, depth, source, landing time, bytes) of the best copy to `t` (None: none clears the bar), and
-        the reasons candidates to `t` were turned down."""
+    def copies(w: WorkerView, t: int) -> list:
+        """Per depth, what a copy to `t` is whatever `t`'s wait: a reason it is refused (a str), or (depth, bytes,
+        source, landing time, hit prefill seconds, link cost, memory cost, harm, the gain if it changes none of
+        the spread's values)."""
         held = depth_of.get(t, 0)
-        wait_t = waits[t]
-        target_best = None
-        reasons: list[str] = []
+        out: list = []
         for depth, svc in depths:
             if depth <= held:
                 continue
             tokens = depth - held
             if tokens > budget[t]:
-                reasons.append("replica budget")
+                out.append("replica budget")
                 continue
             if tokens > room_tokens[t]:
-                reasons.append("would evict a wanted page")
+                out.append("would evict a wanted page")
                 continue
             nbytes = tokens * kvb
-            # the source that lands the copy first (a holder is a source from its own arrival on): the same
-            # for every target alike in what it reads (kept for the candidate's other targets)
-            link_key = (depth, nbytes, t if held else -1, ingress[t], w.nic_bandwidth_bytes_per_s,
-                        w.busy_until_s)
-            link = links.get(link_key)
-            if link is None:
-                src, land, xfer = -1, math.inf, 0.0
-                for ready, s in sources:
-                    if ready >= land:
-                        break
-                    if s == t or depth_of[s] < depth:
-                        continue
-                    x = transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s,
-                                               w.nic_bandwidth_bytes_per_s))
-                    end = max(now, ready, ingress[t]) + x
-                    if endpoint_wait:  # gathered after the source's iteration, installed after the target's
-                        end = max(max(now, ready, ingress[t], workers[s].busy_until_s) + x, w.busy_until_s)
-                    if end < land:
-                        src, land, xfer = s, end, x
-                link = links[link_key] = (src, land, xfer)
-            src, land, xfer = link
+            # the source that lands the copy first (a holder is a source from its own arrival on)
+            src, land, xfer = -1, math.inf, 0.0
+            for ready, s in sources:
+                if ready >= land:
+                    break
+                if s == t or depth_of[s] < depth:
+                    continue
+                x = transfer_s(nbytes, min(workers[s].nic_bandwidth_bytes_per_s, w.nic_bandwidth_bytes_per_s))
+                end = max(now, ready, ingress[t]) + x
+                if endpoint_wait:  # gathered after the source's iteration, installed after the target's
+                    end = max(max(now, ready, ingress[t], workers[s].busy_until_s) + x, w.busy_until_s)
+                if end < land:
+                    src, land, xfer = s, end, x
             if src < 0:
-                reasons.append("no source")
+                out.append("no source")
                 continue
-            new_opt = (max(wait_t, land - t_a) + svc, svc)
-            if new_opt[0] >= opts[t][0]:
-                reasons.append("no faster there")
-                continue
-            with_s = spread.with_option(t, new_opt)
             displaced = max(0, tokens - free[t])
-            mem_cost = cfg.displaced_reuse_prob * prefill_s(displaced, 0) if displaced else 0.0
+            mem_cost = reuse_prob * prefill_s(displaced, 0) if displaced else 0.0
             # the delay it imposes on the critical-path pulls that want the two links meanwhile
-            if workers[src].egress_pull_rate_per_s <= 0 and w.ingress_pull_rate_per_s <= 0:
-                harm = 0.0 + 0.0
-            else:
-                harm = (pull_delay_s(workers[src].egress_pull_rate_per_s, land - xfer, xfer, now)
-                        + pull_delay_s(w.ingress_pull_rate_per_s, land - xfer, xfer, now))
-            gain = count * (base - with_s) - cfg.link_cost_weight * xfer - mem_cost - harm
-            # depth by marginal gain: the deepest copy wins unless a shallower one nets more
-            if gain < cfg.min_gain_s:
-                reasons.append("gain below minimum")
-            elif target_best is None or gain > target_best[0]:
-                target_best = (gain, depth, src, land, nbytes)
-        return target_best, reasons
+            harm = (pull_delay_s(workers[src].egress_pull_rate_per_s, land - xfer, xfer, now)
+                    + pull_delay_s(w.ingress_pull_rate_per_s, land - xfer, xfer, now))
+            link_cost = link_cost_weight * xfer
+            # (the gain where the copy changes none of the spread's values: `spread.with_option` is its base)
+            flat = count * (base - base) - link_cost - mem_cost - harm
+            out.append((depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat))
+        return out
 
-    # NOTE: targets alike in everything `score` reads score alike (the idle workers, mostly): each kind is
-    # scored once, for the first target of its kind (the others of a kind tie with it on gain per byte, and
-    # the first best wins), its reasons counted once per target. The key holds every per-target input of
-    # `score`; a holder's own id too (it is no source to itself). `spread.with_option` depends on `opts[t]`,
-    # not on `t` (see `radix_sync.policy.spread`).
-    target_keys = targets.keys
+    # NOTE: targets alike in everything the scoring reads score alike (the idle workers, mostly): each kind is
+    # scored once, for the first target of its kind (the others of a kind tie with it on gain per byte, and the
+    # first best wins), its reasons counted once per target. A kind is what the pass knows of the target
+    # (`PassTargets.kinds`: its link, budget, memory, room, bandwidth, iteration, pull rate) and its wait (for a
+    # worker that does not hold the prefix, its option is a function of these: `opts` above), or, for a holder,
+    # the holder itself. What does not depend on the wait (`copies`) is taken once per kind of target.
+    # `spread.with_option` depends on `opts[t]`, not on `t` (see `radix_sync.policy.spread`).
+    target_kinds = targets.kinds
     kinds: dict[tuple, list] = {}
     booked = 0
     for t in targets.compatible(fp):
         if ingress[t] > limit:
             booked += 1
             continue
-        key = (t if t in depth_of else -1, target_keys[t], opts[t], waits[t])
+        key = (t, 0.0) if t in depth_of else (-1 - target_kinds[t], waits[t])
         kind = kinds.get(key)
         if kind is None:
             kinds[key] = [t, 1]
@@ -199,10 +187,36 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
         why["target link booked"] = why.get("target link booked", 0) + booked
     best: Optional[tuple[float, int, int, int, float]] = None
     best_ratio = 0.0
-    for t, num in kinds.values():
-        target_best, reasons = score(workers[t], t)
-        if why is not None:
-            for reason in reasons:
+    plans: dict[int, list] = {}
+    inner, last = spread.inner, spread.last
+    for (kind_of, _), (t, num) in kinds.items():
+        plan = plans.get(kind_of)
+        if plan is None:
+            plan = plans[kind_of] = copies(workers[t], t)
+        # the best copy to `t` (None: none clears the bar), its reasons counted `num` times
+        wait_t, first_t, outside = waits[t], opts[t][0], last is not None and t not in inner
+        target_best = None
+        for c in plan:
+            if c.__class__ is str:
+                reason = c
+            else:
+                depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat = c
+                new_first = max(wait_t, land - t_a) + svc
+                if new_first >= first_t:
+                    reason = "no faster there"
+                else:
+                    if outside and new_first >= last:
+                        gain = flat  # (`Spread.with_option`'s answer for it: the base)
+                    else:
+                        gain = count * (base - spread.with_option(t, (new_first, svc))) - link_cost - mem_cost - harm
+                    # depth by marginal gain: the deepest copy wins unless a shallower one nets more
+                    if gain < min_gain:
+                        reason = "gain below minimum"
+                    else:
+                        if target_best is None or gain > target_best[0]:
+                            target_best = (gain, depth, src, land, nbytes)
+                        continue
+            if why is not None:
                 why[reason] = why.get(reason, 0) + num
         if target_best is not None:
             gain, depth, src, land, nbytes = target_best

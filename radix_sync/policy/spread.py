@@ -1,5 +1,6 @@
 """Mean TTFT of a prefix's expected requests spread over its per-worker options, and the same with one worker's
-option replaced: the planner's inner loop (`KvrepPlanner._best_candidate` asks it for every target and depth).
+option replaced: the planner's inner loop (`radix_sync.policy.scoring.best_candidate` asks it for every target
+and depth).
 
 The definition (`spread_s`) is a greedy simulation: `k` requests, each taking the option that starts it first, a
 further request on a worker waiting for the previous one's prefill:
@@ -36,10 +37,13 @@ def _taken(opts: Sequence[Option], k: int) -> list[float]:
     heap = list(opts)
     heapq.heapify(heap)
     out = []
+    replace = heapq.heapreplace
     for _ in range(k):
-        t, svc = heapq.heappop(heap)
+        # (the smallest is taken and its next value put back: one `heapreplace`, the same values as a pop and a
+        # push: each step takes the least (value, service) left, whatever the heap's inner order)
+        t, svc = heap[0]
         out.append(t)
-        heapq.heappush(heap, (t + svc, svc))
+        replace(heap, (t + svc, svc))
     return out
 
 
@@ -63,16 +67,23 @@ class Spread:
     def __init__(self, opts: Sequence[Option], k: int) -> None:
         self.opts = opts
         self.k = k
-        # the k + 1 smallest options with their workers (ties: the lower worker first, as a stable sort)
-        self._first = heapq.nsmallest(k + 1, ((o, i) for i, o in enumerate(opts)))
-        self._inner = {i for _, i in self._first[:k]}
+        # the k + 1 smallest options with their workers (ties: the lower worker first, as a stable sort; an index
+        # sort keyed by the options is that order, several times faster than a heap over (option, worker) pairs)
+        self._first = [(opts[i], i) for i in sorted(range(len(opts)), key=opts.__getitem__)[:k + 1]]
+        self.inner = {i for _, i in self._first[:k]}
+        """The workers of the k smallest options (the others' replacements merge into `base_taken`)."""
         self.base_taken = _taken([o for o, _ in self._first[:k]], k) if k > 1 else None
         self.base_s = spread_s(opts, k) if k == 1 else _mean(self.base_taken, k)
+        self.last = self.base_taken[-1] if k > 1 else None
+        """With k > 1, the largest value taken: `with_option` of a worker outside `inner` with an option starting
+        at or after it is `base_s` (it takes none of that worker's values); None with k = 1."""
         self._memo: dict[tuple[Option, Option], float] = {}
 
     def with_option(self, worker: int, opt: Option) -> float:
         """`spread_s` of the options with `worker`'s replaced by `opt`. Depends on `worker` only through its option
         (equal options supply equal values), so answers are kept by (its option, `opt`)."""
+        if self.last is not None and opt[0] >= self.last and worker not in self.inner:
+            return self.base_s  # (`_with_option`'s first answer for a worker outside the k smallest, without a memo)
         key = (self.opts[worker], opt)
         out = self._memo.get(key)
         if out is None:
@@ -84,7 +95,7 @@ class Spread:
         if k == 1:
             other = next((o[0] for o, i in self._first if i != worker), math.inf)
             return min(other, opt[0])
-        if worker in self._inner:
+        if worker in self.inner:
             # (the k smallest of the others, then the new one: still every option that can supply a value)
             rest = [o for o, i in self._first if i != worker][:k]
             return _mean(_taken(rest + [opt], k), k)
