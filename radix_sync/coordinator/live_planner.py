@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -76,8 +77,8 @@ class _ViewCache:
         self.scope: tuple = ()
         """What every kept entry depends on: (directory, demand index, worker ids, page length)."""
         self._kept: dict[int, list] = {}
-        """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders as (worker, role,
-        expiry), view] (the last four None until a view is made)."""
+        """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders (their worker ids,
+        their (role, expiry)), view] (the last four None until a view is made)."""
         self.entries: dict[int, list] = {}
         """This tick's entries (those it used), by prefix."""
         self._stamps: dict[int, int] = {}
@@ -121,6 +122,10 @@ class _ViewCache:
             times[block_hash] = kept[1]
             namespaces[block_hash] = kept[2]
             order[block_hash] = kept[3]
+
+_role_expiry = operator.attrgetter("role", "expires_at_s")
+"""A holding's (role, expiry): with the holders' worker ids, what a kept view depends on of its page's holders."""
+
 
 def _holder_bits(holders, index: dict[str, int]) -> int:
     """Returns: the holders (worker ids) as a bitmask by worker index.
@@ -301,7 +306,8 @@ class LivePlanner:
                     continue
                 # (the kept view while its page and holders are the same: `_ViewCache`)
                 kept = entries[block_hash]
-                holding = [(w, h.role, h.expires_at_s) for w, h in node.holders.items()]
+                holders = node.holders
+                holding = (tuple(holders), tuple(map(_role_expiry, holders.values())))
                 if kept[4] is not node or kept[5] != node.depth or kept[6] != holding:
                     kept[4], kept[5], kept[6] = node, node.depth, holding
                     kept[7] = self._prefix_view(state, block_hash, demand, index, (), busy, page_len, now_s)

@@ -64,12 +64,33 @@ class WaitForecast:
             self._valid[worker_id] = i
         self._changed.append(worker_id)
 
+    def add_all(self, entries) -> None:
+        """`add_work` of each (worker, at_s, work_s) of `entries`, in order."""
+        times, work, valid, changed = self._times, self._work, self._valid, self._changed
+        after = bisect.bisect_right
+        for worker_id, at_s, work_s in entries:
+            wt = times[worker_id]
+            i = after(wt, at_s)
+            wt.insert(i, at_s)
+            work[worker_id].insert(i, work_s)
+            if i < valid[worker_id]:
+                valid[worker_id] = i
+            changed.append(worker_id)
+
     def remove_work(self, worker_id: int, at_s: float, work_s: float) -> None:
         """Removes one entry registered with `add_work` (same arguments)."""
         times, work = self._times[worker_id], self._work[worker_id]
         i = bisect.bisect_left(times, at_s)
         while i < len(times) and times[i] == at_s:
             if work[i] == work_s:
+                # (the last of a run of equal entries goes: the same arrivals left, and the backlogs before it
+                # stay as they were: predicted work alike at one time, a thousand popular prefixes, is common)
+                end = bisect.bisect_right(times, at_s, i)
+                if work[i:end].count(work_s) == end - i:
+                    i = end - 1  # (every one left at that time is alike)
+                else:
+                    while i + 1 < end and work[i + 1] == work_s:
+                        i += 1
                 del times[i]
                 del work[i]
                 if i < self._valid[worker_id]:

@@ -157,6 +157,8 @@ class KvrepPlanner:
         self._kept: dict[int, tuple] = {}
         """Node id -> what the last pass took from its view alone (`_node_plans`)."""
         self._kept_scope: tuple = ()
+        self._wanted_last: tuple = ((), {}, ([], []))
+        """(scope, wanted holdings by node id, the sums) of the last pass (`_wanted`)."""
         self._targets: Optional[PassTargets] = None
         """What the pass's scoring reads of each target (`radix_sync.policy.scoring`)."""
 
@@ -197,11 +199,12 @@ class KvrepPlanner:
         return self._spread_s(opts, np_.demand.expected_count)
 
     # ---- planning ----
-    def _node_plans(self, snap: ClusterSnapshot, now: float, fc: WaitForecast) -> tuple[list[tuple], list[int],
-                                                                                        list[int]]:
+    def _node_plans(self, snap: ClusterSnapshot, now: float, fc: WaitForecast) -> tuple[list[tuple], list[tuple],
+                                                                                        list[int], list[int]]:
         """The prefixes with predicted demand and a holder to copy from, as (view, demand, depths, arrivals,
-        source, new tokens, its own predicted work (primary holder, arrival, seconds)), each one's own work added to
-        `fc`; and the tokens per worker of replicas and of ordinary prefixes that predicted demand wants there.
+        source, new tokens, wanted holdings, its own predicted work (primary holder, arrival, seconds), passes it
+        has waited), each one's own work added to `fc`; their order keys (`plan`); and the tokens per worker of
+        replicas and of ordinary prefixes that predicted demand wants there.
 
         NOTE: what a prefix's plan takes from its view alone (depths, arrivals, the source when it does not depend
         on `now`, what it holds that is wanted) is kept from the last pass while the snapshot carries the same view
@@ -214,9 +217,11 @@ class KvrepPlanner:
         kept = self._kept if scope == self._kept_scope else {}
         keep: dict[int, tuple] = {}
         outcomes = self.outcomes
-        plans = []
-        wanted, wanted_ordinary = [0] * n, [0] * n
-        base_s, add_work = fc.base_s, fc.add_work
+        plans, keys = [], []
+        carried = snap.carried
+        urgent_by = now + cfg.urgent_s
+        wanting: dict[int, list] = {}
+        base_s, owns = fc.base_s, []
         prefill: dict[tuple[int, int], float] = {}  # (the cost model's answers, memoised for the pass)
         nodes = [node for node in snap.prefixes if node.token_len > 0 and node.holders]
         for node, demand in zip(nodes, self.predictor.predict_all(nodes, now, horizon)):
@@ -228,7 +233,7 @@ class KvrepPlanner:
             if entry is None or entry[0] is not node:
                 entry = self._node_entry(node, n)
             keep[node.node_id] = entry
-            _, depth, eta, source, held, new_len, prefill_key = entry
+            _, depth, eta, source, held, new_len, prefill_key, w, others = entry
             if source is None:
                 if not depth or (not chain and len(eta) == len(depth)):
                     outcomes[node.node_id] = "no holder has the pages yet"
@@ -236,31 +241,60 @@ class KvrepPlanner:
                 source = min(depth, key=lambda w: (w in eta and not chain, -depth[w], eta.get(w, now), w))
             # Predicted work of every node lands on its best current option (its primary holder): the holder with
             # the least wait, the lowest index among equals.
-            it = iter(depth)
-            w = next(it)
-            wait = base_s[w]
-            for i in it:
-                if base_s[i] < wait or (base_s[i] == wait and i < w):
-                    w, wait = i, base_s[i]
+            if others:
+                wait = base_s[w]
+                for i in others:
+                    if base_s[i] < wait or (base_s[i] == wait and i < w):
+                        w, wait = i, base_s[i]
             one = prefill.get(prefill_key)
             if one is None:
                 one = prefill[prefill_key] = self.cost.prefill_s(*prefill_key)
             own = (w, demand.arrival_s, count * one)
-            add_work(*own)
-            for i, replica, tokens in held:
-                if replica:
-                    wanted[i] += tokens
-                else:
-                    wanted_ordinary[i] += tokens
-            plans.append((node, demand, depth, eta, source, new_len, held, own))
+            owns.append(own)
+            wanting[node.node_id] = held
+            waited = carried.get(node.node_id, 0)
+            plans.append((node, demand, depth, eta, source, new_len, held, own, waited))
+            # NOTE: due within `urgent_s` first, soonest first; then the longest carried over (no budget earlier)
+            keys.append((0, own[1], 0, node.node_id) if own[1] <= urgent_by else (1, -waited, own[1], node.node_id))
+        fc.add_all(owns)  # (in this order: a worker's arrivals at one time are served in the order added)
+        wanted, wanted_ordinary = self._wanted(scope, wanting, plans)
         self._kept, self._kept_scope = keep, scope
-        return plans, wanted, wanted_ordinary
+        return plans, keys, wanted, wanted_ordinary
+
+    def _wanted(self, scope: tuple, wanting: dict[int, list], plans: list[tuple]) -> tuple[list[int], list[int]]:
+        """Per worker, the replica and the ordinary tokens there that the plans' predicted demand wants (the sums
+        of their wanted holdings, `wanting`, by node id): the last pass's sums, less the holdings of the plans
+        that are gone or changed, plus those of the new or changed ones (integers: the same sums), or summed
+        afresh (another scope, a node id twice). Returns copies (the pass adds to them)."""
+        last_scope, last, sums = self._wanted_last
+        if len(wanting) != len(plans):  # (a node id twice: each plan's holdings)
+            sums = ([0] * scope[2], [0] * scope[2])
+            for plan in plans:
+                for i, replica, tokens in plan[6]:
+                    sums[not replica][i] += tokens
+            self._wanted_last = ((), {}, sums)
+            return list(sums[0]), list(sums[1])
+        if scope != last_scope:
+            sums = ([0] * scope[2], [0] * scope[2])
+            last = {}
+        else:
+            sums = (list(sums[0]), list(sums[1]))
+        for node_id, held in last.items():
+            if wanting.get(node_id) is not held:
+                for i, replica, tokens in held:
+                    sums[not replica][i] -= tokens
+        for node_id, held in wanting.items():
+            if last.get(node_id) is not held:
+                for i, replica, tokens in held:
+                    sums[not replica][i] += tokens
+        self._wanted_last = (scope, wanting, sums)
+        return list(sums[0]), list(sums[1])
 
     def _node_entry(self, node: PrefixView, num_workers: int) -> tuple:
         """(the view, its holders' depths and arrivals, the source if it does not depend on `now` else None, its
         landed holdings that predicted demand wants there as (worker, replica?, tokens), the tokens a request adds
-        to it, the prefill its predicted work is made of) (see `_node_plans`; the depths and arrivals are shared:
-        a plan copies them before it adds to them)."""
+        to it, the prefill its predicted work is made of, its first holder and the others) (see `_node_plans`; the
+        depths and arrivals are shared: a plan copies them before it adds to them)."""
         depth: dict[int, int] = {}
         eta: dict[int, float] = {}
         for h in node.holders:
@@ -278,7 +312,8 @@ class KvrepPlanner:
         wanted = [(h.worker_id, h.role == REPLICA, h.depth_len) for h in node.holders
                   if h.eta_s is None and 0 <= h.worker_id < num_workers]
         new_len = node.expected_new_len or self.cfg.default_new_len
-        return node, depth, eta, source, wanted, new_len, (new_len, node.token_len)
+        holding = tuple(depth) or (-1,)  # (no holder: the plan stops at `source` first)
+        return node, depth, eta, source, wanted, new_len, (new_len, node.token_len), holding[0], holding[1:]
 
     def _ttl_s(self, np_: _NodePlan, land_s: float, now: float) -> float:
         d, node = np_.demand, np_.node
@@ -307,7 +342,7 @@ class KvrepPlanner:
             return []
         self._page_len = max(1, snap.page_len)
         fc = WaitForecast(self.cost, workers, now)
-        plans, wanted, wanted_ordinary = self._node_plans(snap, now, fc)
+        plans, keys, wanted, wanted_ordinary = self._node_plans(snap, now, fc)
         # the gate (`radix_sync.policy.gate`): links free after what is booked and what is decided but not booked;
         # landing room that evicts no wanted page (requests routed there wait for it, or predicted demand for a
         # replica or for an ordinary prefix held there)
@@ -320,12 +355,7 @@ class KvrepPlanner:
         room = LandingRoom(workers, wanted, wanted_ordinary)
         self._targets = PassTargets(workers, ingress, budget, free, room)
         out: list[Replicate] = []
-        carried = snap.carried
         deferred: dict[int, int] = {}
-        # NOTE: due within `urgent_s` first, soonest first; then the longest carried over (no budget earlier)
-        urgent_by = now + cfg.urgent_s
-        keys = [(0, p[1].arrival_s, 0, p[0].node_id) if p[1].arrival_s <= urgent_by
-                else (1, -carried.get(p[0].node_id, 0), p[1].arrival_s, p[0].node_id) for p in plans]
         order = sorted(range(len(plans)), key=keys.__getitem__)
         budget_spent = False
         for n, j in enumerate(order):
@@ -335,7 +365,7 @@ class KvrepPlanner:
                 # (and so for every one left: the count only grows, the copies stay as many)
                 budget_spent = True
                 break
-            node, demand, depth, eta, source, new_len, held, own = plans[j]
+            node, demand, depth, eta, source, new_len, held, own, _ = plans[j]
             # (the plan adds to its depths and arrivals: its own copies, not those `_node_plans` keeps)
             np_ = _NodePlan(node, demand, new_len, dict(depth), dict(eta), source, held)
             # A node's own predicted work must not count against itself.
@@ -345,9 +375,9 @@ class KvrepPlanner:
             finally:
                 fc.add_work(*own)
         if budget_spent:
-            left = [plans[j][0].node_id for j in order[n:]]
-            deferred = {node_id: carried.get(node_id, 0) + 1 for node_id in left}
-            self.outcomes.update(dict.fromkeys(left, "deferred (the pass's scoring budget is spent)"))
+            left = [plans[j] for j in order[n:]]
+            deferred = {p[0].node_id: p[8] + 1 for p in left}
+            self.outcomes.update(dict.fromkeys(deferred, "deferred (the pass's scoring budget is spent)"))
         self.deferred = deferred
         return out
 

@@ -11,6 +11,7 @@ detection). `DemandPredictor.predict` is a pure function of a `PrefixView`, `now
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -244,6 +245,7 @@ class DemandPredictor:
         since_long, since_short = now - window, now - burst
         arrival = now + 0.5 * horizon_s
         none = Demand(0.0, end, end, "none")
+        new = functools.partial(tuple.__new__, Demand)
         out = []
         for node in nodes:
             if node.fanout_hint > 0 or node.keepalive_until_s is not None or node.last_finish_s is not None:
@@ -257,7 +259,8 @@ class DemandPredictor:
             n = len(times)
             rate = max((n - bisect.bisect_left(times, since_long)) / window,
                        (n - bisect.bisect_left(times, since_short)) / burst)
-            out.append(Demand(rate * horizon_s, arrival, end, "popularity") if rate > 0.0 else none)
+            # (`tuple.__new__`: a NamedTuple's own constructor is a Python function, a frame per prefix)
+            out.append(new((rate * horizon_s, arrival, end, "popularity")) if rate > 0.0 else none)
         return out
 
     def predict(self, node: PrefixView, now: float, horizon_s: float) -> Demand:

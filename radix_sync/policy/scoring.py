@@ -14,6 +14,7 @@ turned down. Who calls it: `KvrepPlanner._plan_node`, for every copy of every pr
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Optional
 
 from radix_sync.policy.cost import CostModel
@@ -33,11 +34,12 @@ class PassTargets:
         self._workers, self._ingress, self._budget, self._free, self._room = workers, ingress, budget, free, room
         self._ids: dict[tuple, int] = {}
         self.kinds = [self._kind(t) for t in range(len(workers))]
-        """Per target, its kind: equal for targets equal in `_key` (a small int, cheap to hash)."""
+        """Per target, its kind: equal for targets equal in `_key` (a small negative int, cheap to hash, apart
+        from any worker index)."""
         self._compatible: dict[str, list[int]] = {}
 
     def _kind(self, t: int) -> int:
-        return self._ids.setdefault(self._key(t), len(self._ids))
+        return self._ids.setdefault(self._key(t), -1 - len(self._ids))
 
     def _key(self, t: int) -> tuple:
         w = self._workers[t]
@@ -171,25 +173,39 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
     # the holder itself. What does not depend on the wait (`copies`) is taken once per kind of target.
     # `spread.with_option` depends on `opts[t]`, not on `t` (see `radix_sync.policy.spread`).
     target_kinds = targets.kinds
-    kinds: dict[tuple, list] = {}
+    compatible = targets.compatible(fp)
     booked = 0
-    for t in targets.compatible(fp):
-        if ingress[t] > limit:
-            booked += 1
-            continue
-        key = (t, 0.0) if t in depth_of else (-1 - target_kinds[t], waits[t])
-        kind = kinds.get(key)
-        if kind is None:
-            kinds[key] = [t, 1]
-        else:
-            kind[1] += 1
+    if len(compatible) == n and max(ingress) <= limit:
+        # (every worker is a target and no target's link is booked: the kinds grouped by C loops)
+        keys = list(zip(target_kinds, waits))
+        for t in depth_of:
+            if 0 <= t < n:
+                keys[t] = (t, 0.0)
+        counts = Counter(keys)
+        kinds = sorted((t, key) for key, t in dict(zip(reversed(keys), range(n - 1, -1, -1))).items())
+    else:
+        counts = {}
+        kinds = []
+        for t in compatible:
+            if ingress[t] > limit:
+                booked += 1
+                continue
+            key = (t, 0.0) if t in depth_of else (target_kinds[t], waits[t])
+            num = counts.get(key)
+            if num is None:
+                kinds.append((t, key))
+                counts[key] = 1
+            else:
+                counts[key] = num + 1
     if why is not None and booked:
         why["target link booked"] = why.get("target link booked", 0) + booked
     best: Optional[tuple[float, int, int, int, float]] = None
     best_ratio = 0.0
     plans: dict[int, list] = {}
     inner, last = spread.inner, spread.last
-    for (kind_of, _), (t, num) in kinds.items():
+    for t, key in kinds:
+        num = counts[key]
+        kind_of = key[0]
         plan = plans.get(kind_of)
         if plan is None:
             plan = plans[kind_of] = copies(workers[t], t)
@@ -207,10 +223,17 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
                 else:
                     if outside and new_first >= last:
                         gain = flat  # (`Spread.with_option`'s answer for it: the base)
+                    elif not outside and last is not None and (flat if new_first >= last else count * (
+                            base - spread.merged((new_first, svc))) - link_cost - mem_cost - harm) < min_gain:
+                        # NOTE: one of the k smallest options: its spread is no less than `Spread.merged` (the
+                        # base when the new option starts at or after the base's last value), so its gain is no
+                        # more than that one's (every step rounds monotonically), below the bar: the same answer
+                        # without the spread's heap
+                        gain = None
                     else:
                         gain = count * (base - spread.with_option(t, (new_first, svc))) - link_cost - mem_cost - harm
                     # depth by marginal gain: the deepest copy wins unless a shallower one nets more
-                    if gain < min_gain:
+                    if gain is None or gain < min_gain:
                         reason = "gain below minimum"
                     else:
                         if target_best is None or gain > target_best[0]:

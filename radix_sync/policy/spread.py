@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from typing import Sequence
 
 Option = tuple[float, float]
@@ -47,11 +48,17 @@ def _taken(opts: Sequence[Option], k: int) -> list[float]:
     return out
 
 
-def _mean(values: list[float], k: int) -> float:
-    total = 0.0
-    for v in values:  # NOTE: a plain left-to-right sum, as the simulation adds (not `sum`, which may compensate)
-        total += v
-    return total / k
+if sys.version_info < (3, 12):
+    def _mean(values: list[float], k: int) -> float:
+        # NOTE: a plain left-to-right sum, as the simulation adds: CPython 3.11's `sum` of floats from a float
+        # start is exactly that (a C double accumulator); from 3.12 on it compensates, hence the loop below
+        return sum(values, 0.0) / k
+else:
+    def _mean(values: list[float], k: int) -> float:
+        total = 0.0
+        for v in values:  # NOTE: a plain left-to-right sum, as the simulation adds (not `sum`, which compensates)
+            total += v
+        return total / k
 
 
 def spread_s(opts: Sequence[Option], k: int) -> float:
@@ -99,19 +106,25 @@ class Spread:
             # (the k smallest of the others, then the new one: still every option that can supply a value)
             rest = [o for o, i in self._first if i != worker][:k]
             return _mean(_taken(rest + [opt], k), k)
+        return self.merged(opt)
+
+    def merged(self, opt: Option) -> float:
+        """The mean of the k smallest of the base's values and `opt`'s: `with_option` of a worker outside `inner`
+        (k > 1), and, for any worker, no more than `with_option` of it (its other values are the base's or
+        larger ones): a lower bound, added in the same ascending order, so one in floating point too."""
+        k = self.k
         base = self.base_taken
         t, svc = opt
         if t >= base[-1]:
             return self.base_s  # (takes none of the new worker's values, or only values equal to the base's own)
-        # merge the base's values with the new worker's t, t + svc, ...: the k smallest, ascending
-        out = []
-        j = 0
-        while len(out) < k:
-            b = base[j]
-            if t < b:
-                out.append(t)
-                t += svc
-            else:
-                out.append(b)
-                j += 1
-        return _mean(out, k)
+        # the k smallest of the base's values and the new worker's t, t + svc, ..., ascending: those of its values
+        # below the base's last (at most k; one equal to it would only stand for an equal value) sorted in
+        last = base[-1]
+        values = []
+        while t < last and len(values) < k:
+            values.append(t)
+            t += svc
+        values += base
+        values.sort()
+        del values[k:]
+        return _mean(values, k)

@@ -128,10 +128,35 @@ def test_the_forecasts_kept_waits_equal_fresh_ones():
         assert fc.waits_at(t) == [fc.wait_at(w, t) for w in range(6)]
 
 
+def test_the_forecast_after_removals_of_alike_work_is_the_one_built_afresh():
+    """Work alike at one time (a thousand popular prefixes) is common: removing one of a run of equal entries
+    leaves the arrivals, and so every wait, as removing the first of them did."""
+    rng = random.Random(4)
+    cost = CostModel(load_profile("cpu-local"))
+    workers = tuple(WorkerView(i, num_waiting=i % 2, waiting_new_tokens=1000 * i) for i in range(3))
+    fc = WaitForecast(cost, workers, 0.0)
+    model = [[] for _ in workers]  # (the arrivals as the first-match removal leaves them)
+    for _ in range(400):
+        w = rng.randrange(3)
+        entry = (rng.choice([1.0, 2.0]), rng.choice([0.25, 0.5]))
+        if model[w] and rng.random() < 0.45:
+            entry = rng.choice(model[w])
+            fc.remove_work(w, *entry)
+            model[w].remove(entry)  # (list.remove: the first equal one)
+        else:
+            fc.add_work(w, *entry)
+            model[w].insert(sum(1 for t, _ in model[w] if t <= entry[0]), entry)
+        fresh = WaitForecast(cost, workers, 0.0)
+        fresh.add_all([(i, t, x) for i in range(3) for t, x in model[i]])
+        for t in (0.5, 1.0, 2.0, 3.0):
+            assert fc.waits_at(t) == fresh.waits_at(t) == [fresh.wait_at(i, t) for i in range(3)]
+
+
 def _random_snapshot(rng: random.Random, num_workers: int, num_prefixes: int) -> ClusterSnapshot:
     workers = tuple(WorkerView(i, fingerprint="f", num_running=1, num_waiting=rng.choice([0, 0, 2, 6]),
                                waiting_new_tokens=rng.choice([0, 4096, 16384]), busy_until_s=rng.random(),
-                               free_tokens=100_000, replica_budget_tokens=rng.choice([0, 8192, 65536]),
+                               free_tokens=rng.choice([0, 2048, 100_000]),
+                               replica_budget_tokens=rng.choice([0, 8192, 65536]),
                                nic_bandwidth_bytes_per_s=1e9, replica_tokens=rng.choice([-1, 0, 4096]))
                     for i in range(num_workers))
     prefixes = []
@@ -139,8 +164,9 @@ def _random_snapshot(rng: random.Random, num_workers: int, num_prefixes: int) ->
         holders = tuple(HolderView(w, rng.choice(["owner", "replica"]), rng.choice([512, 1024]),
                                    eta_s=rng.choice([None, None, 0.5]))
                         for w in rng.sample(range(num_workers), rng.randint(1, 2)))
-        prefixes.append(PrefixView(node_id=n + 1, token_len=1024, holders=holders,
-                                   recent_hit_times_s=tuple(sorted(rng.uniform(0, 10) for _ in range(rng.randint(1, 9)))),
+        node_id = n + 1 if rng.random() < 0.95 else rng.randint(1, num_prefixes)  # (now and then one twice)
+        hits = tuple(sorted(rng.uniform(0, 10) for _ in range(rng.randint(1, 9))))
+        prefixes.append(PrefixView(node_id=node_id, token_len=1024, holders=holders, recent_hit_times_s=hits,
                                    fanout_hint=rng.choice([0, 0, 0, 8]), hint_at_s=rng.choice([None, 12.0])))
     return ClusterSnapshot(workers=workers, prefixes=tuple(prefixes), page_len=16, kv_bytes_per_token=8192)
 
@@ -166,5 +192,31 @@ def test_a_pass_over_kept_views_decides_as_one_over_fresh_copies():
             a = kept.plan(snap, now)
             b = fresh.plan(copies, now)
             assert (a, kept.outcomes, kept.deferred) == (b, fresh.outcomes, fresh.deferred)
+            assert kept._wanted_last[2] == fresh._wanted_last[2]  # (the wanted tokens, kept and summed afresh)
             num_copies += len(a)
     assert num_copies > 10
+
+
+def test_the_spreads_mean_is_the_plain_left_to_right_sum():
+    from radix_sync.policy.spread import _mean
+    rng = random.Random(2)
+    for _ in range(2000):
+        values = sorted(rng.choice([rng.random(), rng.uniform(0, 1e6), rng.uniform(0, 1e-6), 0.1, 1e16, -0.0])
+                        for _ in range(rng.randint(1, 40)))
+        total = 0.0
+        for v in values:
+            total += v
+        assert _mean(values, len(values)) == total / len(values)
+
+
+def test_the_spread_merged_with_an_option_is_a_lower_bound_of_it_replacing_any_worker():
+    from radix_sync.policy.spread import Spread
+    rng = random.Random(9)
+    for _ in range(3000):
+        opts = [(rng.choice([0.1, 0.5, rng.random(), rng.uniform(0, 20)]), rng.choice([0.05, 0.3, rng.random()]))
+                for _ in range(rng.randint(2, 12))]
+        spread = Spread(opts, rng.randint(2, 8))
+        worker, opt = rng.randrange(len(opts)), (rng.uniform(0, 10), rng.choice([0.05, 0.3, rng.random()]))
+        assert spread.merged(opt) <= spread.with_option(worker, opt)
+        if worker not in spread.inner:
+            assert spread.merged(opt) == spread.with_option(worker, opt)
