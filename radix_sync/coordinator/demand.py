@@ -316,9 +316,9 @@ class CandidateDemand:
     """`DemandLog.by_prefix`: each prefix's hits and arrivals."""
     fanout_hints: dict[int, list] = field(default_factory=dict)
     """Fan-out hints (all, live or not) by prefix."""
-    memo: Optional[object] = None
+    memo: Optional[ViewCache] = None
     """What earlier ticks derived from the demand entries, with `entry(block hash, entries)` -> [stamp, times,
-    namespace, log position, ...] (`radix_sync.coordinator.live_planner._ViewCache`); None: derive everything."""
+    namespace, log position, ...] (`ViewCache`); None: derive everything."""
     order: dict[int, int] = field(default_factory=dict)
     """Prefix -> where a pass over the logs meets it (`log_position`), or, without entries, after them all in
     the order added."""
@@ -370,7 +370,7 @@ def log_position(entries: tuple) -> int:
     return entries[0][0][0] if entries[0] else ARRIVALS_ONLY + entries[1][0][0]
 
 
-def candidate_demand(log: DemandLog, memo: Optional[object] = None) -> CandidateDemand:
+def candidate_demand(log: DemandLog, memo: Optional[ViewCache] = None) -> CandidateDemand:
     """Recent request times and the namespace of each prefix (block hash) the planner may be offered: the popular
     ones (`DemandLog.popular`) and the hinted ones; `CandidateDemand.add` adds others (busy sessions).
 
@@ -379,7 +379,7 @@ def candidate_demand(log: DemandLog, memo: Optional[object] = None) -> Candidate
     hits (workers without our router), never the sum.
     NOTE: read from the demand log's index by prefix, kept as records come and go: a pass over every record each
     tick (20,000 hits in the window) was most of a plan tick's time at 100,000 prefixes.
-    `memo`: what earlier ticks derived (`radix_sync.coordinator.live_planner._ViewCache`), None: nothing.
+    `memo`: what earlier ticks derived (`ViewCache`), None: nothing.
     """
     demand = CandidateDemand({}, {}, by_prefix=log.by_prefix, memo=memo)
     for hint in log.hints:
@@ -397,3 +397,63 @@ def candidate_demand(log: DemandLog, memo: Optional[object] = None) -> Candidate
         if hint.block_hash is not None:
             demand.add(hint.block_hash)
     return demand
+
+
+class ViewCache:
+    """What the last tick derived from facts that have not changed since, kept for the next (each tick keeps only
+    what it used), per prefix: its request times, namespace and log position from its demand entries (valid while
+    its `DemandLog.stamps` entry is the same; not for a prefix a fan-out hint names), and, for a candidate by its
+    popularity alone (no hint names it, no open session, no copy of it in flight), its `PrefixView`: then a
+    function of those entries and of its directory page (the same page object, depth, and holders with their
+    roles and expiries), for the same worker index and page length (`scope`). `LivePlanner.check_views`
+    checks the views against fresh ones."""
+
+    def __init__(self) -> None:
+        self.scope: tuple = ()
+        """What every kept entry depends on: (directory, demand index, worker ids, page length)."""
+        self._kept: dict[int, list] = {}
+        """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders (their worker ids,
+        their (role, expiry)), view] (the last four None until a view is made)."""
+        self.entries: dict[int, list] = {}
+        """This tick's entries (those it used), by prefix."""
+        self._stamps: dict[int, int] = {}
+
+    def begin(self, scope: tuple, stamps: dict[int, int]) -> None:
+        """A new tick over `scope` (everything is dropped when that changed)."""
+        old = self.scope
+        if not old or scope[0] is not old[0] or scope[1] is not old[1] or scope[2:] != old[2:]:
+            self._kept = {}
+        self.scope = scope
+        self._stamps = stamps
+        self.entries = {}
+
+    def end(self) -> None:
+        """The tick is over: what it used is kept for the next."""
+        self._kept, self.entries = self.entries, {}
+
+    def entry(self, block_hash: int, entries: tuple) -> list:
+        """The kept entry of a prefix no fan-out hint names (its times are shared: read-only)."""
+        stamp = self._stamps[block_hash]
+        kept = self._kept.get(block_hash)
+        if kept is None or kept[0] != stamp:
+            kept = [stamp, *entry_times(entries, ()), log_position(entries), None, 0, None, None]
+        self.entries[block_hash] = kept
+        return kept
+
+    def add_popular(self, demand: CandidateDemand, popular) -> None:
+        """`demand.add` of each prefix of `popular` (in order, into an empty `demand`), from the kept entries."""
+        times, namespaces, order, fanout_hints = demand.times, demand.namespaces, demand.order, demand.fanout_hints
+        by_prefix, stamps, kept_by, next_by = demand.by_prefix, self._stamps, self._kept, self.entries
+        for block_hash in popular:
+            if block_hash in fanout_hints:
+                demand.add(block_hash)
+                continue
+            stamp = stamps[block_hash]
+            kept = kept_by.get(block_hash)
+            if kept is None or kept[0] != stamp:
+                entries = by_prefix[block_hash]
+                kept = [stamp, *entry_times(entries, ()), log_position(entries), None, 0, None, None]
+            next_by[block_hash] = kept
+            times[block_hash] = kept[1]
+            namespaces[block_hash] = kept[2]
+            order[block_hash] = kept[3]

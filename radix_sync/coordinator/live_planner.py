@@ -17,12 +17,13 @@ Who builds it: `radix_sync.coordinator.policies` registers it as the live policy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from dataclasses import dataclass
 from typing import Optional
 
-from radix_sync.coordinator.demand import CandidateDemand, candidate_demand, entry_times, log_position
+from radix_sync.coordinator.demand import CandidateDemand, ViewCache, candidate_demand
 from radix_sync.coordinator.state import DONE, PENDING, RUNNING, ClusterState
 from radix_sync.directory import REPLICA
 from radix_sync.integrity import IntegrityError
@@ -64,64 +65,15 @@ def kv_bytes_per_token(fields: dict[str, str]) -> Optional[int]:
         return None
 
 
-class _ViewCache:
-    """What the last tick derived from facts that have not changed since, kept for the next (each tick keeps only
-    what it used), per prefix: its request times, namespace and log position from its demand entries (valid while
-    its `DemandLog.stamps` entry is the same; not for a prefix a fan-out hint names), and, for a candidate by its
-    popularity alone (no hint names it, no open session, no copy of it in flight), its `PrefixView`: then a
-    function of those entries and of its directory page (the same page object, depth, and holders with their
-    roles and expiries), for the same worker index and page length (`scope`). `LivePlanner.check_views` checks
-    the views against fresh ones."""
-
-    def __init__(self) -> None:
-        self.scope: tuple = ()
-        """What every kept entry depends on: (directory, demand index, worker ids, page length)."""
-        self._kept: dict[int, list] = {}
-        """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders (their worker ids,
-        their (role, expiry)), view] (the last four None until a view is made)."""
-        self.entries: dict[int, list] = {}
-        """This tick's entries (those it used), by prefix."""
-        self._stamps: dict[int, int] = {}
-
-    def begin(self, scope: tuple, stamps: dict[int, int]) -> None:
-        """A new tick over `scope` (everything is dropped when that changed)."""
-        old = self.scope
-        if not old or scope[0] is not old[0] or scope[1] is not old[1] or scope[2:] != old[2:]:
-            self._kept = {}
-        self.scope = scope
-        self._stamps = stamps
-        self.entries = {}
-
-    def end(self) -> None:
-        """The tick is over: what it used is kept for the next."""
-        self._kept, self.entries = self.entries, {}
-
-    def entry(self, block_hash: int, entries: tuple) -> list:
-        """The kept entry of a prefix no fan-out hint names (its times are shared: read-only)."""
-        stamp = self._stamps[block_hash]
-        kept = self._kept.get(block_hash)
-        if kept is None or kept[0] != stamp:
-            kept = [stamp, *entry_times(entries, ()), log_position(entries), None, 0, None, None]
-        self.entries[block_hash] = kept
-        return kept
-
-    def add_popular(self, demand: CandidateDemand, popular) -> None:
-        """`demand.add` of each prefix of `popular` (in order, into an empty `demand`), from the kept entries."""
-        times, namespaces, order, fanout_hints = demand.times, demand.namespaces, demand.order, demand.fanout_hints
-        by_prefix, stamps, kept_by, next_by = demand.by_prefix, self._stamps, self._kept, self.entries
-        for block_hash in popular:
-            if block_hash in fanout_hints:
-                demand.add(block_hash)
-                continue
-            stamp = stamps[block_hash]
-            kept = kept_by.get(block_hash)
-            if kept is None or kept[0] != stamp:
-                entries = by_prefix[block_hash]
-                kept = [stamp, *entry_times(entries, ()), log_position(entries), None, 0, None, None]
-            next_by[block_hash] = kept
-            times[block_hash] = kept[1]
-            namespaces[block_hash] = kept[2]
-            order[block_hash] = kept[3]
+_new_worker_view = functools.partial(tuple.__new__, WorkerView)
+"""A `WorkerView` from all its fields, in order (`LivePlanner._worker_views`)."""
+if WorkerView._fields != (
+        "worker_id", "fingerprint", "num_running", "num_waiting", "waiting_new_tokens", "waiting_cached_tokens",
+        "waiting_attn_pairs", "running_ctx_tokens", "busy_until_s", "free_tokens", "replica_budget_tokens",
+        "egress_busy_until_s", "ingress_busy_until_s", "nic_bandwidth_bytes_per_s", "waiting_cached_pairs",
+        "replica_tokens", "demoted_tokens", "egress_pending_bytes", "ingress_pending_bytes", "incoming_tokens",
+        "waited_evict_first_tokens", "egress_pull_rate_per_s", "ingress_pull_rate_per_s"):
+    raise ImportError("WorkerView's fields changed: LivePlanner._worker_views builds it positionally")
 
 _role_expiry = operator.attrgetter("role", "expires_at_s")
 """A holding's (role, expiry): with the holders' worker ids, what a kept view depends on of its page's holders."""
@@ -169,7 +121,9 @@ class LivePlanner:
         self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
         self._carried: dict[int, int] = {}
-        self._views = _ViewCache()
+        self._views = ViewCache()
+        self._holder_views: dict[tuple, HolderView] = {}
+        """Landed holdings' views by their fields (`_prefix_view`), at most 65,536."""
         """The prefixes the last pass left unscored (its budget spent): scored first in the next."""
         self._namespaces: dict[str, int] = {"": 0}
         self.hint_grace_s = 1.0
@@ -260,7 +214,7 @@ class LivePlanner:
 
     def snapshot(self, state: ClusterState, now_s: float, cached: bool = True) -> tuple[ClusterSnapshot, list[str]]:
         """The planner's view of the cluster now. `cached`: reuse what earlier ticks derived from facts that have
-        not changed since (`_ViewCache`); False: derive everything again (the same snapshot: `check_views`).
+        not changed since (`ViewCache`); False: derive everything again (the same snapshot: `check_views`).
 
         Returns:
             the snapshot (workers by dense index, in worker-id order) and the worker ids by that index.
@@ -289,23 +243,24 @@ class LivePlanner:
                 flights.setdefault(r.block_hash, []).append(r)
         # NOTE: a prefix no hint names, with no open session and no copy in flight, is a candidate by its
         # popularity alone, and its view depends only on its demand entries and its directory page: kept from the
-        # last tick while those are the same (`_ViewCache`); the others are built each tick.
-        hinted = {h.block_hash for h in state.hints}
-        times, sessions, by_prefix = demand.times, demand.sessions, demand.by_prefix
+        # last tick while those are the same (`ViewCache`); the others are built each tick.
+        times, sessions = demand.times, demand.sessions
         fanout, keepalive = demand.fanout, demand.keepalive
         node_of = state.directory.node
         entries = cache.entries if cache is not None else {}
+        slow = {h.block_hash for h in state.hints}
+        slow.update(sessions)
+        slow.update(flights)
         prefixes = []
         for block_hash in demand.in_log_order():
-            if cache is not None and block_hash not in hinted and block_hash not in sessions \
-                    and block_hash not in flights and block_hash in by_prefix:
-                if len(times[block_hash]) < 2:  # (`is_candidate`: no hint names it, no open session)
+            kept = entries.get(block_hash) if block_hash not in slow else None
+            if kept is not None:
+                if len(kept[1]) < 2:  # (`is_candidate`: no hint names it, no open session)
                     continue
                 node = node_of(block_hash)
                 if node is None:
                     continue
-                # (the kept view while its page and holders are the same: `_ViewCache`)
-                kept = entries[block_hash]
+                # (the kept view while its page and holders are the same: `ViewCache`)
                 holders = node.holders
                 holding = (tuple(holders), tuple(map(_role_expiry, holders.values())))
                 if kept[4] is not node or kept[5] != node.depth or kept[6] != holding:
@@ -327,7 +282,7 @@ class LivePlanner:
         return snap, ids
 
     def check_views(self, state: ClusterState, now_s: float) -> None:
-        """Raises IntegrityError unless the snapshot built with what earlier ticks kept (`_ViewCache`) equals one
+        """Raises IntegrityError unless the snapshot built with what earlier ticks kept (`ViewCache`) equals one
         built from scratch. Call it where `decide` would be called (it drains the demand events, as a tick does)."""
         fresh, _ = self.snapshot(state, now_s, cached=False)
         kept, _ = self.snapshot(state, now_s)
@@ -372,27 +327,32 @@ class LivePlanner:
                 wanted[r.target] = wanted.get(r.target, 0) + r.inserted_len
         window = self.PULL_WINDOW_S
         workers = []
+        records = state.workers
         for i, wid in enumerate(ids):
-            rec = state.workers[wid]
+            rec = records[wid]
             load = rec.load
-            workers.append(WorkerView(
-                worker_id=i, fingerprint=rec.hello.fingerprint,
-                num_running=load.num_running_reqs if load else 0, num_waiting=load.num_waiting_reqs if load else 0,
-                waiting_new_tokens=load.num_waiting_tokens if load else 0,
-                # a busy worker is, on average, half-way through an iteration
-                busy_until_s=now_s + (0.5 * load.iteration_s if load and load.num_running_reqs + load.num_waiting_reqs
-                                      else 0.0),
-                free_tokens=load.available_tokens if load else 0,
-                replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)
-                                          - incoming.get(wid, 0)),
-                egress_busy_until_s=busy.get(wid, now_s), ingress_busy_until_s=busy.get(wid, now_s),
-                nic_bandwidth_bytes_per_s=0.0 if rec.plain else bw,  # (a plain worker: no copy ever ends there)
-                replica_tokens=load.replica_tokens if load else -1,
-                demoted_tokens=load.demoted_tokens if load else 0,
-                incoming_tokens=incoming.get(wid, 0),
-                waited_evict_first_tokens=wanted.get(wid, 0),
-                egress_pull_rate_per_s=egress_pulls.get(wid, 0) / window,
-                ingress_pull_rate_per_s=ingress_pulls.get(wid, 0) / window))
+            hello = rec.hello
+            link_busy = busy.get(wid, now_s)
+            # NOTE: positional, in `WorkerView._fields` order (checked where `_new_worker_view` is defined): a
+            # NamedTuple's keyword constructor is a Python call, ~3x the time, for every worker every tick
+            if load:
+                workers.append(_new_worker_view((
+                    i, hello.fingerprint, load.num_running_reqs, load.num_waiting_reqs, load.num_waiting_tokens,
+                    0, 0.0, 0,
+                    # a busy worker is, on average, half-way through an iteration
+                    now_s + (0.5 * load.iteration_s if load.num_running_reqs + load.num_waiting_reqs else 0.0),
+                    load.available_tokens,
+                    max(0, hello.replica_budget_tokens - load.replica_tokens - incoming.get(wid, 0)),
+                    link_busy, link_busy,
+                    0.0 if rec.plain else bw,  # (a plain worker: no copy ever ends there)
+                    0.0, load.replica_tokens, load.demoted_tokens, 0, 0, incoming.get(wid, 0), wanted.get(wid, 0),
+                    egress_pulls.get(wid, 0) / window, ingress_pulls.get(wid, 0) / window)))
+            else:
+                workers.append(_new_worker_view((
+                    i, hello.fingerprint, 0, 0, 0, 0, 0.0, 0, now_s + 0.0, 0,
+                    max(0, hello.replica_budget_tokens - 0 - incoming.get(wid, 0)), link_busy, link_busy,
+                    0.0 if rec.plain else bw, 0.0, -1, 0, 0, 0, incoming.get(wid, 0), wanted.get(wid, 0),
+                    egress_pulls.get(wid, 0) / window, ingress_pulls.get(wid, 0) / window)))
         return workers
 
     def _add_hints(self, state: ClusterState, demand: CandidateDemand, now_s: float) -> None:
@@ -422,13 +382,17 @@ class LivePlanner:
                            demand: CandidateDemand, now_s: float) -> None:
         """Adds the open session nodes whose every holder is busy (`radix_sync.policy.candidates`, as the simulator
         selects them) to `demand.sessions` and `demand.times` (their namespace to `demand.namespaces`)."""
-        busy = busy_mask(self.cost, workers, now_s, self.planner.cfg.min_gain_s)
+        busy = None  # (taken at the first open session with a page: none, most ticks)
         sessions, namespaces = demand.sessions, demand.namespaces
         for n in self.tracker.nodes.values():
             if n.last_finish_s is None:
                 continue
             dnode = state.directory.node(n.node_id)
-            if dnode is not None and all_busy(_holder_bits(dnode.holders, index), busy):
+            if dnode is None:
+                continue
+            if busy is None:
+                busy = busy_mask(self.cost, workers, now_s, self.planner.cfg.min_gain_s)
+            if all_busy(_holder_bits(dnode.holders, index), busy):
                 sessions[n.node_id] = n
                 demand.add(n.node_id)
                 namespaces.setdefault(n.node_id, dnode.namespace)
@@ -441,8 +405,17 @@ class LivePlanner:
         if node is None or not node.token_ids:
             return None
         token_len = node.depth * page_len
-        holders = [HolderView(index[w], h.role, token_len, h.expires_at_s if h.role == REPLICA else None)
-                   for w, h in node.holders.items() if w in index]
+        # (a landed holding's view is a value: one object for all the prefixes alike there, kept across ticks)
+        kept, holders = self._holder_views, []
+        for w, h in node.holders.items():
+            if w in index:
+                key = (index[w], h.role, token_len, h.expires_at_s if h.role == REPLICA else None)
+                view = kept.get(key)
+                if view is None:
+                    if len(kept) >= 65_536:
+                        kept.clear()
+                    view = kept[key] = HolderView(*key)
+                holders.append(view)
         for r in in_flight:
             if r.block_hash == block_hash and r.target in index:
                 eta = busy.get(r.target, now_s)

@@ -120,7 +120,10 @@ class WaitForecast:
         kept = self._waits.get(t)
         changed = self._changed
         if kept is None:
-            waits = [self.wait_at(w, t) for w in range(len(self.base_s))]
+            # (`wait_at`, with the case of no arrival up to `t` inline: most workers, most passes)
+            lead = max(0.0, t - self.now)
+            waits = [max(0.0, base - lead) if not times or times[0] > t else self.wait_at(w, t)
+                     for w, (base, times) in enumerate(zip(self.base_s, self._times))]
         elif kept[1] == len(changed):
             return kept[0]
         else:

@@ -226,17 +226,18 @@ class KvrepPlanner:
         nodes = [node for node in snap.prefixes if node.token_len > 0 and node.holders]
         for node, demand in zip(nodes, self.predictor.predict_all(nodes, now, horizon)):
             count = demand.expected_count
+            node_id = node.node_id
             if count <= 0.0:
-                outcomes[node.node_id] = "no demand predicted"
+                outcomes[node_id] = "no demand predicted"
                 continue
-            entry = kept.get(node.node_id)
+            entry = kept.get(node_id)
             if entry is None or entry[0] is not node:
                 entry = self._node_entry(node, n)
-            keep[node.node_id] = entry
+            keep[node_id] = entry
             _, depth, eta, source, held, new_len, prefill_key, w, others = entry
             if source is None:
                 if not depth or (not chain and len(eta) == len(depth)):
-                    outcomes[node.node_id] = "no holder has the pages yet"
+                    outcomes[node_id] = "no holder has the pages yet"
                     continue
                 source = min(depth, key=lambda w: (w in eta and not chain, -depth[w], eta.get(w, now), w))
             # Predicted work of every node lands on its best current option (its primary holder): the holder with
@@ -249,13 +250,14 @@ class KvrepPlanner:
             one = prefill.get(prefill_key)
             if one is None:
                 one = prefill[prefill_key] = self.cost.prefill_s(*prefill_key)
-            own = (w, demand.arrival_s, count * one)
+            arrival = demand.arrival_s
+            own = (w, arrival, count * one)
             owns.append(own)
-            wanting[node.node_id] = held
-            waited = carried.get(node.node_id, 0)
+            wanting[node_id] = held
+            waited = carried.get(node_id, 0)
             plans.append((node, demand, depth, eta, source, new_len, held, own, waited))
             # NOTE: due within `urgent_s` first, soonest first; then the longest carried over (no budget earlier)
-            keys.append((0, own[1], 0, node.node_id) if own[1] <= urgent_by else (1, -waited, own[1], node.node_id))
+            keys.append((0, arrival, 0, node_id) if arrival <= urgent_by else (1, -waited, arrival, node_id))
         fc.add_all(owns)  # (in this order: a worker's arrivals at one time are served in the order added)
         wanted, wanted_ordinary = self._wanted(scope, wanting, plans)
         self._kept, self._kept_scope = keep, scope
@@ -273,6 +275,9 @@ class KvrepPlanner:
                 for i, replica, tokens in plan[6]:
                     sums[not replica][i] += tokens
             self._wanted_last = ((), {}, sums)
+            return list(sums[0]), list(sums[1])
+        if scope == last_scope and wanting == last:  # (the same holdings wanted: C compares them, mostly by identity)
+            self._wanted_last = (scope, wanting, sums)
             return list(sums[0]), list(sums[1])
         if scope != last_scope:
             sums = ([0] * scope[2], [0] * scope[2])
@@ -308,7 +313,12 @@ class KvrepPlanner:
         if depth and not self.cfg.chain_sources and len(eta) < len(depth):
             # (without chained sources, a holder with pages in flight is never the source: the order among the
             # others does not depend on `now`)
-            source = min(depth, key=lambda w: (w in eta, -depth[w], 0.0, w))
+            # (`min` by (in flight, -depth, `now`, worker), without a call per holder: the deepest landed holder,
+            # the lowest index among equals)
+            best = -1
+            for w, d in depth.items():
+                if w not in eta and (d > best or (d == best and w < source)):
+                    source, best = w, d
         wanted = [(h.worker_id, h.role == REPLICA, h.depth_len) for h in node.holders
                   if h.eta_s is None and 0 <= h.worker_id < num_workers]
         new_len = node.expected_new_len or self.cfg.default_new_len

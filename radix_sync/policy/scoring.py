@@ -203,6 +203,7 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
     best_ratio = 0.0
     plans: dict[int, list] = {}
     inner, last = spread.inner, spread.last
+    slower = below = 0  # (the two common reasons, counted here and added to `why` at the end)
     for t, key in kinds:
         num = counts[key]
         kind_of = key[0]
@@ -210,42 +211,50 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
         if plan is None:
             plan = plans[kind_of] = copies(workers[t], t)
         # the best copy to `t` (None: none clears the bar), its reasons counted `num` times
-        wait_t, first_t, outside = waits[t], opts[t][0], last is not None and t not in inner
+        wait_t, first_t = waits[t], opts[t][0]
         target_best = None
         for c in plan:
             if c.__class__ is str:
-                reason = c
-            else:
-                depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat = c
-                new_first = max(wait_t, land - t_a) + svc
-                if new_first >= first_t:
-                    reason = "no faster there"
+                if why is not None:
+                    why[c] = why.get(c, 0) + num
+                continue
+            depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat = c
+            new_first = max(wait_t, land - t_a) + svc
+            if new_first >= first_t:
+                slower += num
+                continue
+            if last is None:
+                gain = count * (base - spread.with_option(t, (new_first, svc))) - link_cost - mem_cost - harm
+            elif t not in inner:
+                if new_first >= last:
+                    gain = flat  # (`Spread.with_option`'s answer for it: the base)
                 else:
-                    if outside and new_first >= last:
-                        gain = flat  # (`Spread.with_option`'s answer for it: the base)
-                    elif not outside and last is not None and (flat if new_first >= last else count * (
-                            base - spread.merged((new_first, svc))) - link_cost - mem_cost - harm) < min_gain:
-                        # NOTE: one of the k smallest options: its spread is no less than `Spread.merged` (the
-                        # base when the new option starts at or after the base's last value), so its gain is no
-                        # more than that one's (every step rounds monotonically), below the bar: the same answer
-                        # without the spread's heap
-                        gain = None
-                    else:
-                        gain = count * (base - spread.with_option(t, (new_first, svc))) - link_cost - mem_cost - harm
-                    # depth by marginal gain: the deepest copy wins unless a shallower one nets more
-                    if gain is None or gain < min_gain:
-                        reason = "gain below minimum"
-                    else:
-                        if target_best is None or gain > target_best[0]:
-                            target_best = (gain, depth, src, land, nbytes)
-                        continue
-            if why is not None:
-                why[reason] = why.get(reason, 0) + num
+                    gain = count * (base - spread.with_option(t, (new_first, svc))) - link_cost - mem_cost - harm
+            elif (flat if new_first >= last else count * (base - spread.merged((new_first, svc))) - link_cost
+                  - mem_cost - harm) < min_gain:
+                # NOTE: one of the k smallest options: its spread is no less than `Spread.merged` (the base when
+                # the new option starts at or after the base's last value), so its gain is no more than that
+                # one's (every step rounds monotonically), below the bar: the same answer without the spread's
+                # heap
+                below += num
+                continue
+            else:
+                gain = count * (base - spread.with_option(t, (new_first, svc))) - link_cost - mem_cost - harm
+            # depth by marginal gain: the deepest copy wins unless a shallower one nets more
+            if gain < min_gain:
+                below += num
+            elif target_best is None or gain > target_best[0]:
+                target_best = (gain, depth, src, land, nbytes)
         if target_best is not None:
             gain, depth, src, land, nbytes = target_best
             ratio = gain / nbytes
             if ratio > best_ratio:
                 best, best_ratio = (gain, t, depth, src, land), ratio
+    if why is not None:
+        if slower:
+            why["no faster there"] = why.get("no faster there", 0) + slower
+        if below:
+            why["gain below minimum"] = why.get("gain below minimum", 0) + below
     return best
 
 

@@ -220,3 +220,30 @@ def test_the_spread_merged_with_an_option_is_a_lower_bound_of_it_replacing_any_w
         assert spread.merged(opt) <= spread.with_option(worker, opt)
         if worker not in spread.inner:
             assert spread.merged(opt) == spread.with_option(worker, opt)
+
+
+def test_worker_views_built_positionally_are_the_keyword_ones():
+    st = ClusterState(StateConfig(worker_timeout_s=1e6))
+    for w in "abc":
+        st.handle(w.encode(), hello(w), 0.0)
+    st.handle(b"a", _load("a", 1, 3), 0.5)
+    st.handle(b"b", _load("b", 1, 0), 0.5)  # ("c" has reported no load)
+    planner = LivePlanner("cpu-local")
+    ids = sorted(st.workers)
+    busy = {"b": 7.0}
+    views = planner._worker_views(st, ids, [], busy, 2.0)
+    for i, wid in enumerate(ids):
+        rec, bw = st.workers[wid], planner.profile.nic_bandwidth_bytes_per_s
+        load = rec.load
+        assert views[i] == WorkerView(
+            worker_id=i, fingerprint=rec.hello.fingerprint,
+            num_running=load.num_running_reqs if load else 0, num_waiting=load.num_waiting_reqs if load else 0,
+            waiting_new_tokens=load.num_waiting_tokens if load else 0,
+            busy_until_s=2.0 + (0.5 * load.iteration_s if load and load.num_running_reqs + load.num_waiting_reqs
+                                else 0.0),
+            free_tokens=load.available_tokens if load else 0,
+            replica_budget_tokens=max(0, rec.hello.replica_budget_tokens - (load.replica_tokens if load else 0)),
+            egress_busy_until_s=busy.get(wid, 2.0), ingress_busy_until_s=busy.get(wid, 2.0),
+            nic_bandwidth_bytes_per_s=0.0 if rec.plain else bw, replica_tokens=load.replica_tokens if load else -1,
+            demoted_tokens=load.demoted_tokens if load else 0)
+        assert type(views[i]) is WorkerView
