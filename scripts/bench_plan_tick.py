@@ -6,6 +6,9 @@ digest of the decisions (equal digests: equal decisions, to check that a speed-u
 
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py                      # 64 workers x 100,000 prefixes
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --workers 1000 --profile
+    nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --opcodes      # work per tick, whatever else runs
+
+It also prints the steady ticks apart from the first (which builds what the later ones keep).
 """
 from __future__ import annotations
 
@@ -82,6 +85,9 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=LIVE_SCORING_BUDGET,
                     help="kvrep: the planner's max_scored_per_tick (0: no bound, every candidate scored each tick)")
     ap.add_argument("--profile", action="store_true", help="cProfile the ticks, print the top 30 by own time")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="count the Python opcodes each tick executes (a work measure that a loaded machine does not "
+                         "change; ~10x slower ticks, their times then mean nothing)")
     args = ap.parse_args()
     wl = Workload(num_workers=args.workers, num_prefixes=args.prefixes, page_size=args.page_size,
                   pages_per_prefix=args.pages_per_prefix, num_hot=args.hot, cold_hits=args.cold_hits,
@@ -94,14 +100,31 @@ def main() -> None:
     else:
         policy = LIVE_POLICIES.create(args.policy, rules=RuleConfig(), profile="cpu-local")
     prof = cProfile.Profile() if args.profile else None
-    times, digests = [], []
+    times, digests, opcodes = [], [], []
+    count = [0]
+
+    def on_opcode(frame, event, arg):
+        if event == "opcode":
+            count[0] += 1
+        return on_opcode
+
+    def on_call(frame, event, arg):
+        frame.f_trace_opcodes = True
+        return on_opcode
+
     for k in range(args.ticks):
         t = now + 0.25 * (k + 1)
         t0 = time.perf_counter()
         if prof:
             prof.enable()
+        if args.opcodes:
+            count[0] = 0
+            sys.settrace(on_call)
         st.tick(t)
         decisions = policy.decide(st, t)
+        if args.opcodes:
+            sys.settrace(None)
+            opcodes.append(count[0])
         if prof:
             prof.disable()
         times.append(time.perf_counter() - t0)
@@ -110,9 +133,14 @@ def main() -> None:
         outcomes = sorted(getattr(getattr(policy, "planner", None), "outcomes", {}).items())
         digests.append(hashlib.sha256(repr((decisions, outcomes)).encode()).hexdigest()[:16])
         print(f"tick {k}: {1e3 * times[-1]:.1f} ms, {len(decisions)} decisions, digest {digests[-1]}, "
-              f"{getattr(policy, 'last_pass', '')}")
+              f"{getattr(policy, 'last_pass', '')}" + (f", {opcodes[-1]:,} opcodes" if args.opcodes else ""))
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    if len(times) > 1:
+        # (the first tick builds what the next ones keep: candidate views, per-view plans; the others are the
+        # steady state of a coordinator whose demand did not change)
+        print(f"steady ticks (1..{len(times) - 1}): {1e3 * min(times[1:]):.1f} ms best, "
+              f"{1e3 * sum(times[1:]) / len(times[1:]):.1f} ms mean; first tick {1e3 * times[0]:.1f} ms")
     best = min(times)
     print(f"plan tick: {1e3 * best:.1f} ms best, {1e3 * sum(times) / len(times):.1f} ms mean of {len(times)} "
           f"({wl.num_workers} workers, {wl.num_prefixes:,} prefixes, {wl.num_hot:,} candidates); "
