@@ -41,6 +41,7 @@ import copy
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -79,6 +80,19 @@ PULL_ARMS = ("pull", "demote", "active")
 """The arms served by the router started with `--pull` (the others by the one without)."""
 MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
+
+
+def round_order(arms: list[str], rnd: int, seed: int, mode: str = "fixed") -> list[str]:
+    """The order the arms run in, in round `rnd`: as given (`fixed`), or shuffled per round (`shuffled`, seeded by
+    `seed` and the round: reproducible), so no arm always runs after the same one (a slow drift or what the
+    previous arm left in the workers' caches then hits every arm alike)."""
+    if mode == "fixed":
+        return list(arms)
+    if mode != "shuffled":
+        raise ValueError(f"arm order must be fixed or shuffled, got {mode!r}")
+    order = list(arms)
+    random.Random(seed * 1_000_003 + rnd).shuffle(order)
+    return order
 
 
 def split_arm(arm: str) -> tuple[str, int]:
@@ -771,7 +785,7 @@ def run_bench(args) -> int:
         # arm alike; each round replays the same workload with fresh text (no cache carried over).
         for rnd in range(args.repeats):
             for wname, wl in built.items():
-                for k, arm in enumerate(arms):
+                for position, arm in enumerate(round_order(arms, rnd, args.seed, args.arm_order)):
                     label = f"{wname}/{arm}" + (f" #{rnd + 1}" if args.repeats > 1 else "")
                     smg = None
                     base, fronts = split_arm(arm)
@@ -872,6 +886,7 @@ def run_bench(args) -> int:
                     if args.simulate and rnd == 0 and fronts == 1:  # deterministic: once is enough; one router
                         row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                               args.max_total_tokens, args.max_running, speed)
+                    row["position"] = position  # its place in the round (`--arm-order`)
                     rows.append(row)
                     t = row["live"]["ttft_s"]
                     _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
@@ -971,6 +986,9 @@ def add_arguments(p, *, demo: bool = False) -> None:
                    help=f"comma-separated, from {', '.join(ARMS)}; ARM@N: the arm behind N front doors (ours: N "
                         f"routers on the coordinator's one directory; smg: N gateways), requests spread in turn")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arm-order", choices=("fixed", "shuffled"), default="fixed",
+                   help="the arms' order in each round: as given, or shuffled per round (seeded): no arm always "
+                        "runs after the same one")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every arm (interleaved); > 1 adds medians and ranges over the rounds")
     p.add_argument("--duration-s", type=float, default=30.0, help="arrivals (or session starts) within this time")
