@@ -40,10 +40,6 @@ class KvrepConfig:
     """Payload frame size on the wire (at most 16 MiB: larger frames fault inside libzmq's buffers)."""
     staging_bytes: int = 256 << 20
     """Receive buffers kept for reuse between transfers."""
-    pin_staging: bool = False
-    """Receive buffers in pinned host memory (an upload to the device is asynchronous only from pinned memory).
-    Off, and not a flag: the I/O thread would allocate pinned memory, a CUDA call outside the scheduler thread
-    (docs/gpu.md); kept for a pinned slab the scheduler thread allocates."""
     send_rate_mbps: float = 0.0
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
     transport: str = "zmq"

@@ -136,6 +136,17 @@ class CudaOps:
             return src.to(self.device, non_blocking=True)
 
 
+def host_copy(ops: CopyOps, src: torch.Tensor) -> torch.Tensor:
+    """A host tensor shaped like `src`, filled from it on the copy stream (done once an event recorded after this
+    call is): a device tensor's copy, or `src` itself when it is host memory and copies are synchronous."""
+    if src.device.type == "cpu" and not ops.is_async:
+        return src
+    src = src.contiguous()
+    host = ops.host_buffer(src.numel() * src.element_size()).view(src.dtype).view(src.shape)
+    ops.to_host(src, host)
+    return host
+
+
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's bytes as a flat uint8 view."""
     return t.reshape(-1).view(torch.uint8)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from kvrep_kernels import scatter_pages, slots_to_page_ids
-from sglang_kvrep.device import CopyOps, SyncOps
+from sglang_kvrep.device import CopyOps, SyncOps, host_copy
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.dataplane.checks import DTYPES
 from sglang_kvrep.dataplane.staging import Incoming
@@ -59,7 +59,7 @@ class PendingInstall:
     slots_host: torch.Tensor
     event: Any
     """Phase 1: the slots' copy to the host and the payload's upload; phase 2 (`scattered`): the scatter."""
-    device_buffer: Optional[torch.Tensor] = None
+    device_buffer: torch.Tensor
     scattered: bool = False
     scatter_s: float = 0.0
 
@@ -108,10 +108,8 @@ class ReplicaTable:
         slots = view.alloc_slots(n)
         try:
             buffer = inc.buffer.view(DTYPES[h.dtype]).view(h.buffer_shape)
-            slots_c = slots.contiguous()
-            slots_host = ops.host_buffer(slots_c.numel() * slots_c.element_size()).view(slots_c.dtype)
             with ops.stream():
-                ops.to_host(slots_c, slots_host)  # (a GPU allocator's slots are on the device)
+                slots_host = host_copy(ops, slots)  # (a GPU allocator's slots are on the device)
                 device_buffer = ops.to_device(buffer)
                 event = ops.record()
             job = PendingInstall(inc, slots, expires_at, priority, t0, slots_host, event, device_buffer)

@@ -182,42 +182,34 @@ def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
         src_ptrs, dst_ptrs, src_page, dst_page = buf_ptrs, pool_ptrs, buf_start, pool_start
         src_strides, dst_strides = (buf_page, buf_tok, buf_head), (pool_page, pool_tok, pool_head)
 
-    device = ref.device
-    if flat and itemsize in _INT_OF and aligned(
-            [*src_ptrs, *dst_ptrs], [src_strides[0] * itemsize, dst_strides[0] * itemsize, page_elems * itemsize]):
-        # anchors: one pool tensor and the buffer, seen as integers of the element width (bit-exact for any dtype)
+    aligned_copy = flat and itemsize in _INT_OF and aligned(
+        [*src_ptrs, *dst_ptrs], [src_strides[0] * itemsize, dst_strides[0] * itemsize, page_elems * itemsize])
+    if aligned_copy:  # anchors: a pool tensor and the buffer, as integers of the element width (bit-exact)
         pool_anchor, buf_anchor = ref.view(_INT_OF[itemsize]), buffer.view(_INT_OF[itemsize])
         src_anchor, dst_anchor = (pool_anchor, buf_anchor) if gather else (buf_anchor, pool_anchor)
-        offs = [[(x - src_anchor.data_ptr()) // itemsize for x in src_ptrs],
-                [(x - dst_anchor.data_ptr()) // itemsize for x in dst_ptrs]]
-        host = torch.cat([torch.tensor(offs, dtype=torch.int64).flatten(), src_page, dst_page, num])
-        dev = host.to(device, non_blocking=False)
-        n_t, n_c = len(pools), num.numel()
-        vec = 16 // itemsize
-        block = min(MAX_BLOCK, triton.next_power_of_2(page_elems))
-        _copy_pages_aligned_kernel[(n_c, n_t)](
-            src_anchor, dst_anchor, dev[:n_t], dev[n_t:2 * n_t], dev[2 * n_t:2 * n_t + n_c],
-            dev[2 * n_t + n_c:2 * n_t + 2 * n_c], dev[2 * n_t + 2 * n_c:],
-            src_strides[0] // vec, dst_strides[0] // vec, page_elems // vec,
-            VEC=vec, BLOCK=block, num_warps=4 if block <= 1024 else 8,
-        )
-        LAUNCHES["aligned"] += 1
-        return
-    meta = torch.tensor(
-        [src_ptrs, dst_ptrs], dtype=torch.int64
-    )  # addresses fit int64 on every platform we run on
-    host = torch.cat([meta.flatten(), src_page, dst_page, num])
-    dev = host.to(device, non_blocking=False)
+        src_ptrs = [(x - src_anchor.data_ptr()) // itemsize for x in src_ptrs]  # (offsets from the anchors)
+        dst_ptrs = [(x - dst_anchor.data_ptr()) // itemsize for x in dst_ptrs]
+    # one upload of the tables (addresses or offsets fit int64 on every platform we run on)
+    host = torch.cat([torch.tensor([src_ptrs, dst_ptrs], dtype=torch.int64).flatten(), src_page, dst_page, num])
+    dev = host.to(ref.device, non_blocking=False)
     n_t, n_c = len(pools), num.numel()
     src_tab, dst_tab = dev[:n_t], dev[n_t:2 * n_t]
     src_pg, dst_pg, num_pg = dev[2 * n_t:2 * n_t + n_c], dev[2 * n_t + n_c:2 * n_t + 2 * n_c], dev[2 * n_t + 2 * n_c:]
-
     block = min(MAX_BLOCK, triton.next_power_of_2(page_elems))
+    warps = 4 if block <= 1024 else 8
+    if aligned_copy:
+        vec = 16 // itemsize
+        _copy_pages_aligned_kernel[(n_c, n_t)](
+            src_anchor, dst_anchor, src_tab, dst_tab, src_pg, dst_pg, num_pg,
+            src_strides[0] // vec, dst_strides[0] // vec, page_elems // vec,
+            VEC=vec, BLOCK=block, num_warps=warps,
+        )
+        LAUNCHES["aligned"] += 1
+        return
     _copy_pages_kernel[(n_c, n_t)](
         src_tab, dst_tab, src_pg, dst_pg, num_pg,
         *src_strides, *dst_strides,
         page_elems, H, D,
-        ELEM=_TL_BITS[itemsize], FLAT=flat, BLOCK=block,
-        num_warps=4 if block <= 1024 else 8,
+        ELEM=_TL_BITS[itemsize], FLAT=flat, BLOCK=block, num_warps=warps,
     )
     LAUNCHES["general"] += 1

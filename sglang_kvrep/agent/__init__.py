@@ -37,7 +37,7 @@ def start_agent(view: SchedulerView, config: KvrepConfig) -> WorkerAgent:
     then the agent is disabled and SGLang serves as usual)."""
     mailbox = Mailbox()
     agent = WorkerAgent(view, config, mailbox)
-    # NOTE: receive buffers stay pageable (`KvrepConfig.pin_staging` off): pinning them would make the I/O thread
+    # NOTE: receive buffers stay pageable (`StagingPool`): pinning them would make the I/O thread
     # allocate pinned memory, a CUDA call from another thread, which invalidates a CUDA-graph capture in global mode
     # (SGLang recaptures after a weight update); the I/O thread makes no CUDA call at all. The price: a GPU target's
     # upload of a transfer blocks the scheduler thread for the host-side copy (docs/gpu.md).

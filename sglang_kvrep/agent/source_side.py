@@ -16,10 +16,13 @@ import torch
 from kvrep_kernels import gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
 from sglang_kvrep.agent import mailbox as m
+from sglang_kvrep.device import host_copy
 
 log = logging.getLogger("kvrep.agent")
 MAX_AHEAD = 4
 """Chunks a source gathers ahead of what the I/O thread has sent (bounds memory under a bandwidth cap)."""
+GATHER_SLICE_S = 0.005
+"""Scheduler-thread time a source spends gathering per iteration."""
 DEVICE_AHEAD_BYTES = 256 << 20
 """With asynchronous copies (a GPU pool) the bound is bytes of pinned host memory instead: a launch takes
 microseconds of the scheduler thread, and 4 chunks a step would pace a 4 GiB replica by the scheduler's steps
@@ -29,20 +32,18 @@ microseconds of the scheduler thread, and 4 chunks a step would pace a 4 GiB rep
 def ahead_chunks(chunk_bytes: int, is_async: bool) -> int:
     """Chunks a source job may have gathered and not yet sent."""
     return max(MAX_AHEAD, DEVICE_AHEAD_BYTES // max(1, chunk_bytes)) if is_async else MAX_AHEAD
-GATHER_SLICE_S = 0.005
-"""Scheduler-thread time a source spends gathering per iteration."""
 
 
 @dataclass
 class _GatherJob:
     header: p.TransferHeader
-    page_ids: Optional[torch.Tensor]
-    """CPU page ids of the prefix, root first (None until `ids_ready`: the slots come to the host first)."""
     lock: Any
+    slots_host: torch.Tensor
+    ids_ready: Any
+    """The copy event of the prefix's slots to `slots_host` (a GPU pool's slots live on the device)."""
+    page_ids: Optional[torch.Tensor] = None
+    """CPU page ids of the prefix, root first (None until `ids_ready` is done)."""
     next_chunk: int = 0
-    slots_host: Optional[torch.Tensor] = None
-    ids_ready: Any = None
-    """The copy event of the prefix's slots to the host (a GPU pool's slots live on the device)."""
     pending: "collections.deque[_Pending]" = field(default_factory=collections.deque)
     """Chunks issued on the copy stream, oldest first, not handed to the I/O side yet."""
     ending: Optional[str] = None
@@ -55,8 +56,8 @@ class _Pending:
     host: torch.Tensor
     event: Any
     started_s: float
-    keep: Any = None
-    """The device buffer the host copy reads (alive until the event is done)."""
+    keep: torch.Tensor
+    """The gathered buffer the host copy reads (alive until the event is done)."""
 
 
 class SourceSide:
@@ -80,10 +81,8 @@ class SourceSide:
         try:
             # NOTE: a GPU pool's slots live on the device: they come to the host on the copy stream (no wait on
             # the scheduler thread for the forward in progress); the job gathers once they are there
-            slots = self.view.path_slots(node)[:matched].contiguous()
-            slots_host = ops.host_buffer(slots.numel() * slots.element_size()).view(slots.dtype)
             with ops.stream():
-                ops.to_host(slots, slots_host)
+                slots_host = host_copy(ops, self.view.path_slots(node)[:matched])
                 ids_ready = ops.record()
         except Exception:
             self.view.unlock(lock)
@@ -100,7 +99,7 @@ class SourceSide:
             pages_per_chunk=per_chunk, num_chunks=-(-num_pages // per_chunk),
             # the I/O side checksums host memory only (a GPU pool's chunks come to pinned host memory first)
             checksum_kind="xxh3", ttl_s=cmd.ttl_s)
-        self.gathers[header.transfer_id] = _GatherJob(header, None, lock, slots_host=slots_host, ids_ready=ids_ready)
+        self.gathers[header.transfer_id] = _GatherJob(header, lock, slots_host, ids_ready)
         self.to_io(m.StartSend(header, cmd.target_endpoint))
         self._pump_gathers()
 
@@ -151,18 +150,13 @@ class SourceSide:
                 ops.fence()
                 buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
                                       layout=layout)
-                if buffer.device.type == "cpu" and not ops.is_async:
-                    host, keep = buffer, None  # (a CPU pool: the gathered buffer is the host buffer)
-                else:
-                    host = ops.host_buffer(buffer.numel() * buffer.element_size())
-                    ops.to_host(buffer, host)
-                    host, keep = host.view(buffer.dtype).view(buffer.shape), buffer
+                host = host_copy(ops, buffer)  # (a CPU pool's gathered buffer is the host buffer)
                 event = ops.record()
         except Exception as exc:  # release the prefix, end the transfer, report it failed; keep serving
             log.exception("kvrep: gathering chunk %d of transfer %s failed", job.next_chunk, tid)
             job.ending = f"gather of chunk {job.next_chunk} failed: {exc!r}"
             return False
-        job.pending.append(_Pending(job.next_chunk, host, event, t0, keep))
+        job.pending.append(_Pending(job.next_chunk, host, event, t0, buffer))
         job.next_chunk += 1
         return True
 
@@ -180,9 +174,8 @@ class SourceSide:
         finished = job.ending is None and job.page_ids is not None and job.next_chunk == job.header.num_chunks
         if not (finished or job.ending is not None) or job.pending:
             return job.ending is None and not finished
-        if job.ending is not None and job.ids_ready is not None and job.page_ids is None \
-                and not job.ids_ready.query():
-            return False  # (the slots' copy to the host still reads the tree's slots)
+        if job.page_ids is None and not job.ids_ready.query():
+            return False  # (ending: the slots' copy to the host still reads the tree's slots)
         self._end_gather(tid, job)
         if job.ending not in (None, "cancelled"):
             self.to_io(m.GatherFailed(tid, job.ending))

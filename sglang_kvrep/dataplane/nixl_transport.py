@@ -125,8 +125,7 @@ class NixlTransport(ZmqTransport):
             raise
         self._registered: dict[int, Any] = {}
         """Staging buffer address -> its NIXL registration."""
-        self.staging = StagingPool(config.staging_bytes, on_new=self._register, on_drop=self._deregister,
-                                   pin=config.pin_staging)
+        self.staging = StagingPool(config.staging_bytes, on_new=self._register, on_drop=self._deregister)
         self.quarantine: list[tuple[float, torch.Tensor]] = []
         """(reusable after, buffer): staging of transfers that failed while their source may still write."""
         self.remote: dict[str, bytes] = {}

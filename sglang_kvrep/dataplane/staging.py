@@ -20,11 +20,11 @@ class StagingPool:
     up to `max_bytes` cached in total. I/O thread only."""
 
     def __init__(self, max_bytes: int, on_new: Optional[Callable[[torch.Tensor], None]] = None,
-                 on_drop: Optional[Callable[[torch.Tensor], None]] = None, pin: bool = False) -> None:
+                 on_drop: Optional[Callable[[torch.Tensor], None]] = None) -> None:
         """`on_new(buf)` / `on_drop(buf)`: called when a buffer is allocated / let go for good (a registered-memory
-        transport registers and deregisters it there). `pin`: buffers in pinned host memory (a GPU worker's)."""
+        transport registers and deregisters it there). Buffers are pageable host memory: pinning one is a CUDA call,
+        which the I/O thread must not make (docs/gpu.md)."""
         self.max_bytes = max_bytes
-        self.pin = pin
         self._free: list[torch.Tensor] = []
         self._on_new = on_new
         self._on_drop = on_drop
@@ -38,7 +38,7 @@ class StagingPool:
             buf = min(fits, key=lambda b: b.numel())
             self._free = [b for b in self._free if b is not buf]
             return buf
-        buf = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=self.pin)
+        buf = torch.empty(num_bytes, dtype=torch.uint8)
         if self._on_new is not None:
             self._on_new(buf)
         return buf

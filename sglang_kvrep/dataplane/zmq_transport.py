@@ -78,7 +78,7 @@ class ZmqTransport:
         self.peer_keys: dict[str, bytes] = {}
         """Endpoint -> the public key its DEALER expects of the target (b"" without keys)."""
         self.incoming: dict[str, Incoming] = {}
-        self.staging = StagingPool(config.staging_bytes, pin=config.pin_staging)
+        self.staging = StagingPool(config.staging_bytes)
         self.outgoing: dict[str, Outgoing] = {}
         self.send_queue: collections.deque[str] = collections.deque()
         self.bucket = TokenBucket(config.send_rate_mbps * 1e6, config.chunk_bytes)

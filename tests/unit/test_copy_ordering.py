@@ -429,14 +429,6 @@ def test_a_source_names_xxh3_whatever_its_pools_device_the_io_side_hashes_host_m
     assert start.header.checksum_kind == "xxh3"
 
 
-def test_receive_buffers_are_not_pinned_the_io_thread_makes_no_cuda_call():
-    from sglang_kvrep.dataplane.staging import StagingPool
-
-    assert StagingPool(1 << 20).pin is False and KvrepConfig().pin_staging is False
-    pool = StagingPool(1 << 20, pin=False)
-    assert not pool.acquire(4096).is_pinned()
-
-
 def test_an_agent_whose_io_thread_died_lets_go_of_locks_and_slots_only_after_its_copies(monkeypatch):
     """Issue 18 item 6: the I/O thread dies with a gather and an install on the copy stream. The agent disables
     itself (SGLang serves on) and releases the prefix's lock and the install's slots once each copy is done, never
@@ -461,23 +453,27 @@ def test_an_agent_whose_io_thread_died_lets_go_of_locks_and_slots_only_after_its
     assert view.inserted == [] and agent.replicas.live_tokens() == 0
 
 
-def test_a_quantized_pool_with_block_scales_is_refused_not_copied_without_them():
-    """Issue 18: SGLang's FP4 / MXFP8 pools keep per-block scales beside K/V; the view refuses them (the plugin
-    then serves as plain SGLang, saying why) instead of copying pages whose scales stay behind."""
+def scheduler_view(pool_fields=(), **scheduler_fields):
+    """`SchedulerView` over a stand-in scheduler: a 32-row NHD pool (plus `pool_fields`), page size 16, no tree
+    cache unless `scheduler_fields` gives one (and whatever else they give)."""
     import types
 
     from sglang_kvrep.compat import SchedulerView
 
-    def view(**pool_fields):
-        pool = types.SimpleNamespace(k_buffer=[torch.zeros(32, 2, 8)], v_buffer=[torch.zeros(32, 2, 8)],
-                                     **pool_fields)
-        sched = types.SimpleNamespace(server_args=types.SimpleNamespace(page_size=16), tree_cache=None,
-                                      token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool))
-        return SchedulerView(sched)
+    pool = types.SimpleNamespace(k_buffer=[torch.zeros(32, 2, 8)], v_buffer=[torch.zeros(32, 2, 8)],
+                                 **dict(pool_fields))
+    fields = {"tree_cache": None, **scheduler_fields}
+    return SchedulerView(types.SimpleNamespace(server_args=types.SimpleNamespace(page_size=16),
+                                               token_to_kv_pool_allocator=types.SimpleNamespace(
+                                                   get_kvcache=lambda: pool), **fields))
 
-    assert view().kv_buffers()[2] == "NHD"
+
+def test_a_quantized_pool_with_block_scales_is_refused_not_copied_without_them():
+    """Issue 18: SGLang's FP4 / MXFP8 pools keep per-block scales beside K/V; the view refuses them (the plugin
+    then serves as plain SGLang, saying why) instead of copying pages whose scales stay behind."""
+    assert scheduler_view().kv_buffers()[2] == "NHD"
     with pytest.raises(RuntimeError, match="k_scale_buffer"):
-        view(k_scale_buffer=[torch.zeros(32, 1)], v_scale_buffer=[torch.zeros(32, 1)]).kv_buffers()
+        scheduler_view({"k_scale_buffer": [torch.zeros(32, 1)], "v_scale_buffer": [torch.zeros(32, 1)]}).kv_buffers()
 
 
 def test_the_view_names_the_streams_a_copy_is_fenced_behind():
@@ -485,21 +481,13 @@ def test_the_view_names_the_streams_a_copy_is_fenced_behind():
     already match as device prefix); None where there is none (a CPU worker without HiCache)."""
     import types
 
-    from sglang_kvrep.compat import SchedulerView
-
-    pool = types.SimpleNamespace(k_buffer=[torch.zeros(32, 2, 8)], v_buffer=[torch.zeros(32, 2, 8)])
     forward, load = object(), object()
     engine = types.SimpleNamespace(host_to_device_stream=load)
-    sched = types.SimpleNamespace(
-        server_args=types.SimpleNamespace(page_size=16),
+    view = scheduler_view(
         tree_cache=types.SimpleNamespace(cache_controller=types.SimpleNamespace(l2_transfer_engine=engine)),
-        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool),
         tp_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(forward_stream=forward)))
-    view = SchedulerView(sched)
     assert view.forward_stream() is forward and view.load_back_stream() is load
-    plain = SchedulerView(types.SimpleNamespace(server_args=sched.server_args,
-                                                tree_cache=types.SimpleNamespace(cache_controller=None),
-                                                token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator))
+    plain = scheduler_view(tree_cache=types.SimpleNamespace(cache_controller=None))
     assert plain.forward_stream() is None and plain.load_back_stream() is None
 
 

@@ -4,6 +4,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,18 +26,12 @@ def test_the_profile_remeasurement_runs_and_fits_every_term_on_a_tiny_model():
     assert set(out["fitted"]) == {"prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_pair",
                                   "decode_step_s", "decode_s_per_request", "decode_s_per_ctx_token"}
     # the fit is exact on three points of a model with three terms
-    assert gp.fit([[1, 1, 1], [1, 2, 4], [1, 3, 9]], [6, 17, 34]) == pytest_approx([1, 2, 3])
-
-
-def pytest_approx(xs):
-    import pytest
-
-    return pytest.approx(xs, abs=1e-9)
+    assert gp.fit([[1, 1, 1], [1, 2, 4], [1, 3, 9]], [6, 17, 34]) == pytest.approx([1, 2, 3], abs=1e-9)
 
 
 def test_the_hazard_script_says_it_needs_cuda(capsys):
     if torch.cuda.is_available():  # (on a GPU the check itself runs it)
-        return
+        pytest.skip("a CUDA device is here: the script runs its checks instead")
     import sys
 
     argv, sys.argv = sys.argv, ["gpu_ordering.py"]
