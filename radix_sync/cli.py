@@ -23,7 +23,8 @@ def _add_coordinator(sub) -> None:
     p.add_argument("--admin-host", default=C.admin_host)
     p.add_argument("--admin-port", type=int, default=C.admin_port, help="JSON admin API port (0: any free port)")
     p.add_argument("--policy", default=C.policy, choices=list(POLICIES),
-                   help="kvrep: the predictive planner; rules: the rule-based baseline; none: admin calls only")
+                   help="kvrep: the predictive planner; demote: its session tracking and demotion, no copies; "
+                        "rules: the rule-based baseline; none: admin calls only")
     p.add_argument("--profile", default=C.profile, help="cost profile of the kvrep planner (name or JSON path)")
     p.add_argument("--mode", default=C.mode, choices=["active", "shadow"])
     p.add_argument("--tick-s", type=float, default=C.tick_s)
