@@ -513,3 +513,24 @@ def test_while_copies_are_on_the_device_the_scheduler_is_kept_from_sleeping(monk
         dev.run()
         agent.on_iteration()
     assert not agent.gathers and not rung()  # all handed over, the lock released: sleep again
+
+
+def test_a_gpu_pools_agent_compiles_its_copy_kernels_when_it_starts(monkeypatch):
+    """The first copy must not compile the kernel on SGLang's scheduler thread: an agent over a CUDA pool warms
+    the kernels up in its constructor, on its copy stream (a CPU pool's agent does not: torch copies it)."""
+    from sglang_kvrep.agent import scheduler_side
+
+    calls = []
+    monkeypatch.setattr(scheduler_side, "warm_up", lambda k, v, ps, layout: calls.append((len(k), ps, layout)))
+
+    class CudaLike(FakeDevice):
+        device = torch.device("cuda")
+
+        def stream(self):
+            calls.append("stream")
+            return contextlib.nullcontext()
+
+    WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0), ops=FakeDevice())
+    assert calls == []
+    WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0), ops=CudaLike())
+    assert calls == ["stream", (2, PS, "NHD")]
