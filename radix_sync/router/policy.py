@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
 from radix_sync.policy.cost import CostModel, CostProfile
+from radix_sync.policy.forecast import split_iteration
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.pull import PullConfig, PullPlan, plan_pull
 from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, ttft_rank_key
@@ -93,6 +94,9 @@ class WorkerState:
     """cached*(cached+1)/2 of the same requests (see `CostProfile.prefill_s_per_cached_pair`)."""
     copies: bool = True
     """Whether it can send and receive copies (False: a plain worker, without the plugin; never a pull's end)."""
+    own_waiting_tokens: int = 0
+    """Uncached prompt tokens of the requests this router sent and has not seen start: with the two pair sums, the
+    prefill that may be in progress there (the reported waiting queue is not running)."""
 
 
 @dataclass(frozen=True)
@@ -158,11 +162,11 @@ def with_local_load(reported: WorkerState, num_outstanding: int, queued_tokens: 
     """
     if not directory:
         return WorkerState(reported.worker_id, reported.page_size, num_outstanding, 0, queued_tokens, queued_pairs,
-                           queued_cached_pairs, reported.copies)
+                           queued_cached_pairs, reported.copies, queued_tokens)
     return WorkerState(reported.worker_id, reported.page_size, reported.num_running,
                        max(reported.num_waiting, num_outstanding - reported.num_running),
                        max(reported.num_waiting_tokens, queued_tokens), queued_pairs, queued_cached_pairs,
-                       reported.copies)
+                       reported.copies, queued_tokens)
 
 
 def _load(w: WorkerState) -> int:
@@ -172,6 +176,14 @@ def _load(w: WorkerState) -> int:
 def cost_model(costs: RouterCosts) -> CostModel:
     """Returns: the policy engine's cost model for these costs (uncalibrated)."""
     return CostModel(costs.profile())
+
+
+def _own_prefill_s(model: CostModel, w: WorkerState) -> float:
+    """Prefill seconds of what this router sent to `w` and has not seen start (what may be in progress there)."""
+    p = model.profile
+    return model.prefill_scale * (w.own_waiting_tokens * p.prefill_s_per_token
+                                  + w.num_waiting_pairs * p.prefill_s_per_token_pair
+                                  + w.num_waiting_cached_pairs * p.prefill_s_per_cached_pair)
 
 
 def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],
@@ -193,7 +205,9 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         model: the cost model (`cost_model(costs)`).
         allow_pull: also consider a copy from the best holder on the request's path (`Decision.pull`). Every copy
             in flight, of any namespace, keeps its source's outgoing and its target's incoming link busy (queued
-            one after the other, each assumed to start when the link frees).
+            one after the other, each assumed to start when the link frees). A copy also waits for the prefill
+            iteration in progress at both ends (`forecast.split_iteration`: the first chunk of what this router
+            sent there and has not seen start).
         pull_cfg: the deadline bounds of a pull.
     Returns:
         every worker, best first; ties go to fewer outstanding requests, then to the lower id.
@@ -232,7 +246,9 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     first = options[0]
     pull = None
     if allow_pull:
-        route = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True).route(req, views, now)
+        # NOTE: a live view counts the prefill in progress as queued; a copy waits for it at both ends
+        iterating = tuple(split_iteration(model, v, now, _own_prefill_s(model, w)) for v, w in zip(views, order))
+        route = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True).route(req, iterating, now)
         plan = plan_pull(route, first, model.prefill_s(prompt_len - route.pull_len, route.pull_len), now, pull_cfg)
         if plan is not None:
             pull = replace(plan, source=order[plan.source].worker_id, target=order[plan.target].worker_id)

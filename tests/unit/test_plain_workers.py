@@ -179,15 +179,16 @@ def test_plain_worker_in_the_directory_never_a_copy_end(st):
 
 def test_router_never_plans_a_pull_from_or_to_a_plain_worker():
     model = CostModel(load_profile("llama3.1-8b-h200"))
-    prompt_len = 8192
-    # the holder is busy; an idle worker without the prefix: a pull from the holder pays
-    holder = WorkerState("h", 16, num_running=4, num_waiting=6, num_waiting_tokens=40_000)
+    prompt_len = 32768
+    # the holder is busy; an idle worker without the prefix: a pull from the holder pays (it waits for the holder's
+    # iteration in progress, a chunk of 8,192 tokens, then ~0.2 s on the link; a cold prefill takes ~0.9 s)
+    holder = WorkerState("h", 16, num_running=4, num_waiting=6, num_waiting_tokens=80_000)
     idle = WorkerState("i", 16)
     matched = {"h": prompt_len}
     d = rank_by_ttft([holder, idle], matched, [], prompt_len, "", 0.0, model, allow_pull=True)
     assert d.pull is not None and (d.pull.source, d.pull.target) == ("h", "i")
     for plain_holder, plain_idle in ((True, False), (False, True)):
-        ws = [WorkerState("h", 16, 4, 6, 40_000, copies=not plain_holder), WorkerState("i", 16, copies=not plain_idle)]
+        ws = [WorkerState("h", 16, 4, 6, 80_000, copies=not plain_holder), WorkerState("i", 16, copies=not plain_idle)]
         d = rank_by_ttft(ws, matched, [], prompt_len, "", 0.0, model, allow_pull=True)
         assert d.pull is None
 

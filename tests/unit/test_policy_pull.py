@@ -2,11 +2,15 @@
 `kvrep_pull` runs, and the live router's decision built on it (`rank_by_ttft(allow_pull=True)`).
 
 Costs (the router's, as in test_router_policy): 10 ms per uncached token, no per-request overhead, no decode step;
-KV 1 byte/token over a 200 B/s link, no fixed copy cost. A 100-token prompt, of which worker a holds 80.
+KV 1 byte/token over a 200 B/s link, no fixed copy cost; prefill in chunks of 30 tokens (0.3 s), so a worker with
+prefill queued is 0.3 s from the end of its iteration in progress. A 100-token prompt, of which worker a holds 80.
 """
+from dataclasses import replace
+
 import pytest
 
 from radix_sync.policy.cost import CostModel
+from radix_sync.policy.forecast import queue_wait_s, split_iteration
 from radix_sync.policy.pull import PullConfig, PullPlan, best_holder, plan_pull, pull_eta_s, pull_ttft_s
 from radix_sync.policy.routers import ExpectedTtftRouter
 from radix_sync.policy.snapshot import RequestView, Route, WorkerView
@@ -15,11 +19,19 @@ from radix_sync.sim.policies import build_policy
 
 COSTS = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_step_s=0.0, kv_bytes_per_token=1,
                     link_bytes_per_s=200.0, transfer_latency_s=0.0)
-MODEL = cost_model(COSTS)
+UNCHUNKED = cost_model(COSTS)
 
 
-def w(wid, running=0, waiting=0, waiting_tokens=0):
-    return WorkerState(wid, 16, running, waiting, waiting_tokens)
+def chunked(costs, tokens=30):
+    return CostModel(replace(costs.profile(), chunked_prefill_len=tokens))
+
+
+MODEL = chunked(COSTS)
+
+
+def w(wid, running=0, waiting=0, waiting_tokens=0, own=True):
+    """`own`: the queued requests are this router's, not seen start (else only the worker's reported waiting queue)."""
+    return WorkerState(wid, 16, running, waiting, waiting_tokens, own_waiting_tokens=waiting_tokens if own else 0)
 
 
 def decide(workers, matched, copies=(), prompt_len=100, ns="", model=MODEL, cfg=PullConfig()):
@@ -63,11 +75,41 @@ def test_the_deadline_is_the_break_even_bounded():
 
 # ------------------------------------------------------------------------------- the live router's decision
 def test_pull_wins_when_the_holder_is_busy():
-    # a: 1.0 s queued + 0.2 s (20 uncached) = 1.2 s; b cold: 1.0 s; b pulling 80 tokens: 0.4 s copy + 0.2 s = 0.6 s
+    # a: 1.0 s queued + 0.2 s (20 uncached) = 1.2 s; b cold: 1.0 s; b pulling 80 tokens: the copy starts when a's
+    # iteration in progress ends (its first chunk, 0.3 s) and takes 0.4 s, then 0.2 s of prefill = 0.9 s
     d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80})
     assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((1.0, 1.2))  # the fallback: no copy
-    assert d.pull == PullPlan("a", "b", 80, pytest.approx(0.4), pytest.approx(0.6), pytest.approx(1.0),
+    assert d.pull == PullPlan("a", "b", 80, pytest.approx(0.7), pytest.approx(0.9), pytest.approx(1.0),
                               pytest.approx(0.8))
+
+
+def test_no_pull_from_a_holder_whose_queue_is_all_in_its_iteration_in_progress():
+    # unchunked, a's whole 1.0 s of queued prefill is one iteration: the copy would start at 1.0 s (1.6 s TTFT),
+    # later than a itself serves the request (1.2 s); before the split the live router priced it at 0.6 s and
+    # half its pulls were still pending at the source at their deadline
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, model=UNCHUNKED)
+    assert d.ranked == ("b", "a") and d.pull is None
+    # a queue the worker reports (another router's requests, or SGLang's own waiting queue) is not running: the
+    # copy starts at once (0.4 s, 0.6 s TTFT)
+    d = decide([w("a", waiting=1, waiting_tokens=100, own=False), w("b")], {"a": 80}, model=UNCHUNKED)
+    assert d.pull.copy_eta_s == pytest.approx(0.4) and d.pull.expected_ttft_s == pytest.approx(0.6)
+
+
+def test_split_iteration_moves_the_first_chunk_into_the_iteration_and_keeps_the_queue_wait():
+    v = WorkerView(0, num_running=1, num_waiting=2, waiting_new_tokens=100, waiting_attn_pairs=40.0,
+                   waiting_cached_pairs=8.0, busy_until_s=10.05)
+    costs = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_step_s=0.05,
+                        kv_bytes_per_token=1, link_bytes_per_s=200.0, transfer_latency_s=0.0)
+    for model, in_progress, iteration in ((chunked(costs), None, 0.3), (cost_model(costs), None, 1.0),
+                                          (cost_model(costs), 0.25, 0.25), (chunked(costs), 0.5, 0.3)):
+        s = split_iteration(model, v, 10.0, in_progress)
+        assert s.busy_until_s == pytest.approx(10.05 + iteration)
+        assert queue_wait_s(model, s, 10.0) == pytest.approx(queue_wait_s(model, v, 10.0)) == pytest.approx(1.05)
+        assert s.waiting_new_tokens == pytest.approx(100 * (1 - iteration))
+        assert s.num_waiting == pytest.approx(2 * (1 - iteration))
+    idle = WorkerView(1, busy_until_s=3.0)
+    assert split_iteration(MODEL, idle, 10.0) is idle  # nothing queued: as it was
+    assert split_iteration(MODEL, v, 10.0, 0.0) is v  # nothing of it in progress: as it was
 
 
 def test_pull_loses_to_a_short_queue_at_the_holder():
@@ -84,9 +126,10 @@ def test_a_busy_link_makes_the_pull_lose():
     # 1.4 s (1.6 s TTFT), so b computes cold (1.0 s); the other tenant's copy is no copy of this prompt
     d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [CopyInFlight("a", "b", "other", 200)])
     assert d.ranked == ("b", "a") and d.pull is None and not d.wait_inflight
-    # a 20-token one (0.1 s): the pull still wins, landing 0.1 s later than on an idle link
-    d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [CopyInFlight("a", "b", "other", 20)])
-    assert d.pull.copy_eta_s == pytest.approx(0.5) and d.pull.expected_ttft_s == pytest.approx(0.7)
+    # a 70-token one (0.35 s, past the end of a's iteration at 0.3 s): the pull still wins, landing 0.05 s later
+    # than on an idle link
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [CopyInFlight("a", "b", "other", 70)])
+    assert d.pull.copy_eta_s == pytest.approx(0.75) and d.pull.expected_ttft_s == pytest.approx(0.95)
 
 
 def test_a_copy_in_flight_of_this_prefix_is_waited_for_not_pulled_again():
@@ -98,22 +141,31 @@ def test_a_copy_in_flight_of_this_prefix_is_waited_for_not_pulled_again():
 
 
 def test_the_live_pull_waits_for_the_iteration_at_both_ends():
-    # b is decoding (a 0.05 s step): the pull starts after it (0.45 s) and b's queue is that step: 0.65 s
+    # a's iteration in progress ends at 0.3 s (a chunk of its queued prefill); b decodes (a 0.05 s step) and has
+    # 40 tokens queued, its iteration ends at 0.05 + 0.3 = 0.35 s: the copy starts then, lands at 0.75 s, and b's
+    # queue (0.45 s) is over by then: 0.95 s. The fallback is a (1.0 s queued + 0.2 s), b cold would be 1.45 s
     costs = RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_step_s=0.05,
                         kv_bytes_per_token=1, link_bytes_per_s=200.0, transfer_latency_s=0.0)
-    d = decide([w("a", waiting=1, waiting_tokens=100), w("b", running=1)], {"a": 80}, model=cost_model(costs))
-    assert d.pull.copy_eta_s == pytest.approx(0.45) and d.pull.expected_ttft_s == pytest.approx(0.65)
-    assert d.pull.fallback_ttft_s == pytest.approx(1.05) and d.pull.deadline_s == pytest.approx(0.85)
+    d = decide([w("a", waiting=1, waiting_tokens=100), w("b", running=1, waiting=1, waiting_tokens=40)], {"a": 80},
+               model=chunked(costs))
+    assert d.pull.copy_eta_s == pytest.approx(0.75) and d.pull.expected_ttft_s == pytest.approx(0.95)
+    assert d.pull.fallback_ttft_s == pytest.approx(1.2) and d.pull.deadline_s == pytest.approx(1.0)
 
 
 def test_the_live_decision_is_the_simulators_kvrep_pull_rule():
-    # the same object and method: the simulator's `kvrep_pull` bundle routes the same view to the same pull
+    # the same object and method: the simulator's `kvrep_pull` bundle routes the same view to the same pull; live,
+    # with the iterations in progress split out of the queues and waited for at both ends (the simulator's
+    # executor starts a copy at once)
     d = decide([w("a", waiting=1, waiting_tokens=100), w("b"), w("c", running=0)], {"a": 80})
-    sim = build_policy("kvrep_pull", COSTS.profile(), 1, 0).router
-    assert isinstance(sim, ExpectedTtftRouter) and sim.allow_pull
-    views = tuple(WorkerView(i, num_waiting=n, waiting_new_tokens=t, nic_bandwidth_bytes_per_s=200.0)
+    profile = MODEL.profile
+    sim = build_policy("kvrep_pull", profile, 1, 0).router
+    assert isinstance(sim, ExpectedTtftRouter) and sim.allow_pull and not sim.endpoint_wait
+    live_rule = ExpectedTtftRouter(CostModel(profile), profile.kv_bytes_per_token, allow_pull=True,
+                                   endpoint_wait=True)
+    views = tuple(split_iteration(MODEL, WorkerView(i, num_waiting=n, waiting_new_tokens=t,
+                                                    nic_bandwidth_bytes_per_s=200.0), 0.0)
                   for i, (n, t) in enumerate(((1, 100), (0, 0), (0, 0))))
-    route = sim.route(RequestView(0, 100, cached_len=(80, 0, 0)), views, 0.0)
+    route = live_rule.route(RequestView(0, 100, cached_len=(80, 0, 0)), views, 0.0)
     assert (route.worker_id, route.pull_from, route.pull_len) == (1, 0, 80)
     assert (d.pull.target, d.pull.source, d.pull.pull_len) == ("b", "a", 80)
     assert d.pull.expected_ttft_s == pytest.approx(route.expected_ttft_s)

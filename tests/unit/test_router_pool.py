@@ -54,11 +54,11 @@ def test_queued_work_is_counted_until_unqueued_once():
     first = pool.queue(A, 10, 6)  # 10 new after 6 cached: 10*6 + 10*11/2 = 115 pairs, 6*7/2 = 21 cached pairs
     second = pool.queue(A, -3, 4)  # nothing new: 0 tokens, 0 pairs, 10 cached pairs
     pool.outstanding[A] += 2
-    assert pool.with_local_load(idle, False) == WorkerState(A, 16, 2, 0, 10, 115.0, 31.0)
+    assert pool.with_local_load(idle, False) == WorkerState(A, 16, 2, 0, 10, 115.0, 31.0, own_waiting_tokens=10)
     reported = WorkerState(A, 16, num_running=1, num_waiting=0, num_waiting_tokens=4)
-    assert pool.with_local_load(reported, True) == WorkerState(A, 16, 1, 1, 10, 115.0, 31.0)
+    assert pool.with_local_load(reported, True) == WorkerState(A, 16, 1, 1, 10, 115.0, 31.0, own_waiting_tokens=10)
     busy = WorkerState(A, 16, num_running=1, num_waiting=5, num_waiting_tokens=400)
-    assert pool.with_local_load(busy, True) == WorkerState(A, 16, 1, 5, 400, 115.0, 31.0)
+    assert pool.with_local_load(busy, True) == WorkerState(A, 16, 1, 5, 400, 115.0, 31.0, own_waiting_tokens=10)
     first()
     first()  # idempotent
     assert pool.with_local_load(idle, False) == WorkerState(A, 16, 2, 0, 0, 0.0, 0.0)  # 0 tokens: pairs reset
