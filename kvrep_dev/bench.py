@@ -288,10 +288,12 @@ def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
 
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
-             speed: Optional[dict] = None, cores: Optional[int] = None) -> dict:
+             speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
-    with SGLang's overlap scheduler, and when given the live workers' KV pool size and running-request limit (the
+    with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
+    gather and install; the router and the planner price that wait, as live; `endpoint_wait=False`: the simulator's
+    model before, pages moving during iterations), and when given the live workers' KV pool size and running-request limit (the
     profile's are the calibration's) and the machine speed measured in the same run (`probe_speed`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
@@ -306,11 +308,11 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     if speed is not None:
         profile = scale_profile(profile, speed["prefill"], speed["decode"])
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
-    policy = build_policy(SIM_POLICY.get(arm, arm), profile, wl.page_len, seed, PlannerConfig())
+    policy = build_policy(SIM_POLICY.get(arm, arm), profile, wl.page_len, seed, PlannerConfig(endpoint_wait=endpoint_wait))
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
-                        overlap_lag=True, record_requests=True)
+                        overlap_lag=True, record_requests=True, endpoint_wait=endpoint_wait)
     stats = Engine(profile, wl, policy, ecfg).run()
     return stats.to_dict()
 
@@ -640,7 +642,7 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
     return "\n".join(lines)
 
 
-def resimulate(path: Path, cores: Optional[int] = None) -> int:
+def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = True) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
@@ -664,7 +666,7 @@ def resimulate(path: Path, cores: Optional[int] = None) -> int:
         if r["workload"] not in built:
             built[r["workload"]] = build_workload(r["workload"], args)
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
-                            args.max_total_tokens, args.max_running, data.get("speed"), cores)
+                            args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait)
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; machine speed then: "
           + (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f})"
              if data.get("speed") else "not measured, x1)"))
@@ -677,7 +679,7 @@ def resimulate(path: Path, cores: Optional[int] = None) -> int:
         base = None
         for name in ("cache_aware", "kvrep", "free_copies"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
-                           args.max_running, data.get("speed"), cores)
+                           args.max_running, data.get("speed"), cores, endpoint_wait)
             t = res["ttft_s"]
             base = base or t
             print(f"{w:<8} {name:<12} {t['mean']:>6.2f} {t['p50']:>6.2f} {t['p99']:>6.2f} "
@@ -688,7 +690,7 @@ def resimulate(path: Path, cores: Optional[int] = None) -> int:
 
 def run_bench(args) -> int:
     if getattr(args, "resimulate", None):
-        return resimulate(Path(args.resimulate), cores=args.sim_cores)
+        return resimulate(Path(args.resimulate), cores=args.sim_cores, endpoint_wait=args.sim_endpoint_wait)
     from transformers import AutoTokenizer
 
     from kvrep_dev.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
@@ -885,7 +887,8 @@ def run_bench(args) -> int:
                     samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
                     if args.simulate and rnd == 0 and fronts == 1:  # deterministic: once is enough; one router
                         row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
-                                              args.max_total_tokens, args.max_running, speed)
+                                              args.max_total_tokens, args.max_running, speed,
+                                              endpoint_wait=getattr(args, "sim_endpoint_wait", True))
                     row["position"] = position  # its place in the round (`--arm-order`)
                     rows.append(row)
                     t = row["live"]["ttft_s"]
@@ -1029,3 +1032,6 @@ def add_arguments(p, *, demo: bool = False) -> None:
                             "as in bench/results/) and compare with its live measurements")
         p.add_argument("--sim-cores", type=int, default=None,
                        help="with --resimulate: the workers share this many cores (default: this machine's)")
+        p.add_argument("--sim-endpoint-wait", action=argparse.BooleanOptionalAction, default=True,
+                       help="the simulator's copies start between scheduler iterations at both ends, as the live "
+                            "agents' (--no-sim-endpoint-wait: pages move during iterations, the model before)")

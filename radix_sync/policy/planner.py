@@ -91,8 +91,9 @@ class PlannerConfig:
     """Whether the router may copy on the critical path (then a pre-copy saves only the copy's wait)."""
     endpoint_wait: bool = False
     """Whether a copy also waits for its source's and its target's iteration in progress (`busy_until_s`): a live
-    agent gathers and installs between scheduler iterations, which on a CPU worker last seconds. Off in the
-    simulator, whose executor moves pages without the schedulers (GPU iterations are milliseconds)."""
+    agent gathers and installs between scheduler iterations, which on a CPU worker last up to seconds. Off by
+    default in the simulator, whose executor then moves pages without the schedulers; `EngineConfig.endpoint_wait`
+    makes its executor wait too (`kvrep bench --simulate`, which mirrors the live testbed, sets both)."""
     chain_sources: bool = False
     """Whether a holder whose pages are still in flight (a copy to it, its own prefill, or a copy planned in the
     same pass) may be a `Replicate.source`. Only for an executor that defers such a copy until the source holds

@@ -45,6 +45,11 @@ class EngineConfig:
     """A fan-out hint's error: its lead time and its number of branches are each off by a factor exp(jitter x N(0,1))
     (log-normal, drawn per request): an application announcing branches knows neither the trunk's decode time nor
     how many branches survive exactly. 0: exact hints."""
+    endpoint_wait: bool = False
+    """True: a copy starts only once the iterations in progress at its source and at its target are over (a live
+    agent gathers and installs between scheduler iterations; on a CPU worker a prefill iteration lasts up to
+    seconds, on a GPU up to a chunk of 8,192 tokens). Pair it with `PlannerConfig.endpoint_wait`, which makes the
+    router and the planner price that wait. False: copies move without the schedulers (the model before)."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)

@@ -320,6 +320,8 @@ class Engine:
 
     def _book(self, x: Transfer, now: float) -> None:
         x.num_bytes = (x.hi - x.lo) * self.page_len * self.p.kv_bytes_per_token
+        if self.cfg.endpoint_wait:  # gathered after the source's iteration in progress, installed after the target's
+            now = max(now, self.workers[x.src].busy_until_s(now), self.workers[x.dst].busy_until_s(now))
         x.start_s, x.end_s = self.net.book(x.src, x.dst, x.num_bytes, now)
         x.src_lock = x.pages[x.hi - 1]
         self.workers[x.src].cache.lock(x.src_lock)

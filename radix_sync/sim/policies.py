@@ -80,14 +80,17 @@ def _kvrep_route(profile: CostProfile, page_len: int, seed: int, planner_cfg: Pl
 @POLICIES.register("kvrep_pull")
 def _kvrep_pull(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
     """Ablation: `kvrep_route` + copies on the critical path (no demotion, no planner)."""
-    return PolicyBundle("kvrep_pull", make_router("expected_ttft", allow_pull=True, **_ctx(profile, page_len, seed)))
+    return PolicyBundle("kvrep_pull", make_router("expected_ttft", allow_pull=True,
+                                                  endpoint_wait=planner_cfg.endpoint_wait,
+                                                  **_ctx(profile, page_len, seed)))
 
 
 @POLICIES.register("kvrep_pull_demote")
 def _kvrep_pull_demote(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
     """Ablation: `kvrep_pull` + demotion of a moved session's old copies (no planner)."""
     return PolicyBundle("kvrep_pull_demote",
-                        make_router("expected_ttft", allow_pull=True, **_ctx(profile, page_len, seed)),
+                        make_router("expected_ttft", allow_pull=True, endpoint_wait=planner_cfg.endpoint_wait,
+                                    **_ctx(profile, page_len, seed)),
                         demote_stale=True, predictor=DemandPredictor())
 
 
@@ -95,7 +98,8 @@ def _kvrep_pull_demote(profile: CostProfile, page_len: int, seed: int, planner_c
 def _kvrep(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
     ctx = _ctx(profile, page_len, seed)
     planner = KvrepPlanner(ctx["cost"], DemandPredictor(), replace(planner_cfg, chain_sources=True))
-    return PolicyBundle("kvrep", make_router("expected_ttft", allow_pull=planner_cfg.allow_pull, **ctx), planner,
+    return PolicyBundle("kvrep", make_router("expected_ttft", allow_pull=planner_cfg.allow_pull,
+                                             endpoint_wait=planner_cfg.endpoint_wait, **ctx), planner,
                         demote_stale=True)
 
 

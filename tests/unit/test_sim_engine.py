@@ -108,3 +108,32 @@ def test_worker_views_fill_every_field_by_name():
         assert v.replica_budget_tokens == int(0.25 * PROFILE.kv_capacity_tokens) - w.cache.tree.num_replica_pages * 64
         assert v.num_running == w.num_running and v.num_waiting == w.num_waiting
         assert v.replica_tokens == w.cache.tree.num_replica_pages * 64 and v.demoted_tokens == w.cache.tree.num_evict_first_stale_pages * 64
+
+
+def _booked_inside_an_iteration(endpoint_wait: bool) -> tuple[int, int]:
+    """Runs `kvrep_pull` on the fan-out case; returns (copies booked, copies whose start falls inside an iteration in
+    progress at the source or the target at the moment they were booked)."""
+    from radix_sync.policy.planner import PlannerConfig
+
+    wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=6.0, duration_s=20.0, seed=1,
+                        max_context_len=PROFILE.max_context_len)
+    policy = build_policy("kvrep_pull", PROFILE, wl.page_len, 1, PlannerConfig(endpoint_wait=endpoint_wait))
+    assert policy.router.endpoint_wait is endpoint_wait
+    eng = Engine(PROFILE, wl, policy, EngineConfig(num_workers=4, duration_s=20.0, endpoint_wait=endpoint_wait))
+    book, seen = eng.net.book, []
+
+    def spy(src, dst, num_bytes, now):
+        start, end = book(src, dst, num_bytes, now)
+        ends = [eng.workers[w].busy_until_s(eng.now) for w in (src, dst)]
+        seen.append(start < max(ends) - 1e-12)
+        return start, end
+    eng.net.book = spy
+    eng.run()
+    return len(seen), sum(seen)
+
+
+def test_with_endpoint_wait_a_copy_starts_after_the_iterations_in_progress_at_both_ends():
+    booked, inside = _booked_inside_an_iteration(True)
+    assert booked > 0 and inside == 0
+    booked, inside = _booked_inside_an_iteration(False)  # the model before: pages move during iterations
+    assert booked > 0 and inside > 0
