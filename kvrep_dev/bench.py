@@ -293,8 +293,9 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
     gather and install; the router and the planner price that wait, as live; `endpoint_wait=False`: the simulator's
-    model before, pages moving during iterations), and when given the live workers' KV pool size and running-request limit (the
-    profile's are the calibration's) and the machine speed measured in the same run (`probe_speed`)."""
+    model before, pages moving during iterations), and when given the live workers' KV pool size and
+    running-request limit (the profile's are the calibration's) and the machine speed measured in the same run
+    (`probe_speed`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
@@ -308,7 +309,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     if speed is not None:
         profile = scale_profile(profile, speed["prefill"], speed["decode"])
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
-    policy = build_policy(SIM_POLICY.get(arm, arm), profile, wl.page_len, seed, PlannerConfig(endpoint_wait=endpoint_wait))
+    policy = build_policy(SIM_POLICY.get(arm, arm), profile, wl.page_len, seed,
+                          PlannerConfig(endpoint_wait=endpoint_wait))
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,

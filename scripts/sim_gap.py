@@ -42,7 +42,8 @@ def run_policy(args: argparse.Namespace, name: str) -> tuple[dict[str, Done], in
     """Runs one policy; returns its finished requests by `request_key`, and the workload's page length."""
     profile = load_profile(args.profile)
     wl = build_workload(args, profile.max_context_len)
-    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, planner_config(args.planner)),
+    pcfg = planner_config(args.planner, args.endpoint_wait)
+    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, pcfg),
                  engine_config(args, args.duration_s))
     routes: dict[int, str] = {}
     execute = eng._execute_route

@@ -25,7 +25,8 @@ from radix_sync.sim.policies import build_policy  # noqa: E402
 def tail_report(args: argparse.Namespace, name: str) -> str:
     profile = load_profile(args.profile)
     wl = build_workload(args, profile.max_context_len)
-    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, planner_config(args.planner)),
+    pcfg = planner_config(args.planner, args.endpoint_wait)
+    eng = Engine(profile, wl, build_policy(name, profile, wl.page_len, args.seed, pcfg),
                  engine_config(args, args.duration_s))
     done: list[tuple[object, object]] = []
     previous: dict[int, tuple[int, float]] = {}

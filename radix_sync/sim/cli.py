@@ -87,6 +87,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hint-jitter", type=float, default=EngineConfig.hint_jitter, metavar="SIGMA",
                         help="log-normal error of fan-out hints' lead time and branch count (default %(default)s; 0: "
                              "exact)")
+    parser.add_argument("--endpoint-wait", action="store_true", default=EngineConfig.endpoint_wait,
+                        help="a copy starts only after the iterations in progress at its source and target (as the "
+                             "live agents gather and install between scheduler iterations); the routers and the "
+                             "planner price that wait")
     parser.add_argument("--planner", default="", metavar="KEY=VALUE,...",
                         help="override PlannerConfig fields of the kvrep policies (numbers and booleans), "
                              "e.g. min_gain_s=0.01,horizon_s=60")
@@ -101,9 +105,10 @@ def analysis_parser(description: str, default_policies: str) -> argparse.Argumen
     return parser
 
 
-def planner_config(spec: str) -> PlannerConfig:
+def planner_config(spec: str, endpoint_wait: bool = False) -> PlannerConfig:
     """Returns: `PlannerConfig` with the `KEY=VALUE,...` overrides of `spec` (ValueError on an unknown key, a
-    field that is not a number or a boolean, or a value the config rejects)."""
+    field that is not a number or a boolean, or a value the config rejects); `endpoint_wait` (`--endpoint-wait`)
+    sets the field of that name, so the routers and the planner price the wait the engine then makes."""
     fields = {f.name: f for f in dataclasses.fields(PlannerConfig)}
     default = PlannerConfig()
     kw: dict = {}
@@ -126,6 +131,8 @@ def planner_config(spec: str) -> PlannerConfig:
                 raise ValueError(f"{key} is a {kind.__name__}; only numbers and booleans can be set here")
         except ValueError as e:
             raise ValueError(f"--planner: bad value for {key}: {e}") from None
+    if endpoint_wait:
+        kw["endpoint_wait"] = True
     return PlannerConfig(**kw)
 
 
@@ -134,7 +141,8 @@ def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
     return EngineConfig(num_workers=args.workers, duration_s=duration_s, tick_s=args.tick_s,
                         shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
                         tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt,
-                        view_staleness_s=args.view_staleness_s, hint_jitter=args.hint_jitter)
+                        view_staleness_s=args.view_staleness_s, hint_jitter=args.hint_jitter,
+                        endpoint_wait=args.endpoint_wait)
 
 
 def build_workload(args: argparse.Namespace, max_context_len: int) -> Workload:
@@ -195,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
         duration = args.duration_s if args.duration_s is not None else last + 1.0
         ecfg = engine_config(args, duration)
-        pcfg = planner_config(args.planner)
+        pcfg = planner_config(args.planner, args.endpoint_wait)
     except (ValueError, OSError) as e:
         print(f"kvrep sim: {e}", file=sys.stderr)
         return 2

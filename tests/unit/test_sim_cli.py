@@ -72,6 +72,18 @@ def test_planner_overrides(tmp_path, capsys):
     assert "--planner: 'x=1'" in capsys.readouterr().err
 
 
+def test_endpoint_wait_reaches_the_engine_the_routers_and_the_planner(tmp_path):
+    assert cli.planner_config("min_gain_s=0.5", endpoint_wait=True).endpoint_wait
+    assert not cli.planner_config("min_gain_s=0.5").endpoint_wait
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--generator", "agent", "--rate", "5", "--duration-s", "20", "--endpoint-wait"])
+    assert cli.engine_config(args, 20.0).endpoint_wait
+    assert not cli.engine_config(parser.parse_args(["--generator", "agent"]), 20.0).endpoint_wait
+    r = sim(tmp_path, "--endpoint-wait")
+    assert r["args"]["endpoint_wait"] is True and [x["policy"] for x in r["results"]] == ["cache_aware", "kvrep"]
+
+
 def test_seeds_report_mean_and_t_interval(tmp_path, capsys):
     from radix_sync.sim.seeds import mean_ci, t_quantile
 
