@@ -44,8 +44,8 @@ def split_iteration(cost: CostModel, w: WorkerView, now: float, in_progress_s: O
     (in seconds, the same share of every term) into `busy_until_s`: the worker's queue wait (`queue_wait_s`) is
     unchanged, and the iteration ends at the latest the one in progress can (it may have started before `now`: an
     upper bound, which is what a request waiting for a copy must not under-estimate). Measured live before this
-    (agent sessions, 3 rounds of `kvrep bench`): half the router's pulls were still pending at the source when their
-    deadline passed, all from holders with prefill queued.
+    (agent sessions, 3 rounds of `kvrep bench`): about half the router's pulls were still pending at the busy source
+    when their deadline passed.
 
     Args:
         cost: the cost model.
