@@ -57,11 +57,9 @@ def split_iteration(cost: CostModel, w: WorkerView, now: float, in_progress_s: O
         `w` unchanged when nothing of it may be in progress; else with `busy_until_s` at the end of the prefill
         iteration in progress and the `waiting_*` terms and `num_waiting` scaled to the rest (floats).
     """
-    p = cost.profile
-    work = cost.prefill_scale * (w.num_waiting * p.prefill_overhead_s + w.waiting_new_tokens * p.prefill_s_per_token
-                                 + w.waiting_attn_pairs * p.prefill_s_per_token_pair
-                                 + w.waiting_cached_pairs * p.prefill_s_per_cached_pair)
-    running = min(work, cost.prefill_s(p.chunked_prefill_len, 0), work if in_progress_s is None else in_progress_s)
+    work = queue_wait_s(cost, w, now) - max(0.0, w.busy_until_s - now)  # the queued prefill alone
+    running = min(work, cost.prefill_s(cost.profile.chunked_prefill_len, 0),
+                  work if in_progress_s is None else in_progress_s)
     if running <= 0.0:
         return w
     rest = 1.0 - running / work

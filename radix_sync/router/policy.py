@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
 from radix_sync.policy.cost import CostModel, CostProfile
-from radix_sync.policy.forecast import split_iteration
+from radix_sync.policy.forecast import queue_wait_s, split_iteration
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.pull import PullConfig, PullPlan, plan_pull
 from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, ttft_rank_key
@@ -180,10 +180,9 @@ def cost_model(costs: RouterCosts) -> CostModel:
 
 def _own_prefill_s(model: CostModel, w: WorkerState) -> float:
     """Prefill seconds of what this router sent to `w` and has not seen start (what may be in progress there)."""
-    p = model.profile
-    return model.prefill_scale * (w.own_waiting_tokens * p.prefill_s_per_token
-                                  + w.num_waiting_pairs * p.prefill_s_per_token_pair
-                                  + w.num_waiting_cached_pairs * p.prefill_s_per_cached_pair)
+    return queue_wait_s(model, WorkerView(0, waiting_new_tokens=w.own_waiting_tokens,
+                                          waiting_attn_pairs=w.num_waiting_pairs,
+                                          waiting_cached_pairs=w.num_waiting_cached_pairs), 0.0)
 
 
 def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],

@@ -201,3 +201,20 @@ def test_the_arms_can_run_in_a_shuffled_order_per_round_reproducibly():
 
     with pytest.raises(ValueError, match="fixed or shuffled"):
         round_order(arms, 0, 0, "random")
+
+
+def test_the_bench_simulates_copies_between_iterations_as_the_live_agents_make_them(monkeypatch):
+    import radix_sync.sim.engine as engine
+
+    seen = []
+    real = engine.Engine.__init__
+
+    def spy(self, profile, wl, policy, cfg):
+        seen.append((cfg.endpoint_wait, policy.router.endpoint_wait))
+        real(self, profile, wl, policy, cfg)
+    monkeypatch.setattr(engine.Engine, "__init__", spy)
+    wl = build_workload("fanout", bench_args())
+    simulate(copy.deepcopy(wl), "pull", 3, 0)
+    simulate(copy.deepcopy(wl), "pull", 3, 0, endpoint_wait=False)
+    assert seen == [(True, True), (False, False)]
+    assert bench_args().sim_endpoint_wait and not bench_args("--no-sim-endpoint-wait").sim_endpoint_wait
