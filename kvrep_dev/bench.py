@@ -286,16 +286,48 @@ def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
                    decode_s_per_ctx_token=profile.decode_s_per_ctx_token * decode)
 
 
+def machine_profile(priced, machine: dict):
+    """Returns: the profile the simulator's engine runs on: `priced` (what the live router and planner price with)
+    with the prefill terms of `machine["profile"]` (the testbed as measured, `testbed.MACHINE_PROFILE`), its
+    prefill scaled by `machine["drift"]` (this run's speed against it) and its decode by `machine["decode"]`."""
+    from radix_sync.policy.cost import load_profile
+
+    m = load_profile(machine["profile"])
+    terms = ("prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_pair", "prefill_s_per_cached_pair")
+    return scale_profile(replace(priced, **{k: getattr(m, k) for k in terms}), machine.get("drift", 1.0),
+                         machine.get("decode", 1.0))
+
+
+def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed.MACHINE_PROFILE) -> Optional[dict]:
+    """The machine during a run, from its own requests: the drift of its isolated requests' TTFTs against the
+    `name` profile (`kvrep_dev.calibration`), and the decode factor of the speed probe (1.0 without one). Returns:
+    None when fewer than `calibration.MIN_SAMPLES` requests ran alone (the simulator then scales the priced
+    profile by the probe, as before)."""
+    from kvrep_dev import calibration
+    from radix_sync.policy.cost import load_profile
+
+    samples = calibration.isolated_requests(rows)
+    if len(samples) < calibration.MIN_SAMPLES:
+        return None
+    prof = load_profile(name)
+    res = calibration.residuals(prof, samples)
+    return {"profile": name, "drift": round(calibration.drift(prof, samples), 4),
+            "decode": round(speed["decode"], 4) if speed else 1.0, "isolated_requests": len(samples),
+            "median_rel_error_before_drift": round(statistics.median(res), 4)}
+
+
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
-             speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True) -> dict:
+             speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
+             machine: Optional[dict] = None) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
     gather and install; the router and the planner price that wait, as live; `endpoint_wait=False`: the simulator's
     model before, pages moving during iterations), and when given the live workers' KV pool size and
-    running-request limit (the profile's are the calibration's) and the machine speed measured in the same run
-    (`probe_speed`)."""
+    running-request limit (the profile's are the calibration's). The policies (router, planner) price with
+    `profile_name`, as the live ones did; the engine runs on `machine` when given (`machine_profile`: the testbed's
+    measured prefill costs at this run's speed), else on the priced profile scaled by the probe (`speed`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
@@ -306,10 +338,13 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
         profile = replace(profile, kv_capacity_tokens=max_total_tokens)
     if max_running is not None:
         profile = replace(profile, max_running_requests=max_running)
-    if speed is not None:
+    priced = profile
+    if machine is not None:
+        profile = machine_profile(priced, machine)
+    elif speed is not None:
         profile = scale_profile(profile, speed["prefill"], speed["decode"])
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
-    policy = build_policy(SIM_POLICY.get(arm, arm), profile, wl.page_len, seed,
+    policy = build_policy(SIM_POLICY.get(arm, arm), priced, wl.page_len, seed,
                           PlannerConfig(endpoint_wait=endpoint_wait))
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
@@ -644,11 +679,14 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
     return "\n".join(lines)
 
 
-def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = True) -> int:
+def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = True,
+               machine_name: str = testbed.MACHINE_PROFILE) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
-    of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups)."""
+    of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups).
+    `machine_name`: the profile whose prefill terms the engine runs on, at the run's drift (`measure_machine`);
+    "probe": the priced profile scaled by the run's speed probe (the model before)."""
     import gzip
 
     path = Path(path)
@@ -664,14 +702,19 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     profile = args.profile
     built: dict = {}
     rows = [r for r in data["rows"] if r.get("requests")]
+    machine = None if machine_name == "probe" else measure_machine(rows, data.get("speed"), machine_name)
     for r in rows:
         if r["workload"] not in built:
             built[r["workload"]] = build_workload(r["workload"], args)
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
-                            args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait)
-    print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; machine speed then: "
-          + (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f})"
-             if data.get("speed") else "not measured, x1)"))
+                            args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
+                            machine)
+    probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
+             else "not measured, x1")
+    print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
+          + (f"{machine['profile']} at prefill x{machine['drift']:.2f} (the median over {machine['isolated_requests']}"
+             f" requests that ran alone), decode x{machine['decode']:.2f}; policies priced with {profile})"
+             if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
     print()
     print("the same workloads simulated under references (free_copies: every worker holds every prefix, free; "
@@ -681,7 +724,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
         base = None
         for name in ("cache_aware", "kvrep", "free_copies"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
-                           args.max_running, data.get("speed"), cores, endpoint_wait)
+                           args.max_running, data.get("speed"), cores, endpoint_wait, machine)
             t = res["ttft_s"]
             base = base or t
             print(f"{w:<8} {name:<12} {t['mean']:>6.2f} {t['p50']:>6.2f} {t['p99']:>6.2f} "
@@ -692,7 +735,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
 
 def run_bench(args) -> int:
     if getattr(args, "resimulate", None):
-        return resimulate(Path(args.resimulate), cores=args.sim_cores, endpoint_wait=args.sim_endpoint_wait)
+        return resimulate(Path(args.resimulate), cores=args.sim_cores, endpoint_wait=args.sim_endpoint_wait,
+                          machine_name=args.sim_machine)
     from transformers import AutoTokenizer
 
     from kvrep_dev.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
@@ -739,6 +783,7 @@ def run_bench(args) -> int:
     rows: list[dict] = []
     samples: dict = {}
     speed: Optional[dict] = None
+    to_simulate: list = []  # (row, workload, arm) simulated after the rounds
     t_start = time.monotonic()
     try:
         _say(f"starting the coordinator and {args.workers} CPU SGLang workers (model '{args.model}')")
@@ -888,9 +933,7 @@ def run_bench(args) -> int:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
                     samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
                     if args.simulate and rnd == 0 and fronts == 1:  # deterministic: once is enough; one router
-                        row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
-                                              args.max_total_tokens, args.max_running, speed,
-                                              endpoint_wait=getattr(args, "sim_endpoint_wait", True))
+                        to_simulate.append((row, wl, arm))
                     row["position"] = position  # its place in the round (`--arm-order`)
                     rows.append(row)
                     t = row["live"]["ttft_s"]
@@ -906,6 +949,17 @@ def run_bench(args) -> int:
         coord.post("/policy", {"policy": "kvrep", "mode": "shadow"})
     finally:
         stop_all(procs)
+    machine = None
+    if to_simulate:  # after the cluster stopped: the machine is measured on every round's requests
+        machine = measure_machine(rows, speed)
+        _say("the simulator's machine: " + (f"{machine['profile']} prefill x{machine['drift']:.2f} (from "
+                                            f"{machine['isolated_requests']} requests that ran alone), decode "
+                                            f"x{machine['decode']:.2f}" if machine else "the probe (too few requests "
+                                            "ran alone)"))
+        for row, wl, arm in to_simulate:
+            row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
+                                  args.max_total_tokens, args.max_running, speed,
+                                  endpoint_wait=getattr(args, "sim_endpoint_wait", True), machine=machine)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -933,7 +987,7 @@ def run_bench(args) -> int:
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
-                   "front_doors": front, "speed": speed},
+                   "front_doors": front, "speed": speed, "machine": machine},
                   f, indent=2,
                   default=str)
     try:
@@ -1032,6 +1086,10 @@ def add_arguments(p, *, demo: bool = False) -> None:
         p.add_argument("--resimulate", metavar="RESULTS_JSON",
                        help="no cluster: re-run the simulator on a saved run's workloads (results.json, or .json.gz "
                             "as in bench/results/) and compare with its live measurements")
+        p.add_argument("--sim-machine", default=testbed.MACHINE_PROFILE,
+                       help="with --resimulate: the profile (name or JSON path) whose prefill terms the simulator's "
+                            "engine runs on, at the run's measured speed (default: %(default)s, the testbed as "
+                            "measured); 'probe': the --profile the run priced with, scaled by its speed probe")
         p.add_argument("--sim-cores", type=int, default=None,
                        help="with --resimulate: the workers share this many cores (default: this machine's)")
         p.add_argument("--sim-endpoint-wait", action=argparse.BooleanOptionalAction, default=True,

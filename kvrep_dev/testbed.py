@@ -25,6 +25,10 @@ MODEL = "wide"
 PROFILE = "cpu-wide"
 """Measured on the testbed by `scripts/calibrate_cpu.py --model wide --out radix_sync/profiles/cpu-wide.json`; its
 link bandwidth is the cap below (the data plane enforces it with a token bucket)."""
+MACHINE_PROFILE = "cpu-wide-bench"
+"""What the simulator runs on as the testbed machine (`kvrep bench --simulate`, `--resimulate`): `PROFILE`'s terms
+with prefill terms fitted on the requests of saved bench runs that ran alone (`scripts/calibrate_cpu.py
+--from-bench`); the live router and planner price with `PROFILE`, and so do the simulated ones."""
 GPU_PROFILE = "llama3.1-8b-h200"
 
 

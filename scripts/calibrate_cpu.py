@@ -13,6 +13,8 @@ Starts a coordinator and two CPU workers (the `small` local model unless --model
 
 Usage: .venv/bin/python scripts/calibrate_cpu.py [--model small] [--out radix_sync/profiles/cpu-local.json]
        .venv/bin/python scripts/calibrate_cpu.py --refit   # refit the prefill terms from the file's measurements
+       .venv/bin/python scripts/calibrate_cpu.py --from-bench logs/RUN/results.json [...] --base cpu-wide \
+           --out radix_sync/profiles/cpu-wide-bench.json   # prefill terms from a bench run's lone requests
 """
 from __future__ import annotations
 
@@ -27,12 +29,10 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
-from scipy.optimize import nnls
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
+from kvrep_dev import calibration  # noqa: E402
 from kvrep_dev.cluster import Coordinator, Worker, stream_generate  # noqa: E402
 
 MAX_TOTAL_TOKENS = 65536
@@ -73,24 +73,72 @@ VALUE_ORDER = ("kv_bytes_per_token", "kv_capacity_tokens", "max_context_len", "c
                "nic_bandwidth_bytes_per_s", "transfer_latency_s")
 
 
-def fit_prefill(rows: list) -> dict:
-    """Non-negative least squares on relative error (short and long prompts weigh alike) of (new, cached, s)."""
-    X = np.array([[1.0, n, n * c + n * (n + 1) / 2, c * (c + 1) / 2] for n, c, _ in rows])
-    y = np.array([t for _, _, t in rows])
-    coef, _ = nnls(X / y[:, None], np.ones_like(y))
-    overhead, per_token, per_pair, per_cached_pair = (float(v) for v in coef)
-    rel = (X @ coef - y) / y
-    residual = float(np.sqrt(np.mean(rel ** 2)))
-    return {"values": {"prefill_overhead_s": round(overhead, 6), "prefill_s_per_token": float(f"{per_token:.6g}"),
-                       "prefill_s_per_token_pair": float(f"{per_pair:.6g}"),
-                       "prefill_s_per_cached_pair": float(f"{per_cached_pair:.6g}")},
+def fit_prefill(rows: list, balance: bool = False) -> dict:
+    """The four prefill terms by non-negative least squares on relative error (`kvrep_dev.calibration.fit_prefill`;
+    this script's own grid has the same repeats of every shape, so it weighs samples alike) of (new, cached, s)."""
+    f = calibration.fit_prefill([tuple(r) for r in rows], balance=balance)
+    return {"values": f["values"],
             "derivation": (f"non-negative least squares (relative error) over {len(rows)} requests (new, cached) -> "
                            f"time to first token at the client (streaming text /generate, 8 output tokens, as "
-                           f"`kvrep bench` measures); RMS relative residual {residual:.0%}. Four terms: "
+                           f"`kvrep bench` measures); RMS relative residual {f['rms']:.0%}. Four terms: "
                            "overhead, per new token, per (new x context) pair, and per (cached x cached) pair: the "
                            "torch_native CPU backend recomputes attention over the cached prefix on every "
                            "extension, so a short extension of a long cached prefix costs ~ context^2 (with three "
                            "terms the residual was 46%)")}
+
+
+def from_bench(runs: list[str], base: str, out: str) -> int:
+    """Writes a profile whose prefill terms are fitted on the isolated requests of saved `kvrep bench` runs
+    (`kvrep_dev.calibration`: the testbed exactly as it is measured), its other terms `base`'s."""
+    import gzip
+
+    from radix_sync.policy.cost import load_profile
+
+    samples, sources = [], []
+    for run in runs:
+        path = Path(run)
+        data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+        got = calibration.isolated_requests(data["rows"])
+        samples += got
+        cmd = data.get("command", "")
+        sources.append(f"{path.name} ({len(got)} of {sum(len(r.get('requests', [])) for r in data['rows'])}"
+                       f" requests{'; ' + cmd if cmd else ''})")
+    if len(samples) < calibration.MIN_SAMPLES:
+        print(f"calibrate_cpu: {len(samples)} isolated requests, need {calibration.MIN_SAMPLES}", file=sys.stderr)
+        return 2
+    f = calibration.fit_prefill(samples, balance=True)
+    prof = load_profile(base)
+    values = {k: getattr(prof, k) for k in VALUE_ORDER}
+    values.update(f["values"])
+    ratio = prof.kv_bytes_per_token / prof.nic_bandwidth_bytes_per_s / f["values"]["prefill_s_per_token"]
+    base_ratio = prof.kv_bytes_per_token / prof.nic_bandwidth_bytes_per_s / prof.prefill_s_per_token
+    src = Path(base) if base.endswith(".json") else ROOT / "radix_sync" / "profiles" / f"{base}.json"
+    base_doc = json.loads(src.read_text())
+    profile = {
+        "name": Path(out).stem,
+        "provenance": (f"Prefill terms fitted by `.venv/bin/python scripts/calibrate_cpu.py --from-bench "
+                       f"{' '.join(r if not Path(r).is_absolute() else Path(r).name for r in runs)} --base {base}` on "
+                       f"{datetime.date.today().isoformat()} from the requests of those `kvrep bench` runs that "
+                       f"ran alone (the CPU testbed as the bench runs it: pinned workers, its flags, the streamed "
+                       f"text path); decode, transfer and limits from `{base}`. What the simulator runs on as the "
+                       f"machine (`kvrep bench --simulate`); the live router and planner keep pricing with "
+                       f"`{base}`."),
+        "derivation": {**base_doc.get("derivation", {}),
+                       "copy_to_prefill": (f"at this profile's prefill cost per new token a copy's time per token "
+                                           f"over the link is {ratio:.3f} of a prefill's ({base}: {base_ratio:.3f})"),
+                       "prefill": (f"non-negative least squares on relative error over {f['samples']} isolated "
+                                   f"requests in {f['cells']} cells of a log-2 (new, cached) grid, each cell weighing "
+                                   f"the same (kvrep_dev/calibration.py); RMS relative residual {f['rms']:.0%}; from "
+                                   + "; ".join(sources))},
+        "values": values,
+        "measurements": {"prefill": "SAMPLES"},
+    }
+    rows = ",\n".join(f"   [{n}, {c}, {t}]" for n, c, t in samples)  # one sample a line
+    text = json.dumps(profile, indent=2).replace('"prefill": "SAMPLES"', '"prefill": [\n' + rows + "\n    ]")
+    Path(out).write_text(text + "\n")
+    print(json.dumps(f, indent=2))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
 
 
 def refit(path: str) -> int:
@@ -111,9 +159,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "radix_sync" / "profiles" / "cpu-local.json"))
     ap.add_argument("--refit", action="store_true", help="refit the prefill terms of --out from its measurements")
+    ap.add_argument("--from-bench", nargs="+", metavar="RESULTS_JSON",
+                    help="no servers: fit the prefill terms on the isolated requests of saved `kvrep bench` runs "
+                         "(their results.json) and write --out with --base's other terms")
+    ap.add_argument("--base", default="cpu-wide", help="with --from-bench: the profile giving the other terms")
     args = ap.parse_args()
     if args.refit:
         return refit(args.out)
+    if args.from_bench:
+        return from_bench(args.from_bench, args.base, args.out)
     rng = random.Random(0)
     logs = ROOT / "logs" / "calibrate"
     procs = []

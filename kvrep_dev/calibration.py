@@ -1,0 +1,105 @@
+"""The testbed's prefill costs, measured on `kvrep bench`'s own requests: what the simulator runs on as ground truth.
+
+`scripts/calibrate_cpu.py` measures a profile on 42 hand-made requests (one worker, no pinning; RMS residual 24%).
+A bench run has thousands of requests on the testbed exactly as it is measured (pinned workers, the bench's
+flags, the streamed text path), and many of them run alone: `isolated_requests` keeps a request only when no other
+request of its cell was in flight at the client from its send to its first token (every earlier one had its first
+token, plus a decode margin, before it was sent; the next one was sent after its first token), so its TTFT is its
+own prefill on an otherwise idle worker.
+
+`fit_prefill` fits the four prefill terms of `CostProfile.prefill_s` to such samples by non-negative least squares
+on the relative error, each (new tokens, cached tokens) cell of a log-2 grid weighing the same however many
+samples it has (a flash crowd's thousand short extensions would otherwise decide every term). `drift` is the
+machine's speed during one run against a profile: the median measured/predicted TTFT over its isolated requests
+(a shared VM drifts by ~10-20% between runs).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from typing import Iterable, Sequence
+
+from radix_sync.policy.cost import CostProfile
+
+DECODE_MARGIN_S = 0.4
+"""An earlier request counts as out of the way this long after its first token (its 8 output tokens decode in
+~0.1-0.3 s on the testbed)."""
+LOOKBACK = 8
+"""How many earlier requests of the cell are checked (sessions overlap only with their recent neighbours)."""
+MIN_SAMPLES = 20
+"""Fewer isolated requests than this: no fit (the caller keeps its profile)."""
+
+Sample = tuple[int, int, float]
+"""(new tokens, cached tokens, TTFT seconds) of one request as the server reported it."""
+
+
+def isolated_requests(rows: Iterable[dict]) -> list[Sample]:
+    """Returns: the samples of every bench row's requests that ran alone (see the module docstring); rows are
+    `kvrep bench` result rows (`requests`: rid, sent_s, prompt_tokens, cached_tokens, ttft_s, error)."""
+    out: list[Sample] = []
+    for row in rows:
+        reqs = sorted((q for q in row.get("requests", []) if q.get("ttft_s") and not q.get("error")),
+                      key=lambda q: q["sent_s"])
+        for i, q in enumerate(reqs):
+            before = reqs[max(0, i - LOOKBACK):i]
+            if any(p["sent_s"] + p["ttft_s"] + DECODE_MARGIN_S >= q["sent_s"] for p in before):
+                continue
+            if i + 1 < len(reqs) and reqs[i + 1]["sent_s"] <= q["sent_s"] + q["ttft_s"]:
+                continue
+            out.append((q["prompt_tokens"] - q["cached_tokens"], q["cached_tokens"], float(q["ttft_s"])))
+    return out
+
+
+def _cell(new: int, cached: int) -> tuple[int, int]:
+    return (max(0, new).bit_length(), max(0, cached).bit_length())
+
+
+def terms(new: int, cached: int) -> list[float]:
+    """The four regressors of `CostProfile.prefill_s` (one chunk): overhead, new tokens, (new x context) pairs,
+    (cached x cached) pairs."""
+    return [1.0, float(new), new * cached + new * (new + 1) / 2.0, cached * (cached + 1) / 2.0]
+
+
+def fit_prefill(samples: Sequence[Sample], balance: bool = True) -> dict:
+    """Non-negative least squares on the relative error of (new, cached, s) samples.
+
+    Args:
+        samples: at least 4; more than `MIN_SAMPLES` for a fit worth using.
+        balance: each cell of the log-2 (new, cached) grid weighs the same (else each sample does).
+    Returns:
+        {"values": the four `CostProfile` prefill fields, "rms": RMS relative residual (unweighted), "samples": n,
+         "cells": how many grid cells}.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if len(samples) < 4:
+        raise ValueError(f"fit_prefill: {len(samples)} samples, need at least 4")
+    counts = Counter(_cell(n, c) for n, c, _ in samples)
+    x = np.array([terms(n, c) for n, c, _ in samples])
+    y = np.array([t for _, _, t in samples])
+    w = np.array([1.0 / math.sqrt(counts[_cell(n, c)]) if balance else 1.0 for n, c, _ in samples])
+    coef, _ = nnls(x / y[:, None] * w[:, None], w)
+    rel = (x @ coef - y) / y
+    overhead, per_token, per_pair, per_cached_pair = (float(v) for v in coef)
+    return {"values": {"prefill_overhead_s": round(overhead, 6), "prefill_s_per_token": float(f"{per_token:.6g}"),
+                       "prefill_s_per_token_pair": float(f"{per_pair:.6g}"),
+                       "prefill_s_per_cached_pair": float(f"{per_cached_pair:.6g}")},
+            "rms": float(np.sqrt(np.mean(rel ** 2))), "samples": len(samples), "cells": len(counts)}
+
+
+def residuals(profile: CostProfile, samples: Sequence[Sample]) -> list[float]:
+    """Returns: predicted/measured - 1 of each sample under `profile`."""
+    return [profile.prefill_s(n, c) / t - 1.0 for n, c, t in samples]
+
+
+def drift(profile: CostProfile, samples: Sequence[Sample]) -> float:
+    """Returns: measured/predicted TTFT of the samples under `profile`, the median over the log-2 grid's cells of
+    each cell's median (every cell weighs the same, as in `fit_prefill`); 1.0 without samples."""
+    if not samples:
+        return 1.0
+    cells: dict[tuple[int, int], list[float]] = {}
+    for n, c, t in samples:
+        cells.setdefault(_cell(n, c), []).append(t / profile.prefill_s(n, c))
+    return statistics.median(statistics.median(v) for v in cells.values())

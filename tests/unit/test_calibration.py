@@ -1,0 +1,138 @@
+"""The testbed's prefill costs fitted on a bench run's own lone requests (`kvrep_dev.calibration`), and the
+simulator running its engine on them while its policies price with the live profile (`kvrep_dev.bench`)."""
+import copy
+import json
+from dataclasses import replace
+
+import pytest
+
+from kvrep_dev import calibration
+from kvrep_dev.bench import machine_profile, measure_machine, simulate
+from radix_sync.policy.cost import load_profile
+
+
+def req(rid, sent, ttft, prompt=1000, cached=0, error=None):
+    return {"rid": rid, "sent_s": sent, "ttft_s": ttft, "prompt_tokens": prompt, "cached_tokens": cached,
+            "error": error}
+
+
+def test_isolated_requests_keeps_only_requests_that_ran_alone():
+    rows = [{"requests": [
+        req(0, 0.0, 1.0),                    # alone: the next is sent at 5.0
+        req(1, 5.0, 1.0),                    # overlaps the next (sent at 5.5, before 1's first token)
+        req(2, 5.5, 1.0, 900, 800),          # sent while 1 was in flight
+        req(3, 10.0, 0.5, 1200, 1024),       # alone (2 answered at 6.5, plus the margin, well before)
+        req(4, 10.7, 0.3),                   # 3's first token at 10.5: within the decode margin
+        req(5, 20.0, None, error="boom"),    # failed: no sample, and no neighbour to anyone
+        req(6, 30.0, 0.2, 64, 0),            # alone
+    ]}, {"requests": [req(0, 0.0, 2.0, 3000, 0)]}]  # another cell: its own timeline
+    got = calibration.isolated_requests(rows)
+    assert got == [(1000, 0, 1.0), (176, 1024, 0.5), (64, 0, 0.2), (3000, 0, 2.0)]
+
+
+def synthetic(profile, shapes, factor=1.0):
+    return [(n, c, factor * profile.prefill_s(n, c)) for n, c in shapes]
+
+
+SHAPES = [(n, c) for n in (16, 64, 256, 700, 1500, 3000) for c in (0, 300, 1100, 2500)]
+
+
+def test_fit_prefill_recovers_the_terms_that_made_the_samples():
+    truth = load_profile("cpu-wide")
+    f = calibration.fit_prefill(synthetic(truth, SHAPES))
+    fitted = replace(truth, **f["values"])
+    assert f["rms"] < 1e-3 and f["samples"] == len(SHAPES)
+    for n, c in [(32, 2048), (2000, 0), (500, 1000)]:
+        assert fitted.prefill_s(n, c) == pytest.approx(truth.prefill_s(n, c), rel=1e-3)
+
+
+def test_balanced_fit_is_not_decided_by_one_crowded_cell():
+    """A thousand short extensions measured 40% slow (one crowded cell, a flash crowd) against a few samples of
+    every other shape: balanced, the other shapes keep their costs; unbalanced, the crowd pulls every term."""
+    truth = load_profile("cpu-wide")
+    crowd = synthetic(truth, [(24, 2048)] * 1000, factor=1.4)
+    samples = crowd + synthetic(truth, SHAPES)
+    err = {}
+    for balance in (True, False):
+        fitted = replace(truth, **calibration.fit_prefill(samples, balance=balance)["values"])
+        err[balance] = max(abs(r) for r in calibration.residuals(fitted, synthetic(truth, SHAPES)))
+    assert err[True] < 0.5 * err[False]
+
+
+def test_drift_is_the_machine_speed_against_the_profile():
+    p = load_profile("cpu-wide")
+    assert calibration.drift(p, synthetic(p, SHAPES, factor=1.3)) == pytest.approx(1.3)
+    # every cell weighs the same: a crowd of slow samples in one cell does not move it
+    skew = synthetic(p, SHAPES, factor=0.9) + synthetic(p, [(24, 2048)] * 500, factor=2.0)
+    assert calibration.drift(p, skew) == pytest.approx(0.9)
+    assert calibration.drift(p, []) == 1.0
+    with pytest.raises(ValueError):
+        calibration.fit_prefill(synthetic(p, SHAPES[:3]))
+
+
+def test_machine_profile_takes_the_prefill_terms_and_keeps_the_rest():
+    priced = replace(load_profile("cpu-wide"), kv_capacity_tokens=32768, max_running_requests=8)
+    m = load_profile("cpu-wide-bench")
+    got = machine_profile(priced, {"profile": "cpu-wide-bench", "drift": 1.25, "decode": 0.5})
+    assert got.prefill_s(700, 1500) == pytest.approx(1.25 * m.prefill_s(700, 1500))
+    assert got.decode_steps_s(5, 2, 4000) == pytest.approx(0.5 * priced.decode_steps_s(5, 2, 4000))
+    assert (got.kv_capacity_tokens, got.max_running_requests) == (32768, 8)
+    assert got.transfer_s(1e6) == priced.transfer_s(1e6)
+
+
+def test_measure_machine_needs_enough_lone_requests():
+    m = load_profile("cpu-wide-bench")
+    lone = [req(i, 10.0 * i, 1.2 * m.prefill_s(1000, 0)) for i in range(calibration.MIN_SAMPLES)]
+    got = measure_machine([{"requests": lone}], {"prefill": 3.0, "decode": 1.1})
+    assert got["drift"] == pytest.approx(1.2, rel=1e-3) and got["decode"] == 1.1
+    assert got["isolated_requests"] == calibration.MIN_SAMPLES
+    assert measure_machine([{"requests": lone[:-1]}], None) is None
+
+
+def test_simulated_policies_price_with_the_live_profile_and_the_engine_runs_on_the_machine(monkeypatch):
+    """The live router and planner price with --profile (unscaled); the simulated ones must too, while the engine
+    (the machine) runs on the measured costs."""
+    import radix_sync.sim.engine as engine_mod
+    import radix_sync.sim.policies as policies_mod
+    from kvrep_dev.bench import build_workload
+    from tests.unit.test_bench_simulate import bench_args
+
+    seen = {}
+    real_build, real_engine = policies_mod.build_policy, engine_mod.Engine
+
+    def build(name, profile, *a, **k):
+        seen["priced"] = profile
+        return real_build(name, profile, *a, **k)
+
+    def engine(profile, *a, **k):
+        seen["engine"] = profile
+        return real_engine(profile, *a, **k)
+
+    monkeypatch.setattr(policies_mod, "build_policy", build)
+    monkeypatch.setattr(engine_mod, "Engine", engine)
+    wl = build_workload("shared", bench_args("--duration-s", "5"))
+    machine = {"profile": "cpu-wide-bench", "drift": 1.1, "decode": 1.2}
+    simulate(copy.deepcopy(wl), "active", 2, 0, "cpu-wide", 32768, 8, {"prefill": 3.0, "decode": 3.0},
+             machine=machine)
+    live = load_profile("cpu-wide")
+    assert seen["priced"].prefill_s(900, 1000) == pytest.approx(live.prefill_s(900, 1000))
+    assert seen["priced"].kv_capacity_tokens == 32768
+    assert seen["engine"].prefill_s(900, 1000) == pytest.approx(
+        1.1 * load_profile("cpu-wide-bench").prefill_s(900, 1000))
+    # without a measured machine: the engine is the priced profile scaled by the probe, the policies still unscaled
+    simulate(copy.deepcopy(wl), "active", 2, 0, "cpu-wide", 32768, 8, {"prefill": 3.0, "decode": 3.0})
+    assert seen["engine"].prefill_s(900, 1000) == pytest.approx(3.0 * live.prefill_s(900, 1000))
+    assert seen["priced"].prefill_s(900, 1000) == pytest.approx(live.prefill_s(900, 1000))
+
+
+def test_committed_machine_profile_is_what_its_samples_fit():
+    """cpu-wide-bench's prefill terms are the balanced fit of the samples it records (`--from-bench` wrote both)."""
+    from pathlib import Path
+
+    import radix_sync
+
+    doc = json.loads((Path(radix_sync.__file__).parent / "profiles" / "cpu-wide-bench.json").read_text())
+    samples = [tuple(s) for s in doc["measurements"]["prefill"]]
+    f = calibration.fit_prefill(samples, balance=True)
+    for k, v in f["values"].items():
+        assert doc["values"][k] == pytest.approx(v, rel=1e-4)
