@@ -319,7 +319,7 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
-             machine: Optional[dict] = None) -> dict:
+             machine: Optional[dict] = None, prompt_reports: bool = True) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -327,7 +327,9 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     model before, pages moving during iterations), and when given the live workers' KV pool size and
     running-request limit (the profile's are the calibration's). The policies (router, planner) price with
     `profile_name`, as the live ones did; the engine runs on `machine` when given (`machine_profile`: the testbed's
-    measured prefill costs at this run's speed), else on the priced profile scaled by the probe (`speed`)."""
+    measured prefill costs at this run's speed), else on the priced profile scaled by the probe (`speed`).
+    `prompt_reports`: the workers' load reports count waiting prompts whole, as the live agent's do
+    (`EngineConfig.prompt_token_reports`; False: their uncached tokens, the model before)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
@@ -349,7 +351,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
-                        overlap_lag=True, record_requests=True, endpoint_wait=endpoint_wait)
+                        overlap_lag=True, record_requests=True, endpoint_wait=endpoint_wait,
+                        prompt_token_reports=prompt_reports)
     stats = Engine(profile, wl, policy, ecfg).run()
     return stats.to_dict()
 
@@ -621,14 +624,16 @@ SIM_RATIOS = (("active", "pull"), ("active", BASELINE))
 
 def sim_ratio_checks(rows: list[dict]) -> list[dict]:
     """Per workload, each of `SIM_RATIOS` whose two arms ran and were simulated: the TTFT P99 and mean ratio,
-    measured (over every round's requests pooled) and simulated, and whether they are within
-    `SIM_RATIO_TOLERANCE`."""
+    measured (over every round's requests pooled, with its bootstrap interval `lo`-`hi`, rounds resampled
+    separately) and simulated, whether they are within `SIM_RATIO_TOLERANCE` (`ok`), and whether the simulated
+    ratio lies inside the measured one's interval (`in_ci`: a live ratio whose interval is wider than the tolerance
+    cannot be matched to it, only not contradicted)."""
     from kvrep_dev import stats
 
     live: dict[tuple[str, str], list[list[float]]] = {}
     sim: dict[tuple[str, str], dict] = {}
     for r in rows:
-        live.setdefault((r["workload"], r["arm"]), []).append(_ttfts(r))
+        live.setdefault((r["workload"], r["arm"]), []).append(_ttfts(r))  # one list a round
         if "sim" in r:
             sim[(r["workload"], r["arm"])] = r["sim"]["ttft_s"]
     out = []
@@ -637,10 +642,13 @@ def sim_ratio_checks(rows: list[dict]) -> list[dict]:
             if (wl, num) not in sim or (wl, den) not in sim:
                 continue
             for k in ("p99", "mean"):
-                measured = stats.point(live[(wl, num)], k) / stats.point(live[(wl, den)], k)
+                ci = stats.ratio_ci(live[(wl, num)], live[(wl, den)], k)
+                measured = ci["value"]
                 simulated = sim[(wl, num)][k] / sim[(wl, den)][k] if sim[(wl, den)][k] else math.nan
                 out.append({"workload": wl, "ratio": f"{num}/{den}", "stat": k, "live": measured,
-                            "sim": simulated, "ok": abs(simulated - measured) <= SIM_RATIO_TOLERANCE})
+                            "lo": ci["lo"], "hi": ci["hi"], "sim": simulated,
+                            "ok": abs(simulated - measured) <= SIM_RATIO_TOLERANCE,
+                            "in_ci": bool(ci["lo"] <= simulated <= ci["hi"])})
     return out
 
 
@@ -670,23 +678,28 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
     lines.append(f"within {SIM_TOLERANCE:.0%} of the measured value: {within} of {total} (P50 and P99)")
     checks = sim_ratio_checks(rows)
     if checks:
-        lines.append("ratios the claims rest on, measured (every round pooled) vs simulated, TTFT P99 and mean:")
+        lines.append("ratios the claims rest on, measured (every round pooled, 95% CI) vs simulated, TTFT P99 and "
+                     "mean:")
         for c in checks:
-            lines.append(f"{c['workload']:<8} {c['ratio']:<15} {c['stat']:<4} live {c['live']:.2f}x  "
-                         f"sim {c['sim']:.2f}x  diff {c['sim'] - c['live']:+.2f}  {'ok' if c['ok'] else 'MISS'}")
+            ci = f"[{c['lo']:.2f}-{c['hi']:.2f}]" if c.get("lo") is not None else ""
+            lines.append(f"{c['workload']:<8} {c['ratio']:<15} {c['stat']:<4} live {c['live']:.2f}x {ci:<11} "
+                         f"sim {c['sim']:.2f}x  diff {c['sim'] - c['live']:+.2f}  {'ok' if c['ok'] else 'MISS'}"
+                         f"{'' if c.get('in_ci', True) else ', outside the CI'}")
         lines.append(f"within {SIM_RATIO_TOLERANCE} of the measured ratio: {sum(c['ok'] for c in checks)} of "
+                     f"{len(checks)}; inside the measured ratio's 95% CI: {sum(c['in_ci'] for c in checks)} of "
                      f"{len(checks)}")
     return "\n".join(lines)
 
 
 def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = True,
-               machine_name: str = testbed.MACHINE_PROFILE) -> int:
+               machine_name: str = testbed.MACHINE_PROFILE, prompt_reports: bool = True) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
     of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups).
     `machine_name`: the profile whose prefill terms the engine runs on, at the run's drift (`measure_machine`);
-    "probe": the priced profile scaled by the run's speed probe (the model before)."""
+    "probe": the priced profile scaled by the run's speed probe (the model before). `prompt_reports`: see
+    `simulate`."""
     import gzip
 
     path = Path(path)
@@ -708,7 +721,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
             built[r["workload"]] = build_workload(r["workload"], args)
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
-                            machine)
+                            machine, prompt_reports)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -724,7 +737,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
         base = None
         for name in ("cache_aware", "kvrep", "free_copies"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
-                           args.max_running, data.get("speed"), cores, endpoint_wait, machine)
+                           args.max_running, data.get("speed"), cores, endpoint_wait, machine, prompt_reports)
             t = res["ttft_s"]
             base = base or t
             print(f"{w:<8} {name:<12} {t['mean']:>6.2f} {t['p50']:>6.2f} {t['p99']:>6.2f} "
@@ -736,7 +749,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
 def run_bench(args) -> int:
     if getattr(args, "resimulate", None):
         return resimulate(Path(args.resimulate), cores=args.sim_cores, endpoint_wait=args.sim_endpoint_wait,
-                          machine_name=args.sim_machine)
+                          machine_name=args.sim_machine, prompt_reports=args.sim_prompt_reports)
     from transformers import AutoTokenizer
 
     from kvrep_dev.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
@@ -1090,6 +1103,9 @@ def add_arguments(p, *, demo: bool = False) -> None:
                        help="with --resimulate: the profile (name or JSON path) whose prefill terms the simulator's "
                             "engine runs on, at the run's measured speed (default: %(default)s, the testbed as "
                             "measured); 'probe': the --profile the run priced with, scaled by its speed probe")
+        p.add_argument("--sim-prompt-reports", action=argparse.BooleanOptionalAction, default=True,
+                       help="with --resimulate: the simulated workers report waiting prompts whole, as the live "
+                            "agents do (--no-sim-prompt-reports: their uncached tokens, the model before)")
         p.add_argument("--sim-cores", type=int, default=None,
                        help="with --resimulate: the workers share this many cores (default: this machine's)")
         p.add_argument("--sim-endpoint-wait", action=argparse.BooleanOptionalAction, default=True,

@@ -1,7 +1,8 @@
 """The load views the simulated router and coordinator decide on: exact, or as stale as the live load reports.
 
-Live, each worker reports its load every 200 ms (its own timer), and the router merges the last report with what it
-has itself sent there since (`radix_sync.router.policy.with_local_load`: requests sent and not finished raise the
+Live, each worker reports its load every 200 ms (its own timer; its waiting queue as SGLang holds it: whole
+prompts, `EngineConfig.prompt_token_reports`), and the router merges the last report with what it has itself sent
+there since (`radix_sync.router.policy.with_local_load`: requests sent and not finished raise the
 queue, the prefill work of those not started raises the queued tokens). `LoadViews` does the same here:
 
     worker i reports at (k + i / N) x period          (phases spread, as independent timers are)
@@ -82,8 +83,13 @@ class LoadViews:
         return int(eng.cfg.replica_budget_frac * eng.p.kv_capacity_tokens), eng.page_len, eng.p.nic_bandwidth_bytes_per_s
 
     def report(self, wid: int, now: float) -> None:
-        """Worker `wid` sends its load report at `now`."""
-        self.reports[wid] = self.exact(self.eng.workers[wid], now, *self._consts())
+        """Worker `wid` sends its load report at `now` (`EngineConfig.prompt_token_reports`: as the live agent)."""
+        w = self.eng.workers[wid]
+        r = self.exact(w, now, *self._consts())
+        if self.eng.cfg.prompt_token_reports:
+            r = r._replace(waiting_new_tokens=sum(q.prompt_len for q in w.waiting if not q.admitted),
+                           waiting_cached_tokens=0, waiting_attn_pairs=0.0)
+        self.reports[wid] = r
 
     def views(self, now: float) -> tuple[WorkerView, ...]:
         """Returns: every worker's view at `now`, as the router and the coordinator see it."""

@@ -141,3 +141,34 @@ def test_pending_copies_are_re_estimated_in_line_on_their_links():
     eng._reestimate_pending(0.0)
     # a queues behind the booked copy on egress 0, b behind a; c starts when a has landed on 1 and b left ingress 2
     assert (a.end_s, b.end_s, c.end_s) == pytest.approx((2 * xfer, 3 * xfer, 4 * xfer))
+
+
+def test_prompt_token_reports_count_waiting_prompts_whole_as_the_live_agent_does():
+    """The live agent reports SGLang's waiting queue as the sum of its prompts (`origin_input_ids`; SGLang matches
+    a prefix only when it schedules the request); with `prompt_token_reports` the simulated reports do the same,
+    cached prefixes included, with no attention work; without it they carry the uncached tokens."""
+    wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=6.0, duration_s=20.0, seed=1,
+                        max_context_len=PROFILE.max_context_len)
+    seen = {"reports": 0, "cached_counted": 0}
+    for whole in (True, False):
+        eng = Engine(PROFILE, wl, build_policy("kvrep_pull", PROFILE, wl.page_len, 1),
+                     EngineConfig(num_workers=2, duration_s=20.0, view_staleness_s=0.2, prompt_token_reports=whole))
+        real = eng.loads.report
+
+        def report(wid, now, eng=eng, real=real, whole=whole):
+            real(wid, now)
+            r, w = eng.loads.reports[wid], eng.workers[wid]
+            exact = eng.loads.exact(w, now, *eng.loads._consts())
+            if not whole:
+                assert r == exact
+                return
+            waiting = [q for q in w.waiting if not q.admitted]
+            assert r.waiting_new_tokens == sum(q.prompt_len for q in waiting)
+            assert (r.waiting_cached_tokens, r.waiting_attn_pairs) == (0, 0.0)
+            seen["reports"] += 1
+            seen["cached_counted"] += r.waiting_new_tokens > exact.waiting_new_tokens
+
+        eng.loads.report = report
+        eng.run()
+    # the check above ran, and some reports counted queued cache hits' prefixes (fan-out branches share a trunk)
+    assert seen["reports"] > 0 and seen["cached_counted"] > 0
