@@ -222,3 +222,29 @@ def test_the_bench_simulates_copies_between_iterations_as_the_live_agents_make_t
     simulate(copy.deepcopy(wl), "pull", 3, 0, endpoint_wait=False)
     assert seen == [(True, True), (False, False)]
     assert bench_args().sim_endpoint_wait and not bench_args("--no-sim-endpoint-wait").sim_endpoint_wait
+
+
+def test_resimulate_runs_the_engine_on_the_measured_machine_by_default(tmp_path, capsys):
+    """By default the engine runs on `testbed.MACHINE_PROFILE` at the run's drift (measured on its lone requests);
+    with too few lone requests it falls back to the priced profile scaled by the probe."""
+    import json
+
+    from kvrep_dev.bench import resimulate
+
+    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 2, "profile": "cpu-wide"}
+    wl = build_workload("shared", bench_args("--duration-s", "10"))
+    own = simulate(copy.deepcopy(wl), "smg-rr", 2, 0, "cpu-wide", 32768, 8)
+    live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
+    # and lone requests after the workload, 10 s apart (no simulated twin: only the machine is measured on them)
+    lone = [{"key": f"lone{i}", "sent_s": 1000.0 + 10 * i, "prompt_tokens": 500 + 100 * i, "cached_tokens": 0,
+             "ttft_s": 0.5, "error": None} for i in range(30)]
+    row = {"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"] + lone}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"args": args, "speed": None, "rows": [row]}))
+    assert resimulate(path) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "the engine on cpu-wide-bench at prefill x" in head and "policies priced with cpu-wide" in head
+    row["requests"] = own["requests"] + lone[:5]  # too few lone requests to measure the machine on
+    path.write_text(json.dumps({"args": args, "speed": None, "rows": [row]}))
+    assert resimulate(path) == 0
+    assert "cpu-wide scaled by the speed probe then: not measured, x1" in capsys.readouterr().out.splitlines()[0]
