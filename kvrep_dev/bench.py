@@ -309,11 +309,13 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed
     samples = calibration.isolated_requests(rows)
     if len(samples) < calibration.MIN_SAMPLES:
         return None
+    decode = round(speed["decode"], 4) if speed else 1.0
     prof = load_profile(name)
-    res = calibration.residuals(prof, samples)
-    return {"profile": name, "drift": round(calibration.drift(prof, samples), 4),
-            "decode": round(speed["decode"], 4) if speed else 1.0, "isolated_requests": len(samples),
-            "median_rel_error_before_drift": round(statistics.median(res), 4)}
+    # the prefill part of each TTFT: less the first-token lag the simulated engine adds (at this run's decode speed)
+    part = calibration.prefill_part(samples, scale_profile(prof, 1.0, decode))
+    res = calibration.residuals(prof, part)
+    return {"profile": name, "drift": round(calibration.drift(prof, part), 4), "decode": decode,
+            "isolated_requests": len(samples), "median_rel_error_before_drift": round(statistics.median(res), 4)}
 
 
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,

@@ -7,6 +7,10 @@ request of its cell was in flight at the client from its send to its first token
 token, plus a decode margin, before it was sent; the next one was sent after its first token), so its TTFT is its
 own prefill on an otherwise idle worker.
 
+A lone request's TTFT is more than its prefill: SGLang's overlap scheduler streams a prefill's first token when the
+next iteration (a decode step) ends, and the simulator does the same (`EngineConfig.overlap_lag`). `prefill_part`
+takes that step off each sample, so that the simulator, adding it back, reproduces the measured TTFT.
+
 `fit_prefill` fits the four prefill terms of `CostProfile.prefill_s` to such samples by non-negative least squares
 on the relative error, each (new tokens, cached tokens) cell of a log-2 grid weighing the same however many
 samples it has (a flash crowd's thousand short extensions would otherwise decide every term). `drift` is the
@@ -49,6 +53,18 @@ def isolated_requests(rows: Iterable[dict]) -> list[Sample]:
                 continue
             out.append((q["prompt_tokens"] - q["cached_tokens"], q["cached_tokens"], float(q["ttft_s"])))
     return out
+
+
+def first_token_lag_s(profile: CostProfile, new: int, cached: int) -> float:
+    """Returns: what follows a lone request's prefill before its first token streams (SGLang's overlap scheduler,
+    the simulator's `overlap_lag`): one decode step of a batch of one at the prompt's length, under `profile`."""
+    return profile.decode_steps_s(1, 1, new + cached)
+
+
+def prefill_part(samples: Iterable[Sample], profile: CostProfile) -> list[Sample]:
+    """Returns: the samples with `first_token_lag_s` (under `profile`'s decode terms) taken off each TTFT, floored
+    at 1 ms: what the prefill terms are fitted to."""
+    return [(n, c, max(1e-3, t - first_token_lag_s(profile, n, c))) for n, c, t in samples]
 
 
 def _cell(new: int, cached: int) -> tuple[int, int]:

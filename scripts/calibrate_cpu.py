@@ -106,8 +106,8 @@ def from_bench(runs: list[str], base: str, out: str) -> int:
     if len(samples) < calibration.MIN_SAMPLES:
         print(f"calibrate_cpu: {len(samples)} isolated requests, need {calibration.MIN_SAMPLES}", file=sys.stderr)
         return 2
-    f = calibration.fit_prefill(samples, balance=True)
     prof = load_profile(base)
+    f = calibration.fit_prefill(calibration.prefill_part(samples, prof), balance=True)
     values = {k: getattr(prof, k) for k in VALUE_ORDER}
     values.update(f["values"])
     ratio = prof.kv_bytes_per_token / prof.nic_bandwidth_bytes_per_s / f["values"]["prefill_s_per_token"]
@@ -128,8 +128,11 @@ def from_bench(runs: list[str], base: str, out: str) -> int:
                                            f"over the link is {ratio:.3f} of a prefill's ({base}: {base_ratio:.3f})"),
                        "prefill": (f"non-negative least squares on relative error over {f['samples']} isolated "
                                    f"requests in {f['cells']} cells of a log-2 (new, cached) grid, each cell weighing "
-                                   f"the same (kvrep_dev/calibration.py); RMS relative residual {f['rms']:.0%}; from "
-                                   + "; ".join(sources))},
+                                   f"the same, each TTFT less one decode step at batch 1 (`{base}`'s decode terms: "
+                                   f"the overlap scheduler's first-token lag, which the simulator adds back) "
+                                   f"(kvrep_dev/calibration.py); RMS relative residual {f['rms']:.0%}; from "
+                                   + "; ".join(sources) + "; `measurements.prefill`: (new, cached, TTFT s) as "
+                                   "measured")},
         "values": values,
         "measurements": {"prefill": "SAMPLES"},
     }

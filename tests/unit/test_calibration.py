@@ -59,6 +59,13 @@ def test_balanced_fit_is_not_decided_by_one_crowded_cell():
     assert err[True] < 0.5 * err[False]
 
 
+def test_prefill_part_takes_off_the_first_token_lag():
+    p = load_profile("cpu-wide")
+    lag = calibration.first_token_lag_s(p, 100, 2000)
+    assert lag == pytest.approx(p.decode_steps_s(1, 1, 2100)) and lag > 0
+    assert calibration.prefill_part([(100, 2000, 0.5), (10, 0, 0.0)], p) == [(100, 2000, 0.5 - lag), (10, 0, 1e-3)]
+
+
 def test_drift_is_the_machine_speed_against_the_profile():
     p = load_profile("cpu-wide")
     assert calibration.drift(p, synthetic(p, SHAPES, factor=1.3)) == pytest.approx(1.3)
@@ -82,7 +89,9 @@ def test_machine_profile_takes_the_prefill_terms_and_keeps_the_rest():
 
 def test_measure_machine_needs_enough_lone_requests():
     m = load_profile("cpu-wide-bench")
-    lone = [req(i, 10.0 * i, 1.2 * m.prefill_s(1000, 0)) for i in range(calibration.MIN_SAMPLES)]
+    # a lone request's TTFT: its prefill, 1.2x the profile's, then the first-token lag at this run's decode speed
+    ttft = 1.2 * m.prefill_s(1000, 0) + 1.1 * calibration.first_token_lag_s(m, 1000, 0)
+    lone = [req(i, 10.0 * i, ttft) for i in range(calibration.MIN_SAMPLES)]
     got = measure_machine([{"requests": lone}], {"prefill": 3.0, "decode": 1.1})
     assert got["drift"] == pytest.approx(1.2, rel=1e-3) and got["decode"] == 1.1
     assert got["isolated_requests"] == calibration.MIN_SAMPLES
@@ -126,13 +135,14 @@ def test_simulated_policies_price_with_the_live_profile_and_the_engine_runs_on_t
 
 
 def test_committed_machine_profile_is_what_its_samples_fit():
-    """cpu-wide-bench's prefill terms are the balanced fit of the samples it records (`--from-bench` wrote both)."""
+    """cpu-wide-bench's prefill terms are the balanced fit of the TTFTs it records less the first-token lag
+    (`--from-bench` wrote both)."""
     from pathlib import Path
 
     import radix_sync
 
     doc = json.loads((Path(radix_sync.__file__).parent / "profiles" / "cpu-wide-bench.json").read_text())
     samples = [tuple(s) for s in doc["measurements"]["prefill"]]
-    f = calibration.fit_prefill(samples, balance=True)
+    f = calibration.fit_prefill(calibration.prefill_part(samples, load_profile("cpu-wide-bench")), balance=True)
     for k, v in f["values"].items():
         assert doc["values"][k] == pytest.approx(v, rel=1e-4)
