@@ -300,7 +300,8 @@ def machine_profile(priced, machine: dict):
 
 def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed.MACHINE_PROFILE) -> Optional[dict]:
     """The machine during a run, from its own requests: the drift of its isolated requests' TTFTs against the
-    `name` profile (`kvrep_dev.calibration`), and the decode factor of the speed probe (1.0 without one). Returns:
+    `name` profile (`kvrep_dev.calibration`), and the decode factor of its lone decodes (runs that recorded each
+    request's end), else of the speed probe (1.0 without one). Returns:
     None when fewer than `calibration.MIN_SAMPLES` requests ran alone (the simulator then scales the priced
     profile by the probe, as before)."""
     from kvrep_dev import calibration
@@ -309,13 +310,18 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed
     samples = calibration.isolated_requests(rows)
     if len(samples) < calibration.MIN_SAMPLES:
         return None
-    decode = round(speed["decode"], 4) if speed else 1.0
     prof = load_profile(name)
+    steps = calibration.lone_decode_steps(rows)  # runs that recorded each request's end (since stop 31)
+    if len(steps) >= calibration.MIN_SAMPLES:
+        decode, decode_from = round(calibration.decode_drift(prof, steps), 4), f"{len(steps)} lone decodes"
+    else:
+        decode, decode_from = (round(speed["decode"], 4), "the probe") if speed else (1.0, "not measured")
     # the prefill part of each TTFT: less the first-token lag the simulated engine adds (at this run's decode speed)
     part = calibration.prefill_part(samples, scale_profile(prof, 1.0, decode))
     res = calibration.residuals(prof, part)
     return {"profile": name, "drift": round(calibration.drift(prof, part), 4), "decode": decode,
-            "isolated_requests": len(samples), "median_rel_error_before_drift": round(statistics.median(res), 4)}
+            "decode_from": decode_from, "isolated_requests": len(samples),
+            "median_rel_error_before_drift": round(statistics.median(res), 4)}
 
 
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
@@ -728,7 +734,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
           + (f"{machine['profile']} at prefill x{machine['drift']:.2f} (the median over {machine['isolated_requests']}"
-             f" requests that ran alone), decode x{machine['decode']:.2f}; policies priced with {profile})"
+             f" requests that ran alone), decode x{machine['decode']:.2f} ({machine.get('decode_from', 'the probe')});"
+             f" policies priced with {profile})"
              if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
     print()
@@ -924,7 +931,9 @@ def run_bench(args) -> int:
                            "requests": [{"rid": r.rid, "kind": r.kind, "sent_s": round(r.sent_s, 3),
                                          "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
-                                         "key": r.key, "error": r.error} for r in results]}
+                                         "e2e_s": None if math.isnan(r.e2e_s) else round(r.e2e_s, 3),
+                                         "output_tokens": r.output_tokens, "key": r.key, "error": r.error}
+                                        for r in results]}
                     if fronts > 1:
                         row["fronts"] = fronts
                     if base not in SMG_POLICY:
@@ -967,10 +976,10 @@ def run_bench(args) -> int:
     machine = None
     if to_simulate:  # after the cluster stopped: the machine is measured on every round's requests
         machine = measure_machine(rows, speed)
-        _say("the simulator's machine: " + (f"{machine['profile']} prefill x{machine['drift']:.2f} (from "
-                                            f"{machine['isolated_requests']} requests that ran alone), decode "
-                                            f"x{machine['decode']:.2f}" if machine else "the probe (too few requests "
-                                            "ran alone)"))
+        _say("the simulator's machine: " + (
+            f"{machine['profile']} prefill x{machine['drift']:.2f} (from {machine['isolated_requests']} requests "
+            f"that ran alone), decode x{machine['decode']:.2f} ({machine['decode_from']})" if machine
+            else "the probe (too few requests ran alone)"))
         for row, wl, arm in to_simulate:
             row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                   args.max_total_tokens, args.max_running, speed,

@@ -67,6 +67,34 @@ def prefill_part(samples: Iterable[Sample], profile: CostProfile) -> list[Sample
     return [(n, c, max(1e-3, t - first_token_lag_s(profile, n, c))) for n, c, t in samples]
 
 
+def lone_decode_steps(rows: Iterable[dict]) -> list[tuple[int, float]]:
+    """Returns: (context tokens, seconds per decode step) of every request that decoded alone: no other request
+    of its cell in flight from its send to its end (every earlier one ended, plus `DECODE_MARGIN_S`, before it
+    was sent; the next one was sent after it ended), with at least 2 output tokens; rows as `isolated_requests`'
+    with `e2e_s` and `output_tokens` (runs before stop 31 have neither: none)."""
+    out: list[tuple[int, float]] = []
+    for row in rows:
+        reqs = sorted((q for q in row.get("requests", []) if q.get("e2e_s") and not q.get("error")),
+                      key=lambda q: q["sent_s"])
+        for i, q in enumerate(reqs):
+            if any(p["sent_s"] + p["e2e_s"] + DECODE_MARGIN_S >= q["sent_s"] for p in reqs[max(0, i - LOOKBACK):i]):
+                continue
+            if i + 1 < len(reqs) and reqs[i + 1]["sent_s"] <= q["sent_s"] + q["e2e_s"]:
+                continue
+            n = int(q.get("output_tokens") or 0)
+            if n >= 2 and q.get("ttft_s"):
+                out.append((int(q["prompt_tokens"]), (q["e2e_s"] - q["ttft_s"]) / (n - 1)))
+    return out
+
+
+def decode_drift(profile: CostProfile, steps: Sequence[tuple[int, float]]) -> float:
+    """Returns: the median measured/predicted decode step of `lone_decode_steps` (a batch of one at the prompt's
+    context) under `profile`; 1.0 without steps."""
+    if not steps:
+        return 1.0
+    return statistics.median(s / profile.decode_steps_s(1, 1, ctx) for ctx, s in steps)
+
+
 def _cell(new: int, cached: int) -> tuple[int, int]:
     return (max(0, new).bit_length(), max(0, cached).bit_length())
 

@@ -146,3 +146,29 @@ def test_committed_machine_profile_is_what_its_samples_fit():
     f = calibration.fit_prefill(calibration.prefill_part(samples, load_profile("cpu-wide-bench")), balance=True)
     for k, v in f["values"].items():
         assert doc["values"][k] == pytest.approx(v, rel=1e-4)
+
+
+def test_lone_decodes_give_the_decode_speed():
+    """Requests that decoded alone (nothing else of the cell in flight from send to end) measure the decode step;
+    runs that did not record each request's end give none."""
+    p = load_profile("cpu-wide")
+
+    def r(rid, sent, ctx, factor, n=8):
+        ttft = 0.3
+        return {**req(rid, sent, ttft, ctx, 0), "e2e_s": ttft + factor * (n - 1) * p.decode_steps_s(1, 1, ctx),
+                "output_tokens": n}
+
+    rows = [{"requests": [r(0, 0.0, 1000, 1.5), r(1, 10.0, 2000, 1.5), r(2, 10.2, 500, 9.0),  # 1 and 2 overlap
+                          r(3, 30.0, 3000, 1.5), r(4, 40.0, 800, 1.5, n=1)]}]                 # 4: one token only
+    steps = calibration.lone_decode_steps(rows)
+    assert [ctx for ctx, _ in steps] == [1000, 3000]
+    assert calibration.decode_drift(p, steps) == pytest.approx(1.5)
+    assert calibration.lone_decode_steps([{"requests": [req(0, 0.0, 0.3)]}]) == []  # no e2e_s recorded
+    assert calibration.decode_drift(p, []) == 1.0
+    # measure_machine takes them over the probe when there are enough
+    lone = [r(i, 20.0 * i, 1000, 1.3) for i in range(calibration.MIN_SAMPLES)]
+    got = measure_machine([{"requests": lone}], {"prefill": 1.0, "decode": 3.0})
+    assert got["decode"] == pytest.approx(1.3) and got["decode_from"] == f"{calibration.MIN_SAMPLES} lone decodes"
+    got = measure_machine([{"requests": [{k: v for k, v in q.items() if k != "e2e_s"} for q in lone]}],
+                          {"prefill": 1.0, "decode": 3.0})
+    assert got["decode"] == 3.0 and got["decode_from"] == "the probe"
