@@ -98,14 +98,15 @@ def test_the_committed_validation_runs_load_for_resimulate():
     from pathlib import Path
 
     files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
-    assert [f.name for f in files] == ["bench-agent-split.json.gz", "bench-fanflash-split.json.gz",
+    assert [f.name for f in files] == ["bench-agent-seed1.json.gz", "bench-agent-split.json.gz",
+                                       "bench-fanflash-split.json.gz", "bench-flash-seed1.json.gz",
                                        "bench-unique-split.json.gz", "bench-val1.json.gz", "bench-val2-agent.json.gz",
                                        "bench-val2.json.gz"]
     for f in files:
         data = json.loads(gzip.decompress(f.read_bytes()))
         assert data["rows"] and all(q["key"] for r in data["rows"] for q in r["requests"])
-        # the validation runs: 3 workers sharing 2 cores; the split runs: the testbed (one pinned worker a core)
-        assert data["args"]["workers"] == (2 if "split" in f.name else 3)
+        # the validation runs: 3 workers sharing 2 cores; the later ones: the testbed (one pinned worker a core)
+        assert data["args"]["workers"] == (3 if "val" in f.name else 2)
 
 
 def test_the_pull_arm_runs_the_live_routers_rule_in_the_simulator_too():
