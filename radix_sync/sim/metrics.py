@@ -39,7 +39,8 @@ class RunStats:
     def __init__(self, policy: str, profile: CostProfile, page_len: int, record_requests: bool = False) -> None:
         self.policy = policy
         self.records: Optional[list[dict]] = [] if record_requests else None
-        """Per finished request (`record_requests`): its `request_key`, arrival, TTFT, cached tokens and worker."""
+        """Per finished request (`record_requests`): its `request_key`, arrival, TTFT, cached tokens, worker, end
+        (`e2e_s` from arrival) and output tokens."""
         self.p = profile
         self.page_len = page_len
         self.ttft_s: list[float] = []
@@ -74,7 +75,8 @@ class RunStats:
         if self.records is not None:
             self.records.append({"key": request_key(req), "sent_s": round(req.arrival_s, 3),
                                  "prompt_tokens": req.prompt_len, "cached_tokens": req.cached_len,
-                                 "ttft_s": round(req.first_token_s - req.arrival_s, 3), "worker": req.worker})
+                                 "ttft_s": round(req.first_token_s - req.arrival_s, 3), "worker": req.worker,
+                                 "e2e_s": round(req.finish_s - req.arrival_s, 3), "output_tokens": req.output_len})
 
     def on_copy_started(self, x: "Transfer") -> None:
         self.copy_count += 1

@@ -28,6 +28,7 @@ def test_simulated_requests_are_the_replayed_ones(workload):
     assert len({(r["key"], r["sent_s"]) if workload == "flash" else r["key"] for r in records}) == expected
     for r in records:
         assert r["ttft_s"] > 0 and 0 <= r["cached_tokens"] < r["prompt_tokens"] and r["worker"] in (0, 1, 2)
+        assert r["e2e_s"] >= r["ttft_s"] and r["output_tokens"] >= 1  # as the live records, for TPOT by load
 
 
 def test_compare_requests_matches_by_key():
