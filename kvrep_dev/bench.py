@@ -734,7 +734,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
           + (f"{machine['profile']} at prefill x{machine['drift']:.2f} (the median over {machine['isolated_requests']}"
-             f" requests that ran alone), decode x{machine['decode']:.2f} ({machine.get('decode_from', 'the probe')});"
+             f" requests that ran alone), decode x{machine['decode']:.2f} ({machine['decode_from']});"
              f" policies priced with {profile})"
              if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
@@ -1101,7 +1101,8 @@ def add_arguments(p, *, demo: bool = False) -> None:
     p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool per worker, tokens")
     p.add_argument("--max-running", type=int, default=8, help="--max-running-requests per worker")
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=not demo,
-                   help="also run the simulator on the same workloads (--profile's cost profile)")
+                   help="also run the simulator on the same workloads (its router and planner pricing with "
+                        "--profile, its machine the testbed as measured on the run's own lone requests)")
     p.add_argument("--profile", default=testbed.PROFILE,
                    help="cost profile of the coordinator's planner and the router's TTFT rule (default: cpu-wide, "
                         "measured on the testbed)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from radix_sync.policy.cost import CostProfile
 
@@ -38,21 +38,28 @@ Sample = tuple[int, int, float]
 """(new tokens, cached tokens, TTFT seconds) of one request as the server reported it."""
 
 
-def isolated_requests(rows: Iterable[dict]) -> list[Sample]:
-    """Returns: the samples of every bench row's requests that ran alone (see the module docstring); rows are
-    `kvrep bench` result rows (`requests`: rid, sent_s, prompt_tokens, cached_tokens, ttft_s, error)."""
-    out: list[Sample] = []
+def _alone(rows: Iterable[dict], until: str) -> Iterator[dict]:
+    """Yields every request of every bench row that had its cell to itself from its send to its `until` time
+    (`ttft_s` or `e2e_s` after the send): every earlier one (of the last `LOOKBACK`) reached its own `until`, plus
+    `DECODE_MARGIN_S`, before it was sent, and the next one was sent after it. Failed requests and requests without
+    `until` are skipped."""
     for row in rows:
-        reqs = sorted((q for q in row.get("requests", []) if q.get("ttft_s") and not q.get("error")),
+        reqs = sorted((q for q in row.get("requests", []) if q.get(until) and not q.get("error")),
                       key=lambda q: q["sent_s"])
         for i, q in enumerate(reqs):
-            before = reqs[max(0, i - LOOKBACK):i]
-            if any(p["sent_s"] + p["ttft_s"] + DECODE_MARGIN_S >= q["sent_s"] for p in before):
+            if any(p["sent_s"] + p[until] + DECODE_MARGIN_S >= q["sent_s"] for p in reqs[max(0, i - LOOKBACK):i]):
                 continue
-            if i + 1 < len(reqs) and reqs[i + 1]["sent_s"] <= q["sent_s"] + q["ttft_s"]:
+            if i + 1 < len(reqs) and reqs[i + 1]["sent_s"] <= q["sent_s"] + q[until]:
                 continue
-            out.append((q["prompt_tokens"] - q["cached_tokens"], q["cached_tokens"], float(q["ttft_s"])))
-    return out
+            yield q
+
+
+def isolated_requests(rows: Iterable[dict]) -> list[Sample]:
+    """Returns: the samples of every bench row's requests that ran alone from send to first token (see the module
+    docstring); rows are `kvrep bench` result rows (`requests`: rid, sent_s, prompt_tokens, cached_tokens, ttft_s,
+    error)."""
+    return [(q["prompt_tokens"] - q["cached_tokens"], q["cached_tokens"], float(q["ttft_s"]))
+            for q in _alone(rows, "ttft_s")]
 
 
 def first_token_lag_s(profile: CostProfile, new: int, cached: int) -> float:
@@ -68,23 +75,11 @@ def prefill_part(samples: Iterable[Sample], profile: CostProfile) -> list[Sample
 
 
 def lone_decode_steps(rows: Iterable[dict]) -> list[tuple[int, float]]:
-    """Returns: (context tokens, seconds per decode step) of every request that decoded alone: no other request
-    of its cell in flight from its send to its end (every earlier one ended, plus `DECODE_MARGIN_S`, before it
-    was sent; the next one was sent after it ended), with at least 2 output tokens; rows as `isolated_requests`'
-    with `e2e_s` and `output_tokens` (runs before stop 31 have neither: none)."""
-    out: list[tuple[int, float]] = []
-    for row in rows:
-        reqs = sorted((q for q in row.get("requests", []) if q.get("e2e_s") and not q.get("error")),
-                      key=lambda q: q["sent_s"])
-        for i, q in enumerate(reqs):
-            if any(p["sent_s"] + p["e2e_s"] + DECODE_MARGIN_S >= q["sent_s"] for p in reqs[max(0, i - LOOKBACK):i]):
-                continue
-            if i + 1 < len(reqs) and reqs[i + 1]["sent_s"] <= q["sent_s"] + q["e2e_s"]:
-                continue
-            n = int(q.get("output_tokens") or 0)
-            if n >= 2 and q.get("ttft_s"):
-                out.append((int(q["prompt_tokens"]), (q["e2e_s"] - q["ttft_s"]) / (n - 1)))
-    return out
+    """Returns: (context tokens, seconds per decode step) of every request that ran alone from its send to its end
+    (`_alone` on `e2e_s`), with at least 2 output tokens; rows as `isolated_requests`' with `e2e_s` and
+    `output_tokens` (runs before stop 31 have neither: none)."""
+    return [(int(q["prompt_tokens"]), (q["e2e_s"] - q["ttft_s"]) / (int(q["output_tokens"]) - 1))
+            for q in _alone(rows, "e2e_s") if int(q.get("output_tokens") or 0) >= 2 and q.get("ttft_s")]
 
 
 def decode_drift(profile: CostProfile, steps: Sequence[tuple[int, float]]) -> float:

@@ -133,6 +133,7 @@ def from_bench(runs: list[str], base: str, out: str) -> int:
                                    f"(kvrep_dev/calibration.py); RMS relative residual {f['rms']:.0%}; from "
                                    + "; ".join(sources) + "; `measurements.prefill`: (new, cached, TTFT s) as "
                                    "measured")},
+        "fit": "from-bench",
         "values": values,
         "measurements": {"prefill": "SAMPLES"},
     }
@@ -145,8 +146,13 @@ def from_bench(runs: list[str], base: str, out: str) -> int:
 
 
 def refit(path: str) -> int:
-    """Refits the prefill terms from the measurements stored in the profile (no servers started)."""
+    """Refits the prefill terms from the measurements stored in the profile (no servers started); refuses a
+    `--from-bench` profile, whose fit differs (`from_bench`)."""
     profile = json.loads(Path(path).read_text())
+    if profile.get("fit") == "from-bench":  # fitted otherwise (less the first-token lag, cells weighing the same)
+        print(f"calibrate_cpu: {path} was written by --from-bench; rerun that (its provenance names the runs)",
+              file=sys.stderr)
+        return 2
     prefill = fit_prefill(profile["measurements"]["prefill"])
     values = {**profile["values"], **prefill["values"]}
     profile["values"] = {k: values[k] for k in VALUE_ORDER}

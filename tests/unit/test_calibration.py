@@ -172,3 +172,20 @@ def test_lone_decodes_give_the_decode_speed():
     got = measure_machine([{"requests": [{k: v for k, v in q.items() if k != "e2e_s"} for q in lone]}],
                           {"prefill": 1.0, "decode": 3.0})
     assert got["decode"] == 3.0 and got["decode_from"] == "the probe"
+
+
+def test_refit_refuses_a_profile_fitted_from_bench_runs(tmp_path):
+    """`calibrate_cpu.py --refit` fits the calibration grid's way; a `--from-bench` profile was fitted otherwise
+    (less the first-token lag, cells weighing the same), so refitting it that way would silently change it."""
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("calibrate_cpu", root / "scripts" / "calibrate_cpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "p.json"
+    shutil.copy(root / "radix_sync" / "profiles" / "cpu-wide-bench.json", path)
+    before = path.read_text()
+    assert mod.refit(str(path)) == 2 and path.read_text() == before
