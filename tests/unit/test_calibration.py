@@ -189,3 +189,16 @@ def test_refit_refuses_a_profile_fitted_from_bench_runs(tmp_path):
     shutil.copy(root / "radix_sync" / "profiles" / "cpu-wide-bench.json", path)
     before = path.read_text()
     assert mod.refit(str(path)) == 2 and path.read_text() == before
+
+
+def test_sim_load_gap_shapes_reads_the_committed_runs():
+    """`scripts/sim_load_gap.py shapes` (docs/bench.md's per-shape errors of `cpu-wide`) runs on the committed runs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    runs = [str(root / "bench" / "results" / f"bench-{r}-split.json.gz") for r in ("agent", "fanflash", "unique")]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "sim_load_gap.py"), "shapes", *runs],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("1764 lone requests") and "new 1500-4096 cold" in out
