@@ -2,7 +2,8 @@
 # The GPU checks of issue 18, for one H200 (or any CUDA GPU): at most ~8 minutes, every step time-boxed and
 # independent of the others (one failing does not stop the next), all output in one folder ($OUT, default
 # ./gpu-check-out: summary.txt + one file per step, 8 files at most). Needs python3 with torch, triton, xxhash and
-# pytest (and transformers for the profile step); downloads nothing.
+# pytest (and transformers for the profile step, msgspec and pyzmq for the agent step: where the image lacks them,
+# install wheels carried in first, docs/gpu.md); downloads nothing.
 #
 #   OUT=/some/dir bash scripts/gpu_check.sh
 #
@@ -10,7 +11,12 @@
 #   env        the GPU, driver, torch and triton versions
 #   kernels    kernel correctness against the CPU reference over every pool kind, dtype and page size, the 16-byte
 #              kernel on real memory, on a side stream (tests/unit/test_kernels_*.py, CUDA tests included)
-#   hazards    the two stream hazards fenced and unfenced (scripts/gpu_ordering.py: fenced must be correct)
+#   hazards    the two stream hazards fenced and unfenced (scripts/gpu_ordering.py: fenced must be correct), and a
+#              global-mode CUDA-graph capture while another thread drops (or allocates) pinned buffers
+#   agent      one replication through the real agent end to end (scripts/gpu_agent_path.py): two agents on CUDA
+#              pools, their I/O threads, ZeroMQ over loopback, a stand-in coordinator; 4K and 32K tokens of
+#              Llama-3.1-8B geometry, forwards idle and 5 ms steps: bit-identical pages, locks and slots balanced,
+#              the rate and the scheduler thread's step times
 #   bench      scripts/bench_kernels.py --device cuda at Llama-3.1-8B geometry, 4K and 32K tokens, pages of 16 and 1,
 #              against torch's own device copy in the same run
 #   sglang     two CUDA SGLang servers replicating a 32K-token prefix: only where sglang is installed (it is not on
@@ -36,16 +42,17 @@ step() {  # step NAME SECONDS COMMAND...
     tail -n 3 "$OUT/$name.txt" | sed 's/^/   | /' | tee -a "$SUMMARY"
 }
 
-step env 30 bash -c 'nvidia-smi; '"$PY"' -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
-step kernels 120 "$PY" -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
+step env 20 bash -c 'nvidia-smi; '"$PY"' -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
+step kernels 90 "$PY" -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
     tests/unit/test_kernels_reference.py tests/unit/test_kernels_triton.py
-step hazards 60 "$PY" scripts/gpu_ordering.py --json "$OUT/hazards.json"
-step bench 120 bash -c "$PY scripts/bench_kernels.py --device cuda --tokens 4096 --page-sizes 16,1 && \
+step hazards 45 "$PY" scripts/gpu_ordering.py
+step agent 120 "$PY" scripts/gpu_agent_path.py --tokens 4096,32768 --page-sizes 16 --forward-ms 0,5
+step bench 90 bash -c "$PY scripts/bench_kernels.py --device cuda --tokens 4096 --page-sizes 16,1 && \
     $PY scripts/bench_kernels.py --device cuda --tokens 32768 --page-sizes 16,1"
 if "$PY" -c "import sglang" 2>/dev/null; then
-    echo "== sglang: installed here; the two-server replication check is not written yet (see docs/gpu.md)" | tee -a "$SUMMARY"
+    echo "== sglang: installed here; a two-server replication check is not written (see docs/gpu.md)" | tee -a "$SUMMARY"
 else
     echo "== sglang: not installed on this machine (and nothing can be fetched): two-server check skipped" | tee -a "$SUMMARY"
 fi
-step profile 150 "$PY" scripts/gpu_profile.py --json "$OUT/profile.json"
+step profile 110 "$PY" scripts/gpu_profile.py --json "$OUT/profile.json"
 echo "done: $OUT" | tee -a "$SUMMARY"

@@ -12,6 +12,12 @@ The fenced runs must be correct (exit 1 otherwise); the unfenced ones say whethe
 checked: the copy's event is not done while the forward stream still sleeps (the scheduler thread would not
 wait for it), and the chunk's host buffer is pinned.
 
+3. capture: SGLang captures CUDA graphs in global mode after a weight update, on the scheduler thread; meanwhile
+   the agent's I/O thread drops the pinned chunk buffers it has sent (PyTorch's caching host allocator then records
+   an event on the copy stream: a CUDA call from another thread). Shown: whether a global-mode capture survives
+   that, and (the reason a target's receive buffers are pageable) whether it survives a pinned allocation from
+   the other thread. Reported, not judged: what PyTorch and the driver do here is the question.
+
     PYTHONPATH=kernels:. python3 scripts/gpu_ordering.py --json out.json      # needs CUDA
 """
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -93,6 +101,57 @@ def target_hazard(fenced: bool) -> dict:
             "event_pending_while_forward_ran": pending}
 
 
+def capture_while_io_thread(what: str) -> dict:
+    """A global-mode graph capture on this thread while another thread drops pinned buffers that asynchronous copies
+    used (`what` = "drop": what the agent's I/O thread does) or allocates a pinned one ("pin_alloc")."""
+    dev = torch.device("cuda")
+    copy = torch.cuda.Stream()
+    src = torch.randn(1 << 18, device=dev)
+    bufs = []
+    for _ in range(64):
+        h = torch.empty(src.numel() * 4, dtype=torch.uint8, pin_memory=True)
+        with torch.cuda.stream(copy):
+            h.copy_(src.view(torch.uint8), non_blocking=True)
+        bufs.append(h)
+    x = torch.randn(2048, 2048, device=dev)
+    torch.cuda.synchronize()
+    errors: list[str] = []
+    acted = threading.Event()
+
+    def io() -> None:
+        try:
+            if what == "drop":
+                while bufs:
+                    bufs.pop()
+                    time.sleep(0.0002)
+            else:
+                torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+        except Exception as exc:  # noqa: BLE001 (reported)
+            errors.append(repr(exc))
+        acted.set()
+
+    graph, thread = torch.cuda.CUDAGraph(), threading.Thread(target=io)
+    capture_error = None
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="global"):
+            thread.start()
+            y = x
+            while not acted.is_set():  # the capture lasts until the other thread has acted
+                y = torch.tanh(y @ x * 1e-3)
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 (reported)
+        capture_error = repr(exc)[:400]
+    thread.join()
+    try:
+        torch.cuda.synchronize()
+        usable_after = bool(torch.isfinite((x @ x).sum()).item())
+    except Exception as exc:  # noqa: BLE001
+        usable_after = repr(exc)[:200]
+    return {"other_thread": what, "capture_ok": capture_error is None, "capture_error": capture_error,
+            "other_thread_error": errors[0] if errors else None, "device_usable_after": usable_after}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the results here")
@@ -102,6 +161,12 @@ def main() -> int:
         return 2
     out = {"device": torch.cuda.get_device_name(), "source": [source_hazard(f) for f in (True, False)],
            "target": [target_hazard(f) for f in (True, False)]}
+    out["capture"] = []
+    for what in ("drop", "pin_alloc"):  # the one expected to break the capture last
+        try:
+            out["capture"].append(capture_while_io_thread(what))
+        except Exception as exc:  # noqa: BLE001 (reported)
+            out["capture"].append({"other_thread": what, "error": repr(exc)[:400]})
     print(json.dumps(out, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
@@ -109,6 +174,8 @@ def main() -> int:
     print("fenced copies correct" if fenced_ok else "FENCED COPIES WRONG")
     print("hazard seen unfenced: source %s, target %s" % (not out["source"][1]["gather_saw_the_forwards_write"],
                                                          not out["target"][1]["replica_intact"]))
+    for c in out["capture"]:
+        print("global-mode capture while the other thread %s: %s" % (c["other_thread"], c.get("capture_ok", c)))
     return 0 if fenced_ok else 1
 
 

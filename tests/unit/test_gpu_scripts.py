@@ -46,6 +46,25 @@ def test_the_gpu_check_fits_its_time_box_and_the_devices_output_limits():
     text = (ROOT / "scripts" / "gpu_check.sh").read_text()
     limits = [int(x) for x in re.findall(r"^step \S+ (\d+) ", text, re.M)]
     names = re.findall(r"^step (\S+) ", text, re.M)
-    assert sum(limits) <= 8 * 60 and len(limits) == 5
-    files = {"summary.txt", "hazards.json", "profile.json"} | {f"{n}.txt" for n in names}
+    assert sum(limits) <= 8 * 60 and len(limits) == 6
+    files = {"summary.txt", "profile.json"} | {f"{n}.txt" for n in names}
     assert len(files) <= 8  # what comes back from a device run: 8 files at most
+
+
+def test_the_agent_path_script_replicates_through_the_real_agents_on_the_cpu(tmp_path, capsys):
+    """The GPU's end-to-end check (two real agents, their I/O threads, ZeroMQ, a stand-in coordinator) runs as far
+    as the CPU allows: pages bit-identical, the source's lock released, the target's slots exactly the replica's."""
+    import json
+    import sys
+
+    argv, sys.argv = sys.argv, ["gpu_agent_path.py", "--device", "cpu", "--tokens", "256,1024", "--layers", "2",
+                                "--page-sizes", "16,1", "--json", str(tmp_path / "out.json")]
+    try:
+        assert load("gpu_agent_path").main() == 0
+    finally:
+        sys.argv = argv
+    cases = json.loads((tmp_path / "out.json").read_text())["cases"]
+    assert [(c["tokens"], c["page_size"]) for c in cases] == [(256, 16), (1024, 16), (256, 1), (1024, 1)]
+    for c in cases:
+        assert c["identical"] and c["inserted_len"] == c["tokens"] and c["source_locks_left"] == 0
+        assert c["target_pages_used"] == c["target_pages_expected"] and c["target_installs_left"] == 0

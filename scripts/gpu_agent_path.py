@@ -1,0 +1,403 @@
+"""One replication through the real worker agent, end to end, on a GPU (issue 18 items 1 and 3): two agents (a
+source and a target, each its own CUDA pool, `CudaOps` copy stream and a forward stream kept busy like SGLang's),
+each with its real I/O thread and the real ZeroMQ data plane over loopback, and a stand-in coordinator (a ROUTER
+speaking the real protocol: `HelloAck`, `ExpectReplica`, `ReplicatePages`). A prefix cached on the source is
+replicated to the target; checked: the target's pages are bit-identical to the source's, the prefix is inserted
+into the target's tree, the source's lock is released, no slot leaks; measured: the replication's wall time and
+rate, the parts the target reports (receive, scatter, insert), and how long each scheduler step (`on_iteration`)
+held the scheduler thread.
+
+What is not real here: SGLang (not on the GPU image: its radix tree and allocator are stand-ins below, its
+event-publisher base class a stub when SGLang cannot be imported) and its forwards (a `torch.cuda._sleep` of
+`--forward-ms` per step on each worker's forward stream; the scheduler loop waits for the previous step's, as
+SGLang's overlap scheduler does). Both agents and the loop share one Python process (one GIL; separate processes in
+a real fleet): harsh to the rates, not generous.
+
+    PYTHONPATH=kernels:. python3 scripts/gpu_agent_path.py --tokens 4096,32768 --json out.json      # CUDA
+    PYTHONPATH=kernels:. python3 scripts/gpu_agent_path.py --device cpu --tokens 256 --layers 2      # CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "kernels"), str(ROOT)]
+
+
+def _stub_sglang_if_absent() -> bool:
+    """`sglang_kvrep.events` subclasses SGLang's event publisher at import; where SGLang is not installed (the GPU
+    image) a bare base class stands in (nothing here publishes events). Returns whether it did."""
+    try:
+        import sglang.srt.disaggregation.kv_events  # noqa: F401
+        return False
+    except ImportError:
+        pass
+    names = ["sglang", "sglang.srt", "sglang.srt.disaggregation", "sglang.srt.disaggregation.kv_events"]
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules[names[-1]].EventPublisher = type("EventPublisher", (), {})
+    return True
+
+
+STUBBED = _stub_sglang_if_absent()
+
+import msgspec  # noqa: E402,F401  (fails early and clearly where the image lacks it)
+import zmq  # noqa: E402
+
+from radix_sync import protocol as p  # noqa: E402
+from radix_sync.hashing import page_hashes  # noqa: E402
+from sglang_kvrep.agent import start_agent  # noqa: E402
+from sglang_kvrep.config import KvrepConfig  # noqa: E402
+
+
+class PoolView:
+    """A stand-in for SGLang's scheduler as the agent sees it (`compat.SchedulerView`): a real pool of `layers` K
+    and V buffers (rows = tokens, (heads, dim) each; page 0 is padding, as SGLang's), a page allocator, and a flat
+    "tree" of inserted prefixes. Slots handed out live on the pool's device, as SGLang's do."""
+
+    def __init__(self, device: torch.device, *, layers: int, heads: int, dim: int, dtype: torch.dtype,
+                 page_size: int, capacity_tokens: int, seed: int, forward_stream=None) -> None:
+        self.device, self.page_size = device, page_size
+        self.num_pages = capacity_tokens // page_size + 1
+        rows = self.num_pages * page_size
+        gen = torch.Generator(device=device).manual_seed(seed)
+        bits = torch.int16 if torch.empty((), dtype=dtype).element_size() == 2 else torch.int32
+
+        def buf():
+            return torch.randint(-2**15, 2**15 - 1, (rows, heads, dim), generator=gen, device=device,
+                                 dtype=torch.int32).to(bits).view(dtype)
+
+        self.k = [buf() for _ in range(layers)]
+        self.v = [buf() for _ in range(layers)]
+        self.free_pages = list(range(self.num_pages - 1, 0, -1))  # pop() hands out 1, 2, ...
+        self.entries: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]] = {}
+        self.locks: dict[str, int] = {}
+        self.lock_count = self.unlock_count = 0
+        self._forward = forward_stream
+
+    # -- what the agent calls
+    def fingerprint_fields(self):
+        return {"model": "llama-3.1-8b-shaped", "dtype": str(self.k[0].dtype), "page_size": str(self.page_size)}
+
+    def kv_buffers(self):
+        return self.k, self.v, "NHD"
+
+    def pool_capacity_tokens(self):
+        return (self.num_pages - 1) * self.page_size
+
+    def forward_stream(self):
+        return self._forward
+
+    def load_back_stream(self):
+        return None
+
+    def add_idle_wakeup(self, fd) -> None:
+        pass
+
+    def flush_kv_events(self) -> None:
+        pass
+
+    def is_idle(self) -> bool:
+        return False
+
+    def load(self):
+        free = len(self.free_pages) * self.page_size
+        return {"num_running_reqs": 1, "num_waiting_reqs": 0, "num_waiting_tokens": 0, "available_tokens": free,
+                "evictable_tokens": 0}
+
+    def waiting_wants(self, token_ids, namespace) -> bool:
+        return False
+
+    def match(self, token_ids, namespace):
+        best, node = 0, None
+        for i, (tokens, _) in enumerate(self.entries.get(namespace, [])):
+            n = 0
+            for a, b in zip(tokens, token_ids):
+                if a != b:
+                    break
+                n += 1
+            n = n // self.page_size * self.page_size
+            if n > best:
+                best, node = n, (namespace, i, n)
+        return best, node
+
+    def lock(self, node):
+        self.lock_count += 1
+        name = f"lock{self.lock_count}"
+        self.locks[name] = 1
+        return name
+
+    def unlock(self, lock) -> None:
+        del self.locks[lock]
+        self.unlock_count += 1
+
+    def path_slots(self, node):
+        ns, i, n = node
+        return self.entries[ns][i][1][:n]
+
+    def alloc_slots(self, num_tokens: int) -> torch.Tensor:
+        pages = -(-num_tokens // self.page_size)
+        if pages > len(self.free_pages):
+            raise RuntimeError("out of KV memory")
+        ids = torch.tensor([self.free_pages.pop() for _ in range(pages)], dtype=torch.int64)
+        slots = (ids[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)[:num_tokens]
+        return slots.to(self.device)
+
+    def free_slots(self, slots: torch.Tensor) -> None:
+        pages = sorted(set((slots.cpu() // self.page_size).tolist()))
+        self.free_pages.extend(reversed(pages))
+
+    def insert(self, token_ids, namespace, slots, priority) -> int:
+        self.entries.setdefault(namespace, []).append((tuple(token_ids), slots))
+        return 0
+
+    def evict(self, num_tokens: int) -> int:
+        return 0
+
+    # -- the harness's
+    def cache(self, token_ids) -> torch.Tensor:
+        """Cache `token_ids` (a prefill): slots from the allocator, the pool's random bytes as its KV."""
+        slots = self.alloc_slots(len(token_ids))
+        self.insert(token_ids, "", slots, 0)
+        return slots
+
+    def pages_of(self, slots: torch.Tensor) -> torch.Tensor:
+        """The bytes of the pool rows at `slots`, every layer's K and V (on the host)."""
+        idx = slots.to(self.device)
+        return torch.stack([torch.stack([k[idx], v[idx]]) for k, v in zip(self.k, self.v)]).cpu()
+
+
+class Coordinator:
+    """The coordinator's side of the protocol, enough for one replication at a time."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.workers: dict[str, tuple[bytes, p.Hello]] = {}
+        self.facts: list = []
+
+    def poll(self) -> None:
+        while self.sock.poll(0):
+            rid, data = self.sock.recv_multipart()
+            msg = p.decode_for_coordinator(data)
+            if isinstance(msg, p.Hello):
+                self.workers[msg.worker_id] = (rid, msg)
+                self.sock.send_multipart([rid, p.encode(p.HelloAck(coordinator_id="gpu-agent-path"))])
+            else:
+                self.facts.append(msg)
+
+    def send(self, worker_id: str, msg) -> None:
+        self.sock.send_multipart([self.workers[worker_id][0], p.encode(msg)])
+
+    def fact(self, kind, replication_id: str):
+        for f in self.facts:
+            if isinstance(f, kind) and getattr(f, "replication_id", None) == replication_id:
+                return f
+        return None
+
+
+class Loop:
+    """The scheduler loops of both workers, on this thread: each step queues a forward (`forward_ms` on the
+    worker's forward stream), runs the agent's `on_iteration` (timed), then waits for the previous step's
+    forward (overlap scheduling: the CPU runs one step ahead of the device)."""
+
+    def __init__(self, workers, forward_ms: float, device: torch.device) -> None:
+        self.workers = workers  # [(agent, view, forward stream)]
+        self.cuda = device.type == "cuda"
+        self.cycles = int(forward_ms * 1e-3 * self._clock_hz()) if self.cuda and forward_ms > 0 else 0
+        self.prev: list = []
+        self.step_s: dict[str, list[float]] = {a.config.worker_id: [] for a, _, _ in workers}
+        self.loop_s: list[float] = []
+        """Whole steps (both agents and the wait for the previous forwards): the forwards' pace as it was."""
+        self.steps = 0
+
+    @staticmethod
+    def _clock_hz() -> float:
+        return 1.98e9  # H200 boost clock; `_sleep` counts cycles (the step's length is measured, not assumed)
+
+    def step(self) -> None:
+        t_step = time.perf_counter()
+        events = []
+        for agent, view, fwd in self.workers:
+            if self.cuda and self.cycles:
+                with torch.cuda.stream(fwd):
+                    torch.cuda._sleep(self.cycles)
+                    ev = torch.cuda.Event()
+                    ev.record(fwd)
+                    events.append(ev)
+            t0 = time.perf_counter()
+            agent.on_iteration_safe()
+            self.step_s[agent.config.worker_id].append(time.perf_counter() - t0)
+        for ev in self.prev:
+            ev.synchronize()
+        self.prev = events
+        self.steps += 1
+        self.loop_s.append(time.perf_counter() - t_step)
+
+    def drain(self) -> None:
+        for ev in self.prev:
+            ev.synchronize()
+        self.prev = []
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms: float, coord: Coordinator,
+             case: int) -> dict:
+    dtype = getattr(torch, args.dtype)
+    streams = [torch.cuda.Stream(device=device) if device.type == "cuda" else None for _ in range(2)]
+    geo = dict(layers=args.layers, heads=args.heads, dim=args.head_dim, dtype=dtype, page_size=page_size,
+               capacity_tokens=tokens + 4 * page_size * 64)
+    src_view = PoolView(device, seed=1, forward_stream=streams[0], **geo)
+    dst_view = PoolView(device, seed=2, forward_stream=streams[1], **geo)
+    names = (f"src{case}", f"dst{case}")
+    t0 = time.perf_counter()
+    agents = []
+    for name, view in zip(names, (src_view, dst_view)):
+        cfg = KvrepConfig(coordinator=coord.endpoint, worker_id=name, http_url="http://127.0.0.1:1",
+                          replica_budget_tokens=tokens + page_size, transfer_timeout_s=args.timeout_s,
+                          load_interval_s=3600.0)
+        agents.append(start_agent(view, cfg))
+    start_s = time.perf_counter() - t0  # kernel warm-up (compiling the copy kernels) included
+    src, dst = agents
+    loop = Loop([(src, src_view, streams[0]), (dst, dst_view, streams[1])], forward_ms, device)
+    deadline = time.monotonic() + 60
+    while not all(n in coord.workers for n in names):
+        coord.poll()
+        loop.step()
+        if time.monotonic() > deadline:
+            raise RuntimeError("the agents never said hello")
+    token_ids = list(range(1000, 1000 + tokens))
+    src_slots = src_view.cache(token_ids)
+    dst_free_before = len(dst_view.free_pages)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    rid = f"rep{case}"
+    coord.send(names[1], p.ExpectReplica(replication_id=rid, source_id=names[0], namespace="", page_size=page_size,
+                                         block_hashes=page_hashes(token_ids, page_size, ""), auth_token="tok",
+                                         expires_in_s=120.0))
+    while coord.fact(p.ReplicaExpected, rid) is None:
+        coord.poll()
+        loop.step()
+        if time.monotonic() > deadline:
+            raise RuntimeError("the target never acknowledged the grant")
+    for s in [*loop.step_s.values(), loop.loop_s]:
+        s.clear()
+    steps0 = loop.steps
+    t_start = time.perf_counter()
+    coord.send(names[0], p.ReplicatePages(replication_id=rid, auth_token="tok", token_ids=token_ids, namespace="",
+                                          target_id=names[1], target_endpoint=coord.workers[names[1]][1].data_endpoint,
+                                          target_fingerprint=coord.workers[names[1]][1].fingerprint, ttl_s=300.0))
+    deadline = time.monotonic() + args.timeout_s
+    stored = failed = sent = None
+    while time.monotonic() < deadline:
+        coord.poll()
+        loop.step()
+        stored = coord.fact(p.ReplicaStored, rid)
+        failed = coord.fact(p.ReplicationFailed, rid)
+        sent = sent or coord.fact(p.SourceSent, rid)
+        if stored is not None or failed is not None:
+            break
+    wall_s = time.perf_counter() - t_start
+    steps = loop.steps - steps0
+    while time.monotonic() < deadline and (src.gathers or dst.replicas.pending or sent is None) and failed is None:
+        coord.poll()  # the source's lock goes once its last copy is done; SourceSent may trail the install
+        loop.step()
+        sent = sent or coord.fact(p.SourceSent, rid)
+    loop.drain()
+    out = {"tokens": tokens, "page_size": page_size, "forward_ms": forward_ms, "start_s": round(start_s, 3),
+           "num_bytes": tokens * args.layers * 2 * args.heads * args.head_dim * dtype.itemsize}
+    if stored is None:
+        out["error"] = failed.error if failed is not None else "timed out"
+        out["ok"] = False
+    else:
+        [(_, dst_slots)] = dst_view.entries[""]
+        same = torch.equal(dst_view.pages_of(dst_slots).view(torch.uint8),
+                           src_view.pages_of(src_slots).view(torch.uint8))
+        out.update({
+            "identical": same, "inserted_len": stored.inserted_len, "wall_s": round(wall_s, 3),
+            "gb_per_s": round(out["num_bytes"] / wall_s / 1e9, 3), "receive_s": round(stored.receive_s, 3),
+            "scatter_s": round(stored.scatter_s, 4), "insert_s": round(stored.insert_s, 4),
+            "source_gather_s": round(sent.gather_s, 3) if sent else None,
+            "source_send_s": round(sent.send_s, 3) if sent else None,
+            "scheduler_steps": steps,
+            "loop_step_ms_median": round(statistics.median(loop.loop_s) * 1e3, 3) if loop.loop_s else 0.0,
+            "step_ms": {w: {"median": round(statistics.median(s) * 1e3, 3) if s else 0.0,
+                            "p99": round(percentile(s, 0.99) * 1e3, 3), "max": round(max(s, default=0) * 1e3, 3)}
+                        for w, s in loop.step_s.items()},
+            "source_locks_left": len(src_view.locks), "source_jobs_left": len(src.gathers),
+            "target_installs_left": len(dst.replicas.pending),
+            "target_pages_used": dst_free_before - len(dst_view.free_pages),
+            "target_pages_expected": -(-tokens // page_size),
+        })
+        out["ok"] = bool(same and stored.inserted_len == tokens and not src_view.locks and not src.gathers
+                         and not dst.replicas.pending and out["target_pages_used"] == out["target_pages_expected"])
+    for a in agents:
+        a.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tokens", default="4096,32768", help="prefix lengths, one case each")
+    ap.add_argument("--page-sizes", default="16")
+    ap.add_argument("--forward-ms", default="0,5", help="forward step lengths to run each case under (CUDA only)")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--timeout-s", type=float, default=90.0)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device")
+        return 2
+    coord = Coordinator()
+    results, case = [], 0
+    forwards = [float(x) for x in args.forward_ms.split(",")] if device.type == "cuda" else [0.0]
+    for ps in (int(x) for x in args.page_sizes.split(",")):
+        for n in (int(x) for x in args.tokens.split(",")):
+            for fwd in forwards:
+                try:
+                    res = run_case(args, device, n, ps, fwd, coord, case)
+                except Exception as exc:  # one case failing does not stop the next
+                    logging.exception("case %d failed", case)
+                    res = {"tokens": n, "page_size": ps, "forward_ms": fwd, "ok": False, "error": repr(exc)}
+                case += 1
+                results.append(res)
+                print(json.dumps(res), flush=True)
+    out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "sglang_stubbed": STUBBED,
+           "cases": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    print("%-7s %-4s %-6s %-9s %-8s %-8s %-10s %-10s %s" % ("tokens", "ps", "fwd_ms", "identical", "wall_s", "GB/s",
+                                                          "src_p99ms", "dst_p99ms", "ok"))
+    for r in results:
+        steps = r.get("step_ms", {})
+        p99 = [v["p99"] for v in steps.values()] or ["-", "-"]
+        print("%-7s %-4s %-6s %-9s %-8s %-8s %-10s %-10s %s" % (
+            r["tokens"], r["page_size"], r["forward_ms"], r.get("identical", "-"), r.get("wall_s", "-"),
+            r.get("gb_per_s", "-"), p99[0], p99[-1], r["ok"] or r.get("error")))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
