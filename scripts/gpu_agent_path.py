@@ -5,7 +5,9 @@ speaking the real protocol: `HelloAck`, `ExpectReplica`, `ReplicatePages`). A pr
 replicated to the target; checked: the target's pages are bit-identical to the source's, the prefix is inserted
 into the target's tree, the source's lock is released, no slot leaks; measured: the replication's wall time and
 rate, the parts the target reports (receive, scatter, insert), and how long each scheduler step (`on_iteration`)
-held the scheduler thread.
+held the scheduler thread. On a GPU, each transfer also has the scheduler thread capture a CUDA graph in global
+mode while it is in flight (as SGLang does after a weight update): a CUDA call from an agent's I/O thread would
+invalidate it.
 
 What is not real here: SGLang (not on the GPU image: its radix tree and allocator are stand-ins below, its
 event-publisher base class a stub when SGLang cannot be imported) and its forwards (a `torch.cuda._sleep` of
@@ -252,6 +254,24 @@ class Loop:
         self.prev = []
 
 
+def capture_now(device: torch.device, seconds: float = 0.2) -> str:
+    """What SGLang's scheduler thread does after a weight update: capture a CUDA graph in global mode (here for
+    `seconds`, while both agents' I/O threads go on sending and receiving). Returns "ok" or the error."""
+    x = torch.full((1024, 1024), 0.5, device=device)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="global"):
+            y, end = x, time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                y = torch.tanh(y @ x * 1e-3)
+        graph.replay()
+        torch.cuda.synchronize()
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 (reported)
+        return "FAILED: " + repr(exc)[:300]
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
@@ -305,8 +325,11 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
                                           target_fingerprint=coord.workers[names[1]][1].fingerprint, ttl_s=300.0))
     deadline = time.monotonic() + args.timeout_s
     stored = failed = sent = None
+    capture = "not run" if device.type == "cuda" and args.capture_at_s > 0 else None
     while time.monotonic() < deadline:
         coord.poll()
+        if capture == "not run" and time.perf_counter() - t_start >= args.capture_at_s:
+            capture = capture_now(device) if stored is None else "the replication had ended"
         loop.step()
         stored = coord.fact(p.ReplicaStored, rid)
         failed = coord.fact(p.ReplicationFailed, rid)
@@ -321,6 +344,7 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
         sent = sent or coord.fact(p.SourceSent, rid)
     loop.drain()
     out = {"tokens": tokens, "page_size": page_size, "forward_ms": forward_ms, "start_s": round(start_s, 3),
+           "capture_during_transfer": capture,
            "num_bytes": tokens * args.layers * 2 * args.heads * args.head_dim * dtype.itemsize}
     if stored is None:
         out["error"] = failed.error if failed is not None else "timed out"
@@ -340,6 +364,7 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
             "step_ms": {w: {"median": round(statistics.median(s) * 1e3, 3) if s else 0.0,
                             "p99": round(percentile(s, 0.99) * 1e3, 3), "max": round(max(s, default=0) * 1e3, 3)}
                         for w, s in loop.step_s.items()},
+            "source_host_slots": len(src._host_slots.slots) if src._host_slots is not None else 0,
             "source_locks_left": len(src_view.locks), "source_jobs_left": len(src.gathers),
             "target_installs_left": len(dst.replicas.pending),
             "target_pages_used": dst_free_before - len(dst_view.free_pages),
@@ -363,6 +388,9 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--timeout-s", type=float, default=90.0)
+    ap.add_argument("--capture-at-s", type=float, default=0.2,
+                    help="capture a CUDA graph in global mode on the scheduler thread this long into each transfer "
+                         "(0: never)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -391,12 +419,18 @@ def main() -> int:
     print("%-7s %-4s %-6s %-9s %-8s %-8s %-10s %-10s %s" % ("tokens", "ps", "fwd_ms", "identical", "wall_s", "GB/s",
                                                           "src_p99ms", "dst_p99ms", "ok"))
     for r in results:
+        if r.get("capture_during_transfer"):
+            print("tokens %s fwd %s: global-mode capture during the transfer: %s" % (
+                r["tokens"], r["forward_ms"], r["capture_during_transfer"]))
+    for r in results:
         steps = r.get("step_ms", {})
         p99 = [v["p99"] for v in steps.values()] or ["-", "-"]
         print("%-7s %-4s %-6s %-9s %-8s %-8s %-10s %-10s %s" % (
             r["tokens"], r["page_size"], r["forward_ms"], r.get("identical", "-"), r.get("wall_s", "-"),
             r.get("gb_per_s", "-"), p99[0], p99[-1], r["ok"] or r.get("error")))
-    return 0 if all(r["ok"] for r in results) else 1
+    captures_ok = all(r.get("capture_during_transfer") in (None, "ok", "not run", "the replication had ended")
+                      for r in results)
+    return 0 if all(r["ok"] for r in results) and captures_ok else 1
 
 
 if __name__ == "__main__":

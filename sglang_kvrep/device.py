@@ -57,9 +57,9 @@ class CopyOps(Protocol):
         """Copy the bytes of the (contiguous) device tensor `src` into the host tensor `dst`, of as many bytes,
         on the copy stream."""
 
-    def to_device(self, src: torch.Tensor) -> torch.Tensor:
-        """`src` (host) on the pool's device, copied on the copy stream (the host memory must stay alive until
-        an event recorded after this call is done)."""
+    def to_device(self, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`src` (host) on the pool's device (into `out`, a device tensor like it, when given), copied on the copy
+        stream (the host memory must stay alive until an event recorded after this call is done)."""
 
 
 class _Done:
@@ -93,8 +93,8 @@ class SyncOps:
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         _bytes_of(dst).copy_(_bytes_of(src))
 
-    def to_device(self, src: torch.Tensor) -> torch.Tensor:
-        return src
+    def to_device(self, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return src if out is None else out.copy_(src)
 
 
 class CudaOps:
@@ -131,18 +131,60 @@ class CudaOps:
         with torch.cuda.stream(self.copy_stream):
             _bytes_of(dst).copy_(_bytes_of(src), non_blocking=True)
 
-    def to_device(self, src: torch.Tensor) -> torch.Tensor:
+    def to_device(self, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         with torch.cuda.stream(self.copy_stream):
+            if out is not None:
+                return out.copy_(src, non_blocking=True)
             return src.to(self.device, non_blocking=True)
 
 
-def host_copy(ops: CopyOps, src: torch.Tensor) -> torch.Tensor:
+def _storage_users(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class HostSlots:
+    """A source's host memory for gathered chunks: buffers of `slot_bytes` (pinned on a GPU), allocated on the
+    scheduler thread as needed, at most `max_slots`, and never freed. A chunk's host buffer is a view of one; the
+    I/O thread, the transport and pyzmq's zero-copy frames hold views, and a slot is taken again only once nothing
+    but this pool uses its memory (the storage's use count back to what it was when allocated).
+
+    Why: PyTorch's caching host allocator records an event on the copy stream when a pinned block that an
+    asynchronous copy used is freed, and that CUDA call from the I/O thread (or pyzmq's garbage-collector thread)
+    invalidated a CUDA-graph capture in global mode running on the scheduler thread at the same moment (seen on an
+    H200, scripts/gpu_ordering.py; SGLang recaptures after a weight update). Views dropped off the scheduler
+    thread free nothing."""
+
+    def __init__(self, ops: CopyOps, slot_bytes: int, max_slots: int) -> None:
+        self.ops, self.slot_bytes, self.max_slots = ops, slot_bytes, max(1, max_slots)
+        self.slots: list[tuple[torch.Tensor, int]] = []  # (buffer, use count when only this pool held it)
+
+    def take(self, num_bytes: int) -> Optional[torch.Tensor]:
+        """A uint8 host buffer of `num_bytes` (a view of a free slot), or None while every slot is in use."""
+        if num_bytes > self.slot_bytes:
+            raise ValueError(f"a chunk of {num_bytes} bytes does not fit a slot of {self.slot_bytes}")
+        for buf, idle in self.slots:
+            if _storage_users(buf) == idle:
+                return buf[:num_bytes]
+        if len(self.slots) >= self.max_slots:
+            return None
+        buf = self.ops.host_buffer(self.slot_bytes)
+        self.slots.append((buf, _storage_users(buf)))
+        return buf[:num_bytes]
+
+    def in_use(self) -> int:
+        return sum(_storage_users(buf) != idle for buf, idle in self.slots)
+
+
+def host_copy(ops: CopyOps, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A host tensor shaped like `src`, filled from it on the copy stream (done once an event recorded after this
-    call is): a device tensor's copy, or `src` itself when it is host memory and copies are synchronous."""
+    call is): a device tensor's copy (into `out`, a uint8 host buffer of as many bytes, when given), or `src` itself
+    when it is host memory and copies are synchronous."""
     if src.device.type == "cpu" and not ops.is_async:
         return src
     src = src.contiguous()
-    host = ops.host_buffer(src.numel() * src.element_size()).view(src.dtype).view(src.shape)
+    if out is None:
+        out = ops.host_buffer(src.numel() * src.element_size())
+    host = out.view(src.dtype).view(src.shape)
     ops.to_host(src, host)
     return host
 

@@ -25,6 +25,11 @@ from sglang_kvrep.dataplane.staging import Incoming
 log = logging.getLogger("kvrep.replicas")
 
 REPLICA_PRIORITY_BASE = -(1 << 60)
+UPLOAD_SLICE_BYTES = 16 << 20
+UPLOAD_SLICE_S = 0.005
+"""A GPU target uploads a transfer from (pageable) host memory in slices, at most this much scheduler time per
+iteration: such an upload holds the calling thread until it is done, and one 4 GiB upload held SGLang's scheduler
+thread 0.58-0.63 s on an H200 (scripts/gpu_agent_path.py): every running request stalled that long."""
 
 
 @dataclass
@@ -62,6 +67,8 @@ class PendingInstall:
     device_buffer: torch.Tensor
     scattered: bool = False
     scatter_s: float = 0.0
+    uploaded: int = -1
+    """Bytes of the payload uploaded so far (-1: nothing to upload, the pool is host memory)."""
 
 
 class ReplicaTable:
@@ -110,9 +117,12 @@ class ReplicaTable:
             buffer = inc.buffer.view(DTYPES[h.dtype]).view(h.buffer_shape)
             with ops.stream():
                 slots_host = host_copy(ops, slots)  # (a GPU allocator's slots are on the device)
-                device_buffer = ops.to_device(buffer)
+                device_buffer = torch.empty_like(buffer, device=ops.device) if ops.is_async else buffer
                 event = ops.record()
-            job = PendingInstall(inc, slots, expires_at, priority, t0, slots_host, event, device_buffer)
+            job = PendingInstall(inc, slots, expires_at, priority, t0, slots_host, event, device_buffer,
+                                 uploaded=-1 if device_buffer is buffer else 0)
+            if job.uploaded == 0:
+                self._upload_slices(job)  # the first slices now; the rest at the next iterations
             if not ops.is_async:
                 self._step(job)
                 return self._step(job)
@@ -125,9 +135,12 @@ class ReplicaTable:
     def _step(self, job: PendingInstall) -> Optional[InstallResult]:
         """Moves an install on once its event is done: scatter (phase 1 done), insert (phase 2 done). Raises as
         `install` (the caller frees the slots)."""
+        h, ops, view = job.inc.header, self.ops, self.view
+        if 0 <= job.uploaded < job.device_buffer.numel() * job.device_buffer.element_size():
+            self._upload_slices(job)
+            return None
         if not job.event.query():
             return None
-        h, ops, view = job.inc.header, self.ops, self.view
         if not job.scattered:
             k_bufs, v_bufs, layout = view.kv_buffers()
             with ops.stream():
@@ -145,6 +158,21 @@ class ReplicaTable:
             self.replicas[h.replication_id] = Replica(h.replication_id, h.namespace, list(h.token_ids), inserted,
                                                       job.expires_at_s, job.priority)
         return InstallResult(inserted, job.scatter_s, time.perf_counter() - t1)
+
+    def _upload_slices(self, job: PendingInstall) -> None:
+        """Uploads the next slices of the payload on the copy stream, for at most `UPLOAD_SLICE_S`; records the
+        job's event after the last one."""
+        src, dst = _flat_bytes(job.inc.buffer), _flat_bytes(job.device_buffer)
+        total, deadline = dst.numel(), time.perf_counter() + UPLOAD_SLICE_S
+        with self.ops.stream():
+            while job.uploaded < total:
+                end = min(total, job.uploaded + UPLOAD_SLICE_BYTES)
+                self.ops.to_device(src[job.uploaded:end], out=dst[job.uploaded:end])
+                job.uploaded = end
+                if time.perf_counter() > deadline:
+                    break
+            if job.uploaded == total:
+                job.event = self.ops.record()
 
     def poll(self) -> list[tuple[Incoming, "InstallResult | Exception"]]:
         """Moves the installs on the copy stream on. Returns: those that ended (a failure's slots are freed)."""
@@ -220,3 +248,7 @@ class ReplicaTable:
         if after > len(r.token_ids) - r.inserted_len:
             log.warning("replica %s: %d tokens still cached after evicting %d", r.replication_id, after, evicted)
         return evicted
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)

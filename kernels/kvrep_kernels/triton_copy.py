@@ -191,7 +191,11 @@ def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
         dst_ptrs = [(x - dst_anchor.data_ptr()) // itemsize for x in dst_ptrs]
     # one upload of the tables (addresses or offsets fit int64 on every platform we run on)
     host = torch.cat([torch.tensor([src_ptrs, dst_ptrs], dtype=torch.int64).flatten(), src_page, dst_page, num])
-    dev = host.to(ref.device, non_blocking=False)
+    # NOTE: from pinned memory, asynchronously: a pageable upload blocks the calling thread until the stream
+    # reaches it, and the agent's copy stream waits behind SGLang's forward (the fence), so a blocking upload held
+    # the scheduler thread for the forward in flight (measured on an H200: 5.4 ms a step under 5 ms forwards).
+    # PyTorch's caching host allocator keeps the pinned table until the upload is done.
+    dev = host.pin_memory().to(ref.device, non_blocking=True) if ref.is_cuda else host
     n_t, n_c = len(pools), num.numel()
     src_tab, dst_tab = dev[:n_t], dev[n_t:2 * n_t]
     src_pg, dst_pg, num_pg = dev[2 * n_t:2 * n_t + n_c], dev[2 * n_t + n_c:2 * n_t + 2 * n_c], dev[2 * n_t + 2 * n_c:]

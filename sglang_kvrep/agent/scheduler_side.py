@@ -223,8 +223,8 @@ class WorkerAgent(SourceSide):
         """Copies on the device end without telling anyone: while some are in flight the scheduler's idle poller
         (`--sleep-on-idle`) must not sleep, or a finished chunk or install waits for the next request. Ringing our
         own bell makes its next poll return at once (it spins, for as long as the copies run)."""
-        if self.ops.is_async and (self.replicas.pending or any(j.pending or j.page_ids is None
-                                                               for j in self.gathers.values())):
+        if self.ops.is_async and (self.replicas.pending or self.slot_starved
+                                  or any(j.pending or j.page_ids is None for j in self.gathers.values())):
             self.mailbox.ring_scheduler()
 
     def _on_message(self, msg: m.ToScheduler) -> None:

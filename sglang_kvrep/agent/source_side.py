@@ -16,7 +16,7 @@ import torch
 from kvrep_kernels import gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
 from sglang_kvrep.agent import mailbox as m
-from sglang_kvrep.device import host_copy
+from sglang_kvrep.device import HostSlots, host_copy
 
 log = logging.getLogger("kvrep.agent")
 MAX_AHEAD = 4
@@ -26,7 +26,8 @@ GATHER_SLICE_S = 0.005
 DEVICE_AHEAD_BYTES = 256 << 20
 """With asynchronous copies (a GPU pool) the bound is bytes of pinned host memory instead: a launch takes
 microseconds of the scheduler thread, and 4 chunks a step would pace a 4 GiB replica by the scheduler's steps
-(~16 MiB a step) instead of the link."""
+(~16 MiB a step) instead of the link. It is also the most pinned memory the chunks take, over all jobs
+(`HostSlots`, allocated as needed and kept)."""
 
 
 def ahead_chunks(chunk_bytes: int, is_async: bool) -> int:
@@ -62,6 +63,18 @@ class _Pending:
 
 class SourceSide:
     """The gather jobs of a `WorkerAgent` (scheduler thread only)."""
+
+    _host_slots: Optional[HostSlots] = None
+    slot_starved = False
+    """A chunk waits for a host slot (the scheduler must not sleep: see `_keep_polling`)."""
+
+    def host_slots(self) -> HostSlots:
+        """The chunks' host memory with asynchronous copies (made at the first chunk: the geometry sizes it)."""
+        if self._host_slots is None:
+            page_bytes = self.geometry.num_bytes(1)
+            slot_bytes = max(1, self.config.chunk_bytes // page_bytes) * page_bytes
+            self._host_slots = HostSlots(self.ops, slot_bytes, DEVICE_AHEAD_BYTES // slot_bytes)
+        return self._host_slots
 
     def _replicate(self, cmd: p.ReplicatePages) -> None:
         """Source side: lock the cached prefix and start a gather job; chunks are gathered over the next
@@ -112,6 +125,7 @@ class SourceSide:
         it) only once its event is done, in order; the prefix stays locked until every copy of the job is done,
         also when the job ends early (cancelled, failed)."""
         deadline = time.perf_counter() + GATHER_SLICE_S
+        self.slot_starved = False
         self.cancelled.intersection_update(self.gathers)  # forget refusals of jobs that already ended
         for tid, job in list(self.gathers.items()):
             if tid in self.cancelled and job.ending is None:
@@ -140,17 +154,25 @@ class SourceSide:
             self._hand_over(tid, job)
 
     def _issue_chunk(self, tid: str, job: "_GatherJob") -> bool:
-        """Issues the job's next chunk on the copy stream. False (the job ending) when that failed."""
+        """Issues the job's next chunk on the copy stream. False when it did not: the job is ending (that
+        failed), or every host slot is in use (`job.ending` still None: the chunk is issued at a later step)."""
         h, ops = job.header, self.ops
         t0 = time.perf_counter()
         first = job.next_chunk * h.pages_per_chunk
         try:
+            slot = None
+            if ops.is_async:
+                pages = min(h.pages_per_chunk, h.num_pages - first)
+                slot = self.host_slots().take(h.num_bytes // h.num_pages * pages)
+                if slot is None:  # frees when the transport lets go of a sent chunk: nothing wakes us for that
+                    self.slot_starved = True
+                    return False
             k_bufs, v_bufs, layout = self.view.kv_buffers()
             with ops.stream():
                 ops.fence()
                 buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:first + h.pages_per_chunk], h.page_size,
                                       layout=layout)
-                host = host_copy(ops, buffer)  # (a CPU pool's gathered buffer is the host buffer)
+                host = host_copy(ops, buffer, slot)  # (a CPU pool's gathered buffer is the host buffer)
                 event = ops.record()
         except Exception as exc:  # release the prefix, end the transfer, report it failed; keep serving
             log.exception("kvrep: gathering chunk %d of transfer %s failed", job.next_chunk, tid)

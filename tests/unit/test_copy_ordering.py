@@ -67,8 +67,8 @@ class FakeDevice:
         src = src.reshape(-1).view(torch.uint8)
         self.copies.append(lambda: dst.reshape(-1).view(torch.uint8).copy_(src))
 
-    def to_device(self, src):
-        out = torch.zeros_like(src)
+    def to_device(self, src, out=None):
+        out = torch.zeros_like(src) if out is None else out
         self.copies.append(lambda: out.copy_(src))
         return out
 
@@ -534,3 +534,82 @@ def test_a_gpu_pools_agent_compiles_its_copy_kernels_when_it_starts(monkeypatch)
     assert calls == []
     WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0), ops=CudaLike())
     assert calls == ["stream", (2, PS, "NHD")]
+
+
+def test_a_target_uploads_a_transfer_in_slices_bounded_per_iteration_and_scatters_after_the_last(monkeypatch):
+    """A pageable upload holds the scheduler thread until it is done (0.6 s for 4 GiB on an H200): the target
+    uploads at most a slice budget per iteration, records the copy's event after the last slice, and scatters only
+    once that is done; the pages land intact."""
+    from sglang_kvrep import replicas
+
+    monkeypatch.setattr(replicas, "UPLOAD_SLICE_BYTES", 1000)  # 4 pages x 2 layers x 2 x 16 x 16 x 4 B = 16 KiB
+    monkeypatch.setattr(replicas, "UPLOAD_SLICE_S", 0.0)        # one slice per iteration
+    dev = FakeDevice()
+    view = PoolView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0, replica_budget_tokens=256),
+                        ops=dev)
+    inc, payload = incoming(view)
+    slot0 = view.next_slot
+    agent._on_message(m.Install(inc, [1, 2, 3, 4]))
+    job = agent.replicas.pending["t1"]
+    total = payload.numel() * 4
+    assert job.uploaded == 1000 and len(dev.copies) == 2  # the slots' copy and one slice
+    steps = 1
+    while job.uploaded < total:
+        agent.on_iteration()
+        steps += 1
+        assert view.inserted == [] and not job.scattered
+    assert steps == -(-total // 1000) and dev.fences == 0  # nothing scattered yet: no fence either
+    dev.run()
+    agent.on_iteration()  # every slice done: scatter issued
+    assert job.scattered and dev.fences == 1 and view.inserted == []
+    dev.run()
+    agent.on_iteration()
+    [done] = posted(agent, m.Installed)
+    assert done.inserted_len == 64
+    rows = slice(slot0, slot0 + 64)
+    got = torch.stack([torch.stack([k[rows].view(4, PS, 2, 8), v[rows].view(4, PS, 2, 8)], 1)
+                       for k, v in zip(view.k, view.v)])
+    assert torch.equal(got, payload)
+
+
+def test_a_source_takes_host_memory_from_slots_it_keeps_and_reuses_one_only_once_every_holder_let_go(monkeypatch):
+    """A GPU source's chunks are views of host slots the scheduler side allocated and keeps (a pinned block freed
+    off the scheduler thread broke a global-mode graph capture on an H200): a slot is taken again only once the I/O
+    side, the transport and zero-copy frames dropped every view of it; while none is free the chunk waits (the
+    job runs on) and the scheduler is kept from sleeping."""
+    from sglang_kvrep.agent import source_side
+
+    monkeypatch.setattr(source_side, "DEVICE_AHEAD_BYTES", 2 * 4 * 2 * 2 * PS * 16 * 4)  # two chunks' worth
+    dev = FakeDevice()
+    view, agent, cmd = source(dev, monkeypatch)
+    agent._on_message(m.Replicate(cmd))
+    dev.run()
+    agent.on_iteration()  # slots on the host: two chunks issued, the other two wait for a slot
+    slots = agent.host_slots()
+    assert agent.gathers and dev.fences == 2 and slots.in_use() == 2 and len(slots.slots) == 2
+    assert agent.slot_starved and select_rung(agent)
+    dev.run()
+    agent.on_iteration()
+    held = posted(agent, m.ChunkGathered)  # the I/O side holds chunks 0 and 1
+    assert [c.index for c in held] == [0, 1] and dev.fences == 2
+    frame = memoryview(held[0].buffer.reshape(-1).view(torch.uint8).numpy())  # as a zero-copy frame holds it
+    del held[0]
+    agent.on_iteration()
+    assert dev.fences == 2 and slots.in_use() == 2  # the frame still reads slot 0
+    del frame
+    agent.on_iteration()
+    assert dev.fences == 3 and slots.in_use() == 2 and len(slots.slots) == 2  # slot 0 again
+    held.clear()
+    agent.on_iteration()
+    assert dev.fences == 4
+    for _ in range(2):
+        dev.run()
+        agent.on_iteration()
+    assert [c.index for c in posted(agent, m.ChunkGathered)] == [2, 3] and view.unlocked == ["lock1"]
+
+
+def select_rung(agent):
+    import select
+
+    return bool(select.select([agent.mailbox.scheduler_bell_fd], [], [], 0)[0])

@@ -302,7 +302,8 @@ def test_sum64_same_on_cuda_and_cpu():
     buf = random_bits((1 << 20,), torch.uint8, torch.Generator().manual_seed(4))
     assert kk.default_kind(buf.cuda()) == "sum64"
     assert kk.payload_checksum(buf.cuda()) == kk.payload_checksum(buf, "sum64")
-    assert kk.payload_checksum(buf.cuda(), "xxh64") == kk.payload_checksum(buf)
+    assert kk.payload_checksum(buf.cuda(), "xxh64") == kk.payload_checksum(buf, "xxh64")
+    assert kk.payload_checksum(buf.cuda(), "xxh3") == kk.payload_checksum(buf)  # xxh3: the host's default
 
 
 # ---------------------------------------------------------------- packaging

@@ -224,22 +224,26 @@ def test_the_interpreter_is_back_after_the_compiled_kernel_fixture(triton_copy):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind,layout", CASES)
-def test_cuda_matches_cpu_reference_on_a_side_stream(compiled_copy, kind, layout):
-    pool = make_pool(kind, torch.bfloat16, 16, num_pages=40, head_dim=24 if kind == "mla" else 128, seed=1)
+def test_cuda_matches_cpu_reference_on_a_side_stream(compiled_copy, kind, layout, dtype, page_size):
+    """Every pool kind and layout, dtype and page size: the compiled kernel on a side stream, bit-exact against
+    the CPU reference (gather, then scatter into a clean pool and gather again)."""
+    pool = make_pool(kind, dtype, page_size, num_pages=40, head_dim=24 if kind == "mla" else 128, seed=1)
     ids = torch.tensor(page_list(pool.num_pages, gen_seed=8))
-    ref = kk.gather_pages(pool.k, pool.v, ids, 16, layout=layout)
+    ref = kk.gather_pages(pool.k, pool.v, ids, page_size, layout=layout)
     k = [t.cuda() for t in pool.k]
     v = None if pool.v is None else [t.cuda() for t in pool.v]
     side = torch.cuda.Stream()
     ready = torch.cuda.Event()
     ready.record()  # stands in for SGLang's forward stream having written the pages
-    got = kk.gather_pages(k, v, ids, 16, layout=layout, stream=side, wait_event=ready)
+    got = kk.gather_pages(k, v, ids, page_size, layout=layout, stream=side, wait_event=ready)
     side.synchronize()
     assert bits_equal(got.cpu(), ref)
     assert kk.payload_checksum(got) == kk.payload_checksum(ref, "sum64")
     dst_k = [torch.zeros_like(t) for t in k]
     dst_v = None if v is None else [torch.zeros_like(t) for t in v]
-    kk.scatter_pages(got, dst_k, dst_v, ids, 16, layout=layout)
-    again = kk.gather_pages(dst_k, dst_v, ids, 16, layout=layout)
+    kk.scatter_pages(got, dst_k, dst_v, ids, page_size, layout=layout)
+    again = kk.gather_pages(dst_k, dst_v, ids, page_size, layout=layout)
     assert bits_equal(again.cpu(), ref)
