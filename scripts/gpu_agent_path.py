@@ -21,6 +21,7 @@ a real fleet): harsh to the rates, not generous.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import statistics
@@ -254,14 +255,14 @@ class Loop:
         self.prev = []
 
 
-def capture_now(device: torch.device, seconds: float = 0.2) -> str:
+def capture_now(device: torch.device, seconds: float = 0.2, mode: str = "global") -> str:
     """What SGLang's scheduler thread does after a weight update: capture a CUDA graph in global mode (here for
     `seconds`, while both agents' I/O threads go on sending and receiving). Returns "ok" or the error."""
     x = torch.full((1024, 1024), 0.5, device=device)
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
     try:
-        with torch.cuda.graph(graph, capture_error_mode="global"):
+        with torch.cuda.graph(graph, capture_error_mode=mode):
             y, end = x, time.perf_counter() + seconds
             while time.perf_counter() < end:
                 y = torch.tanh(y @ x * 1e-3)
@@ -325,11 +326,22 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
                                           target_fingerprint=coord.workers[names[1]][1].fingerprint, ttl_s=300.0))
     deadline = time.monotonic() + args.timeout_s
     stored = failed = sent = None
-    capture = "not run" if device.type == "cuda" and args.capture_at_s > 0 else None
+    capture = local = gc_off = "not run" if device.type == "cuda" and args.capture_at_s > 0 else None
     while time.monotonic() < deadline:
         coord.poll()
         if capture == "not run" and time.perf_counter() - t_start >= args.capture_at_s:
             capture = capture_now(device) if stored is None else "the replication had ended"
+        elif local == "not run" and time.perf_counter() - t_start >= args.capture_at_s + 0.3:
+            # thread-local mode: another thread's unsafe call no longer counts, this thread's own still does
+            local = capture_now(device, mode="thread_local") if stored is None else "the replication had ended"
+        elif gc_off == "not run" and time.perf_counter() - t_start >= args.capture_at_s + 0.6:
+            # global again with Python's cyclic collector off: is it a collection on another thread freeing
+            # CUDA objects?
+            gc.disable()
+            try:
+                gc_off = capture_now(device) if stored is None else "the replication had ended"
+            finally:
+                gc.enable()
         loop.step()
         stored = coord.fact(p.ReplicaStored, rid)
         failed = coord.fact(p.ReplicationFailed, rid)
@@ -344,7 +356,8 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
         sent = sent or coord.fact(p.SourceSent, rid)
     loop.drain()
     out = {"tokens": tokens, "page_size": page_size, "forward_ms": forward_ms, "start_s": round(start_s, 3),
-           "capture_during_transfer": capture,
+           "capture_during_transfer": capture, "capture_thread_local_during_transfer": local,
+           "capture_gc_off_during_transfer": gc_off,
            "num_bytes": tokens * args.layers * 2 * args.heads * args.head_dim * dtype.itemsize}
     if stored is None:
         out["error"] = failed.error if failed is not None else "timed out"
@@ -399,6 +412,10 @@ def main() -> int:
         print("no CUDA device")
         return 2
     coord = Coordinator()
+    controls = {}
+    if device.type == "cuda" and args.capture_at_s > 0:  # the capture itself, with no agent in the process
+        controls = {"first_capture_no_agents": capture_now(device), "second_capture_no_agents": capture_now(device)}
+        print(json.dumps(controls), flush=True)
     results, case = [], 0
     forwards = [float(x) for x in args.forward_ms.split(",")] if device.type == "cuda" else [0.0]
     for ps in (int(x) for x in args.page_sizes.split(",")):
@@ -413,15 +430,17 @@ def main() -> int:
                 results.append(res)
                 print(json.dumps(res), flush=True)
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "sglang_stubbed": STUBBED,
-           "cases": results}
+           "capture_controls": controls, "cases": results}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     print("%-7s %-4s %-6s %-9s %-8s %-8s %-10s %-10s %s" % ("tokens", "ps", "fwd_ms", "identical", "wall_s", "GB/s",
                                                           "src_p99ms", "dst_p99ms", "ok"))
     for r in results:
         if r.get("capture_during_transfer"):
-            print("tokens %s fwd %s: global-mode capture during the transfer: %s" % (
-                r["tokens"], r["forward_ms"], r["capture_during_transfer"]))
+            print("tokens %s fwd %s: capture during the transfer: global %s; thread-local %s; gc off %s" % (
+                r["tokens"], r["forward_ms"], r["capture_during_transfer"][:60],
+                str(r.get("capture_thread_local_during_transfer"))[:60],
+                str(r.get("capture_gc_off_during_transfer"))[:60]))
     for r in results:
         steps = r.get("step_ms", {})
         p99 = [v["p99"] for v in steps.values()] or ["-", "-"]
