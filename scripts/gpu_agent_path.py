@@ -259,6 +259,10 @@ def capture_now(device: torch.device, seconds: float = 0.2, mode: str = "global"
     """What SGLang's scheduler thread does after a weight update: capture a CUDA graph in global mode (here for
     `seconds`, while both agents' I/O threads go on sending and receiving). Returns "ok" or the error."""
     x = torch.full((1024, 1024), 0.5, device=device)
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up before capturing, as PyTorch asks: cuBLAS's handle and workspace
+        torch.tanh(x @ x * 1e-3)   # are made at the first product, which a capture refuses
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
     try:

@@ -119,6 +119,10 @@ def capture_while_io_thread(what: str) -> dict:
             h = h[: h.numel() // 2].view(torch.uint8).reshape(-1)
         bufs.append(h)
     x = torch.full((2048, 2048), 0.5, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as PyTorch asks: cuBLAS's handle and workspace come at the first
+        torch.tanh(x @ x * 1e-3)   # product, which a capture refuses (without it every first capture failed)
     torch.cuda.synchronize()
     errors: list[str] = []
     acted = threading.Event()
