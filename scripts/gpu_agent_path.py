@@ -28,7 +28,9 @@ import statistics
 import sys
 import time
 import types
+import warnings
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -222,6 +224,8 @@ class Loop:
         self.cycles = int(forward_ms * 1e-3 * self._clock_hz()) if self.cuda and forward_ms > 0 else 0
         self.prev: list = []
         self.step_s: dict[str, list[float]] = {a.config.worker_id: [] for a, _, _ in workers}
+        self.syncs: Optional[dict[str, int]] = {} if self.cuda else None
+        """Synchronizing CUDA calls PyTorch saw in the source's steps (where, how often)."""
         self.loop_s: list[float] = []
         """Whole steps (both agents and the wait for the previous forwards): the forwards' pace as it was."""
         self.steps = 0
@@ -241,7 +245,19 @@ class Loop:
                     ev.record(fwd)
                     events.append(ev)
             t0 = time.perf_counter()
-            agent.on_iteration_safe()
+            if self.syncs is not None and agent is self.workers[0][0]:
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        agent.on_iteration_safe()
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                for w in seen:
+                    key = f"{Path(w.filename).name}:{w.lineno}: {str(w.message)[:120]}"
+                    self.syncs[key] = self.syncs.get(key, 0) + 1
+            else:
+                agent.on_iteration_safe()
             self.step_s[agent.config.worker_id].append(time.perf_counter() - t0)
         for ev in self.prev:
             ev.synchronize()
@@ -253,6 +269,55 @@ class Loop:
         for ev in self.prev:
             ev.synchronize()
         self.prev = []
+
+
+class PartTimes:
+    """Wall time of the source's parts on the scheduler thread (which one holds it under busy forwards?), and the
+    synchronizing CUDA calls PyTorch sees there (`torch.cuda.set_sync_debug_mode("warn")`)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[float]] = {}
+        self.syncs: dict[str, int] = {}
+        self._undo: list = []
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        real = getattr(owner, name)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **kw)
+            finally:
+                self.parts.setdefault(label, []).append(time.perf_counter() - t0)
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, real))
+
+    def restore(self) -> None:
+        for owner, name, real in reversed(self._undo):
+            setattr(owner, name, real)
+        self._undo.clear()
+
+    def summary(self) -> dict:
+        return {k: {"n": len(v), "total_ms": round(sum(v) * 1e3, 2), "max_ms": round(max(v) * 1e3, 3)}
+                for k, v in self.parts.items()}
+
+
+def instrument(times: PartTimes) -> None:
+    import kvrep_kernels.triton_copy as tc
+    from sglang_kvrep import device as dv
+    from sglang_kvrep.agent import source_side as ss
+
+    times.wrap(ss, "gather_pages", "gather_pages")
+    times.wrap(ss, "host_copy", "host_copy")
+    times.wrap(ss.SourceSide, "_issue_chunk", "issue_chunk")
+    times.wrap(ss.SourceSide, "_hand_done", "hand_done")
+    times.wrap(dv.HostSlots, "take", "slot_take")
+    times.wrap(dv.CudaOps, "fence", "fence")
+    times.wrap(dv.CudaOps, "record", "record")
+    times.wrap(dv.CudaOps, "to_host", "to_host")
+    times.wrap(tc, "copy_pages", "copy_pages")
+    times.wrap(tc, "_chunks", "plan_chunks")
 
 
 def capture_now(device: torch.device, seconds: float = 0.2, mode: str = "global") -> str:
@@ -323,6 +388,10 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
             raise RuntimeError("the target never acknowledged the grant")
     for s in [*loop.step_s.values(), loop.loop_s]:
         s.clear()
+    times = PartTimes()
+    instrument(times)
+    if loop.syncs is not None:
+        loop.syncs.clear()
     steps0 = loop.steps
     t_start = time.perf_counter()
     coord.send(names[0], p.ReplicatePages(replication_id=rid, auth_token="tok", token_ids=token_ids, namespace="",
@@ -359,7 +428,8 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
         loop.step()
         sent = sent or coord.fact(p.SourceSent, rid)
     loop.drain()
-    out = {"tokens": tokens, "page_size": page_size, "forward_ms": forward_ms, "start_s": round(start_s, 3),
+    times.restore()
+    out = {"source_parts": times.summary(), "source_sync_calls": dict(loop.syncs or {}),"tokens": tokens, "page_size": page_size, "forward_ms": forward_ms, "start_s": round(start_s, 3),
            "capture_during_transfer": capture, "capture_thread_local_during_transfer": local,
            "capture_gc_off_during_transfer": gc_off,
            "num_bytes": tokens * args.layers * 2 * args.heads * args.head_dim * dtype.itemsize}
