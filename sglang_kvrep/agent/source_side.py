@@ -148,24 +148,14 @@ class SourceSide:
                     self._hand_over(tid, job)
                     continue
             ahead = ahead_chunks(h.num_bytes // h.num_chunks, self.ops.is_async)
-            batch = self._batch_chunks(h)
             while job.ending is None and job.next_chunk < h.num_chunks \
                     and job.next_chunk - self.sent_chunks.get(tid, 0) < ahead:
                 if time.perf_counter() > deadline:
                     return
-                in_flight = job.next_chunk - self.sent_chunks.get(tid, 0)
-                if in_flight and ahead - in_flight < min(batch, h.num_chunks - job.next_chunk):
-                    break  # refill a whole batch at once (each gather costs the same whatever its size)
-                if not self._issue_chunk(tid, job, ahead - in_flight):
+                if not self._issue_chunk(tid, job, ahead - (job.next_chunk - self.sent_chunks.get(tid, 0))):
                     break
                 self._hand_done(tid, job)
             self._hand_over(tid, job)
-
-    def _batch_chunks(self, h: p.TransferHeader) -> int:
-        """Chunks one gather covers (1 with synchronous copies)."""
-        if not self.ops.is_async:
-            return 1
-        return max(1, GATHER_BATCH_BYTES // (h.num_bytes // h.num_pages * h.pages_per_chunk))
 
     def _issue_chunk(self, tid: str, job: "_GatherJob", room: int = 1) -> bool:
         """Issues the job's next chunks on the copy stream: one, or with asynchronous copies up to `room` chunks
@@ -179,7 +169,8 @@ class SourceSide:
         try:
             slots: list = [None]
             if ops.is_async:
-                wanted = min(room, h.num_chunks - job.next_chunk, self._batch_chunks(h))
+                wanted = min(room, h.num_chunks - job.next_chunk,
+                             max(1, GATHER_BATCH_BYTES // (page_bytes * h.pages_per_chunk)))
                 slots = []
                 for i in range(wanted):
                     pages = min(h.pages_per_chunk, h.num_pages - first - i * h.pages_per_chunk)
