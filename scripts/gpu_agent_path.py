@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import select
 import json
 import logging
 import statistics
@@ -213,10 +214,15 @@ class Coordinator:
         return None
 
 
+IDLE_POLL_S = 0.05
+
+
 class Loop:
     """The scheduler loops of both workers, on this thread: each step queues a forward (`forward_ms` on the
     worker's forward stream), runs the agent's `on_iteration` (timed), then waits for the previous step's
-    forward (overlap scheduling: the CPU runs one step ahead of the device)."""
+    forward (overlap scheduling: the CPU runs one step ahead of the device). With no forwards (idle workers) it
+    sleeps on the agents' bells between steps, as SGLang's idle poller does with `--sleep-on-idle` (it spun before:
+    holding the GIL, it starved the I/O threads, and a 4 GiB replica took 3-82 s from one run to the next)."""
 
     def __init__(self, workers, forward_ms: float, device: torch.device) -> None:
         self.workers = workers  # [(agent, view, forward stream)]
@@ -263,6 +269,8 @@ class Loop:
             ev.synchronize()
         self.prev = events
         self.steps += 1
+        if not events:  # idle: sleep in the poller until a bell rings, as SGLang's `--sleep-on-idle` does
+            select.select([a.mailbox.scheduler_bell_fd for a, _, _ in self.workers], [], [], IDLE_POLL_S)
         self.loop_s.append(time.perf_counter() - t_step)
 
     def drain(self) -> None:

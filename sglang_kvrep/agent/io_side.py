@@ -42,6 +42,9 @@ REFUSED_RETRY_S = 10.0
 MAX_BLOCKS_PER_MESSAGE = 4096
 """Pages per `PagesStored`: keeps every message far below the coordinator's frame limit."""
 MAX_SEND_TARGETS = 4096
+DEVICE_POLL_S = 0.001
+"""While the scheduler side has copies on the device, the I/O side rings it this often (an idle scheduler sleeps
+in its poller in between, and the GIL is free for this thread)."""
 
 
 def run_io_thread(config: KvrepConfig, info: m.WorkerInfo, mailbox: m.Mailbox) -> None:
@@ -110,6 +113,8 @@ class IoSide:
         self.coordinator_id = ""
         """The coordinator instance of the last `HelloAck` (another one: it restarted; the same: a reconnect)."""
         self.stats = {"hellos": 0, "dropped_facts": 0, "coordinator_restarts": 0, "stale_resync_requests": 0}
+        self.device_busy = False
+        """The scheduler side has copies on the device (`DeviceBusy`): ring it every `DEVICE_POLL_S`."""
         mailbox.post_to_scheduler(m.IoStarted(self.data_endpoint))
 
     # ------------------------------------------------------------------------------------------ coordinator
@@ -389,6 +394,9 @@ class IoSide:
                     except zmq.Again:
                         break
             next_wait = self.transport.progress(ready)
+            if self.device_busy:
+                self.mailbox.ring_scheduler()
+                next_wait = min(next_wait, DEVICE_POLL_S)
             now = time.monotonic()
             self.expire_grants(now)
             self.keep_link(now)
@@ -429,6 +437,8 @@ class IoSide:
             self.install_failed(msg)
         elif isinstance(msg, m.ReplicaRoom):
             self.free_replica_tokens = msg.free_tokens
+        elif isinstance(msg, m.DeviceBusy):
+            self.device_busy = msg.busy
         elif isinstance(msg, m.Reannounce):  # new weights: a new identity, said as a new hello
             self.info = msg.info
             self.hello()

@@ -118,8 +118,15 @@ class Stop(msgspec.Struct, frozen=True):
     """End the I/O loop."""
 
 
+class DeviceBusy(msgspec.Struct, frozen=True):
+    """The scheduler side has copies on the device (or a chunk waiting for a host slot), or no longer has: while it
+    does, the I/O side rings the scheduler every `DEVICE_POLL_S`, since a finished device copy wakes nobody."""
+
+    busy: bool
+
+
 ToIo = Union[ToCoordinator, PrefixMatched, StartSend, ChunkGathered, GatherFailed, Installed, InstallFailed,
-             ReplicaRoom, Reannounce, Stop]
+             ReplicaRoom, Reannounce, DeviceBusy, Stop]
 
 
 # ================================================================================= I/O -> scheduler thread

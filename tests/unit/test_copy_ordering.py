@@ -493,10 +493,11 @@ def test_the_view_names_the_streams_a_copy_is_fenced_behind():
     assert plain.forward_stream() is None and plain.load_back_stream() is None
 
 
-def test_while_copies_are_on_the_device_the_scheduler_is_kept_from_sleeping(monkeypatch):
+def test_while_copies_are_on_the_device_the_io_side_is_told_to_keep_the_scheduler_awake(monkeypatch):
     """A device copy ends without waking anyone: with `--sleep-on-idle` an idle scheduler would hand a finished
-    chunk over only at the next request. While copies are in flight the agent rings its own bell (the idle poller
-    returns at once); once they are done, it stops."""
+    chunk over only at the next request. While copies are in flight the I/O side is told so (`DeviceBusy`), once
+    when it starts and once when it ends, and rings the scheduler on a timer meanwhile (the scheduler no longer
+    rings itself at every iteration: an idle scheduler spun, holding the GIL the I/O thread needed)."""
     import select
 
     dev = FakeDevice()
@@ -507,14 +508,49 @@ def test_while_copies_are_on_the_device_the_scheduler_is_kept_from_sleeping(monk
         return bool(select.select([bell], [], [], 0)[0])
 
     agent.on_iteration()
-    assert not rung()  # nothing in flight: the scheduler may sleep
+    assert posted(agent, m.DeviceBusy) == [] and not rung()  # nothing in flight: the scheduler may sleep
     agent._on_message(m.Replicate(cmd))
     agent.on_iteration()  # the slots' copy is in flight
-    assert rung()
+    assert posted(agent, m.DeviceBusy) == [m.DeviceBusy(True)] and not rung()
+    agent.on_iteration()
+    assert posted(agent, m.DeviceBusy) == []  # said once
     for _ in range(3):
         dev.run()
         agent.on_iteration()
-    assert not agent.gathers and not rung()  # all handed over, the lock released: sleep again
+    assert not agent.gathers and posted(agent, m.DeviceBusy) == [m.DeviceBusy(False)]
+
+
+def test_the_io_side_rings_a_busy_scheduler_on_a_timer_and_stops_when_told(tmp_path):
+    """The I/O side's half: told `DeviceBusy(True)`, its loop rings the scheduler's bell every `DEVICE_POLL_S`
+    (a real I/O thread here); told `DeviceBusy(False)`, it stops."""
+    import select
+    import threading
+    import time
+
+    from sglang_kvrep.agent import io_side
+    from sglang_kvrep.agent.mailbox import Mailbox
+
+    agent = WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0), ops=FakeDevice())
+    box = Mailbox()
+    thread = threading.Thread(target=io_side.run_io_thread, args=(agent.config, agent.info, box), daemon=True)
+    thread.start()
+    assert isinstance(box.take_for_scheduler(timeout_s=10), m.IoStarted)
+    bell = box.scheduler_bell_fd
+
+    def rings_within(seconds):
+        box.clear_bell()
+        return bool(select.select([bell], [], [], seconds)[0])
+
+    assert not rings_within(0.3)
+    box.post_to_io(m.DeviceBusy(True))
+    time.sleep(0.05)
+    assert all(rings_within(0.5) for _ in range(5))
+    box.post_to_io(m.DeviceBusy(False))
+    time.sleep(0.05)
+    assert not rings_within(0.3)
+    box.post_to_io(m.Stop())
+    thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_a_gpu_pools_agent_compiles_its_copy_kernels_when_it_starts(monkeypatch):
@@ -590,7 +626,7 @@ def test_a_source_takes_host_memory_from_slots_it_keeps_and_reuses_one_only_once
     agent.on_iteration()  # slots on the host: two chunks issued, the other two wait for a slot
     slots = agent.host_slots()
     assert agent.gathers and dev.fences == 2 and slots.in_use() == 2 and len(slots.slots) == 2
-    assert agent.slot_starved and select_rung(agent)
+    assert agent.slot_starved and m.DeviceBusy(True) in posted(agent, m.DeviceBusy)
     dev.run()
     agent.on_iteration()
     held = posted(agent, m.ChunkGathered)  # the I/O side holds chunks 0 and 1
@@ -610,11 +646,6 @@ def test_a_source_takes_host_memory_from_slots_it_keeps_and_reuses_one_only_once
         agent.on_iteration()
     assert [c.index for c in posted(agent, m.ChunkGathered)] == [2, 3] and view.unlocked == ["lock1"]
 
-
-def select_rung(agent):
-    import select
-
-    return bool(select.select([agent.mailbox.scheduler_bell_fd], [], [], 0)[0])
 
 
 def test_an_asynchronous_source_gathers_several_chunks_in_one_launch_each_to_its_own_slot_and_event(monkeypatch):
