@@ -148,11 +148,12 @@ class HostSlots:
     I/O thread, the transport and pyzmq's zero-copy frames hold views, and a slot is taken again only once nothing
     but this pool uses its memory (the storage's use count back to what it was when allocated).
 
-    Why: PyTorch's caching host allocator records an event on the copy stream when a pinned block that an
-    asynchronous copy used is freed, and that CUDA call from the I/O thread (or pyzmq's garbage-collector thread)
-    invalidated a CUDA-graph capture in global mode running on the scheduler thread at the same moment (seen on an
-    H200, scripts/gpu_ordering.py; SGLang recaptures after a weight update). Views dropped off the scheduler
-    thread free nothing."""
+    Why: the I/O thread (and pyzmq's garbage-collector thread, which lets go of zero-copy frames) then makes no
+    CUDA call at all: views dropped there free nothing. (Freeing a pinned block that an asynchronous copy used makes
+    PyTorch's caching host allocator record an event on the copy stream. On an H200 with torch 2.11 that did not
+    break a global-mode CUDA-graph capture on another thread, which SGLang runs after a weight update; a pinned
+    allocation on another thread did: scripts/gpu_ordering.py, docs/gpu.md.) And the chunks' pinned memory is
+    bounded over all jobs, allocated once."""
 
     def __init__(self, ops: CopyOps, slot_bytes: int, max_slots: int) -> None:
         self.ops, self.slot_bytes, self.max_slots = ops, slot_bytes, max(1, max_slots)

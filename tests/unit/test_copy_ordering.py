@@ -612,10 +612,10 @@ def test_a_target_uploads_a_transfer_in_slices_bounded_per_iteration_and_scatter
 
 
 def test_a_source_takes_host_memory_from_slots_it_keeps_and_reuses_one_only_once_every_holder_let_go(monkeypatch):
-    """A GPU source's chunks are views of host slots the scheduler side allocated and keeps (a pinned block freed
-    off the scheduler thread broke a global-mode graph capture on an H200): a slot is taken again only once the I/O
-    side, the transport and zero-copy frames dropped every view of it; while none is free the chunk waits (the
-    job runs on) and the scheduler is kept from sleeping."""
+    """A GPU source's chunks are views of host slots the scheduler side allocated and keeps (so no pinned block is
+    ever freed or allocated off the scheduler thread): a slot is taken again only once the I/O side, the transport
+    and zero-copy frames dropped every view of it; while none is free the chunk waits (the job runs on) and the
+    scheduler is kept from sleeping."""
     from sglang_kvrep.agent import source_side
 
     monkeypatch.setattr(source_side, "DEVICE_AHEAD_BYTES", 2 * 4 * 2 * 2 * PS * 16 * 4)  # two chunks' worth
