@@ -367,9 +367,11 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
     t0 = time.perf_counter()
     agents = []
     for name, view in zip(names, (src_view, dst_view)):
+        num_bytes = tokens * args.layers * 2 * args.heads * args.head_dim * dtype.itemsize
         cfg = KvrepConfig(coordinator=coord.endpoint, worker_id=name, http_url="http://127.0.0.1:1",
                           replica_budget_tokens=tokens + page_size, transfer_timeout_s=args.timeout_s,
-                          load_interval_s=3600.0)
+                          load_interval_s=3600.0,
+                          staging_bytes=num_bytes + (1 << 20) if args.pinned_staging else 256 << 20)
         agents.append(start_agent(view, cfg))
     start_s = time.perf_counter() - t0  # kernel warm-up (compiling the copy kernels) included
     src, dst = agents
@@ -460,6 +462,7 @@ def run_case(args, device: torch.device, tokens: int, page_size: int, forward_ms
                             "p99": round(percentile(s, 0.99) * 1e3, 3), "max": round(max(s, default=0) * 1e3, 3)}
                         for w, s in loop.step_s.items()},
             "source_host_slots": len(src._host_slots.slots) if src._host_slots is not None else 0,
+            "target_pinned_staging": bool(args.pinned_staging and device.type == "cuda"),
             "source_locks_left": len(src_view.locks), "source_jobs_left": len(src.gathers),
             "target_installs_left": len(dst.replicas.pending),
             "target_pages_used": dst_free_before - len(dst_view.free_pages),
@@ -483,6 +486,9 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--timeout-s", type=float, default=90.0)
+    ap.add_argument("--pinned-staging", action=argparse.BooleanOptionalAction, default=True,
+                    help="size --kvrep-staging-bytes to the replica (the target receives into pinned memory and "
+                         "uploads in one asynchronous copy); --no-pinned-staging: the 256 MiB default")
     ap.add_argument("--capture-at-s", type=float, default=0.2,
                     help="capture a CUDA graph in global mode on the scheduler thread this long into each transfer "
                          "(0: never)")

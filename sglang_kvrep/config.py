@@ -39,7 +39,9 @@ class KvrepConfig:
     chunk_bytes: int = 4 << 20
     """Payload frame size on the wire (at most 16 MiB: larger frames fault inside libzmq's buffers)."""
     staging_bytes: int = 256 << 20
-    """Receive buffers kept for reuse between transfers."""
+    """Receive buffers kept for reuse between transfers. On a GPU worker: pinned host memory the scheduler thread
+    allocates once (the ZeroMQ transport receives into it first; a transfer that fits uploads in one asynchronous
+    copy, a larger one lands in pageable memory and uploads in slices): size it to the largest replica."""
     send_rate_mbps: float = 0.0
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
     transport: str = "zmq"

@@ -121,7 +121,12 @@ class ReplicaTable:
                 event = ops.record()
             job = PendingInstall(inc, slots, expires_at, priority, t0, slots_host, event, device_buffer,
                                  uploaded=-1 if device_buffer is buffer else 0)
-            if job.uploaded == 0:
+            if job.uploaded == 0 and inc.pinned:  # pinned staging: one asynchronous copy, no wait here
+                with ops.stream():
+                    ops.to_device(buffer, out=device_buffer)
+                    job.event = ops.record()
+                job.uploaded = device_buffer.numel() * device_buffer.element_size()
+            elif job.uploaded == 0:
                 self._upload_slices(job)  # the first slices now; the rest at the next iterations
             if not ops.is_async:
                 self._step(job)

@@ -88,7 +88,7 @@ class IoSide:
         self._refused_now: Optional[str] = None
         """The transfer `admit` just refused: its `TransferFailed` follows at once and held nothing."""
         self.transport = make_transport(self.cfg.transport, self.cfg, self.admit, self.on_transport_event, self.ctx,
-                                        self.poller)
+                                        self.poller, arena=info.staging_arena)
         host = self.cfg.advertise_host or (routable_host(self.cfg.coordinator) if is_wildcard(self.cfg.data_host)
                                            else "")
         self.data_endpoint = advertised_endpoint(self.transport.endpoint, host, self.cfg.data_advertise_port)

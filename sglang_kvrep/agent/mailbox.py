@@ -40,6 +40,10 @@ class WorkerInfo(msgspec.Struct, frozen=True):
     geometry: LocalGeometry
     vocab_size: int = 0
     """The model's vocabulary size (0: unknown), said in the Hello: the coordinator refuses token ids >= it."""
+    staging_arena: Any = None
+    """A GPU worker's pinned receive memory (`--kvrep-staging-bytes`), allocated by the scheduler thread and kept
+    for the life of the process: the I/O thread receives into views of it (no CUDA call), and a transfer that
+    landed there uploads in one asynchronous copy."""
 
 
 # ================================================================================= scheduler -> I/O thread

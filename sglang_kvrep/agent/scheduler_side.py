@@ -81,6 +81,8 @@ class WorkerAgent(SourceSide):
         self._was_busy = False
         self._iteration_s = 0.0
         """EWMA of the scheduler's iteration length while it had work (reported with the load)."""
+        self._staging_arena: Optional[Any] = None
+        """A GPU worker's pinned receive memory (made with the first `info`, on this thread; never freed)."""
         self._device_busy = False
         """As last told to the I/O side (`DeviceBusy`)."""
         self._errors = 0
@@ -112,11 +114,13 @@ class WorkerAgent(SourceSide):
     @property
     def info(self) -> m.WorkerInfo:
         """What the I/O side needs to know of this worker when it starts."""
+        if self._staging_arena is None and self.ops.is_async and self.config.staging_bytes > 0:
+            self._staging_arena = self.ops.host_buffer(self.config.staging_bytes)  # (this thread: pinned on a GPU)
         return m.WorkerInfo(fingerprint=self.fingerprint, fingerprint_fields=self.fingerprint_fields,
                             page_size=self.page_size, pool_capacity_tokens=self.capacity,
                             replica_budget_tokens=self.replicas.budget_tokens,
                             free_replica_tokens=self._free_replica_tokens, geometry=self.geometry,
-                            vocab_size=self.vocab_size)
+                            vocab_size=self.vocab_size, staging_arena=self._staging_arena)
 
     # ======================================================================================== life cycle
     def start(self, io_thread: threading.Thread) -> None:

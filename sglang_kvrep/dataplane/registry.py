@@ -3,7 +3,7 @@ agent's I/O thread builds. "zmq" (`ZmqTransport`) and "nixl" (`NixlTransport`, w
 registered here; another implementation registers itself with `register_transport` before the agent starts."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import zmq
 
@@ -40,14 +40,18 @@ def check_transport_name(name: str) -> None:
 
 
 def make_transport(name: str, config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
-                   poller: zmq.Poller) -> Transport:
-    """Build the transport registered as `name`; it registers its sockets with `poller`.
+                   poller: zmq.Poller, arena: Any = None) -> Transport:
+    """Build the transport registered as `name`; it registers its sockets with `poller`. `arena`: pinned host
+    memory to receive into first (a GPU worker's), for a transport that can (`use_arena`); the others ignore it.
 
     Raises:
         ValueError: unknown name.
     """
     check_transport_name(name)
-    return _TRANSPORTS[name](config, admit, on_event, ctx, poller)
+    transport = _TRANSPORTS[name](config, admit, on_event, ctx, poller)
+    if arena is not None and hasattr(transport, "use_arena"):
+        transport.use_arena(arena)
+    return transport
 
 
 def _nixl(config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,

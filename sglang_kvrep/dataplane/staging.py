@@ -14,25 +14,68 @@ from kvrep_kernels import payload_checksum, pieces_checksum
 from radix_sync import protocol as p
 
 
+ARENA_ALIGN = 4096
+"""Arena buffers start on page boundaries."""
+
+
 class StagingPool:
     """Reused receive buffers. A fresh multi-MB tensor per transfer costs a page fault per 4 KiB on first touch
     (measured in docs/transport.md: it dominated receive time); buffers returned here are reused, best fit first,
     up to `max_bytes` cached in total. I/O thread only."""
 
     def __init__(self, max_bytes: int, on_new: Optional[Callable[[torch.Tensor], None]] = None,
-                 on_drop: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+                 on_drop: Optional[Callable[[torch.Tensor], None]] = None,
+                 arena: Optional[torch.Tensor] = None) -> None:
         """`on_new(buf)` / `on_drop(buf)`: called when a buffer is allocated / let go for good (a registered-memory
         transport registers and deregisters it there). Buffers are pageable host memory: pinning one is a CUDA call,
-        which the I/O thread must not make (docs/gpu.md)."""
+        which the I/O thread must not make (docs/gpu.md). `arena`: pinned host memory the scheduler thread allocated
+        (a GPU worker's: a transfer received there uploads asynchronously); buffers are carved out of it first, as
+        views (never freed here), and pageable ones made only for what does not fit."""
         self.max_bytes = max_bytes
         self._free: list[torch.Tensor] = []
         self._on_new = on_new
         self._on_drop = on_drop
+        self.arena = arena
+        self._holes: list[tuple[int, int]] = [(0, arena.numel())] if arena is not None else []
+        """Free byte ranges of the arena, [start, end), sorted and merged."""
+        self._lent: dict[int, tuple[int, int]] = {}
+        """data_ptr of an arena view lent out -> its range."""
+
+    def in_arena(self, buf: torch.Tensor) -> bool:
+        return buf.data_ptr() in self._lent
+
+    def arena_free_bytes(self) -> int:
+        return sum(end - start for start, end in self._holes)
+
+    def _carve(self, num_bytes: int) -> Optional[torch.Tensor]:
+        size = -(-max(1, num_bytes) // ARENA_ALIGN) * ARENA_ALIGN
+        for i, (start, end) in enumerate(self._holes):
+            if end - start >= size:
+                self._holes[i:i + 1] = [(start + size, end)] if end - start > size else []
+                view = self.arena[start:start + size]
+                self._lent[view.data_ptr()] = (start, start + size)
+                return view
+        return None
+
+    def _give_back(self, buf: torch.Tensor) -> None:
+        start, end = self._lent.pop(buf.data_ptr())
+        holes = sorted(self._holes + [(start, end)])
+        merged: list[tuple[int, int]] = []
+        for a, b in holes:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        self._holes = merged
 
     def cached_bytes(self) -> int:
         return sum(b.numel() for b in self._free)
 
     def acquire(self, num_bytes: int) -> torch.Tensor:
+        if self.arena is not None:
+            view = self._carve(num_bytes)
+            if view is not None:
+                return view
         fits = [b for b in self._free if b.numel() >= num_bytes]
         if fits:
             buf = min(fits, key=lambda b: b.numel())
@@ -44,6 +87,8 @@ class StagingPool:
         return buf
 
     def release(self, buf: torch.Tensor) -> None:
+        if self.in_arena(buf):
+            return self._give_back(buf)
         if buf.numel() > self.max_bytes:
             return self._drop(buf)
         self._free.append(buf)
@@ -101,6 +146,8 @@ class Incoming:
     last_progress_s: float
     chunks: set[int] = field(default_factory=set)
     received_bytes: int = 0
+    pinned: bool = False
+    """`storage` is pinned host memory (a GPU worker's staging arena): it uploads in one asynchronous copy."""
 
     @property
     def buffer(self) -> torch.Tensor:

@@ -79,6 +79,7 @@ class ZmqTransport:
         """Endpoint -> the public key its DEALER expects of the target (b"" without keys)."""
         self.incoming: dict[str, Incoming] = {}
         self.staging = StagingPool(config.staging_bytes)
+        """Receive buffers (pageable; a GPU worker's pinned arena first, once `use_arena` gave one)."""
         self.outgoing: dict[str, Outgoing] = {}
         self.send_queue: collections.deque[str] = collections.deque()
         self.bucket = TokenBucket(config.send_rate_mbps * 1e6, config.chunk_bytes)
@@ -206,7 +207,8 @@ class ZmqTransport:
             if refusal is not None:
                 return self._refuse(peer, msg.transfer_id, msg.replication_id, refusal.error,
                                     refusal.tell_coordinator)
-            inc = Incoming(msg, peer, self.staging.acquire(msg.num_bytes), now, now)
+            storage = self.staging.acquire(msg.num_bytes)
+            inc = Incoming(msg, peer, storage, now, now, pinned=self.staging.in_arena(storage))
             self.incoming[msg.transfer_id] = inc
             self._admitted(inc)
         elif isinstance(msg, p.TransferChunk):
@@ -231,6 +233,11 @@ class ZmqTransport:
             self.on_event(TransferReceived(inc))
         elif isinstance(msg, (p.TransferAccepted, p.TransferRefused, p.TransferReady)):
             pass  # replies arrive on the peer DEALERs, not here
+
+    def use_arena(self, arena: torch.Tensor) -> None:
+        """Receive into `arena` first: pinned host memory the scheduler thread allocated (a GPU worker's), so
+        that a transfer uploads to the device asynchronously. Called before any transfer arrives."""
+        self.staging = StagingPool(self.cfg.staging_bytes, arena=arena)
 
     # --------------------------------------------------------- what a registered-memory transport changes
     def _admitted(self, inc: Incoming) -> None:

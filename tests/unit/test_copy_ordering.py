@@ -541,6 +541,7 @@ def test_the_io_side_rings_a_busy_scheduler_on_a_timer_and_stops_when_told(tmp_p
         box.clear_bell()
         return bool(select.select([bell], [], [], seconds)[0])
 
+    time.sleep(0.1)  # IoStarted's own ring may land after its message was taken
     assert not rings_within(0.3)
     box.post_to_io(m.DeviceBusy(True))
     time.sleep(0.05)
@@ -671,3 +672,43 @@ def test_an_asynchronous_source_gathers_several_chunks_in_one_launch_each_to_its
     for c in chunks:
         assert c.buffer.is_contiguous() and torch.equal(c.buffer, view.expected_chunk(1 + 4 * c.index, 4))
     assert view.unlocked == ["lock1"] and not agent.gathers
+
+
+def test_a_transfer_received_into_pinned_staging_uploads_in_one_asynchronous_copy(monkeypatch):
+    """A transfer that landed in the pinned arena uploads in one asynchronous copy issued with the install (no
+    slices, no wait on the scheduler thread), then scatters after the fence as any other."""
+    from sglang_kvrep import replicas
+
+    monkeypatch.setattr(replicas, "UPLOAD_SLICE_BYTES", 1000)
+    dev = FakeDevice()
+    view = PoolView()
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0, replica_budget_tokens=256),
+                        ops=dev)
+    inc, payload = incoming(view)
+    inc.pinned = True
+    agent._on_message(m.Install(inc, [1, 2, 3, 4]))
+    job = agent.replicas.pending["t1"]
+    assert job.uploaded == payload.numel() * 4 and len(dev.copies) == 2  # the slots' copy and the whole upload
+    dev.run()
+    agent.on_iteration()  # upload done: scatter issued
+    assert job.scattered and dev.fences == 1
+    dev.run()
+    agent.on_iteration()
+    [done] = posted(agent, m.Installed)
+    assert done.inserted_len == 64
+
+
+def test_an_asynchronous_agent_gives_its_io_side_a_staging_arena_it_allocated_itself():
+    """The arena is made on the scheduler thread (pinned on a GPU: the I/O thread must make no CUDA call), of
+    `--kvrep-staging-bytes`, once; a CPU pool's agent (synchronous copies) has none."""
+    dev = FakeDevice()
+    made = []
+    real = dev.host_buffer
+    dev.host_buffer = lambda n: made.append(n) or real(n)
+    agent = WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0, staging_bytes=1 << 16),
+                        ops=dev)
+    info = agent.info
+    assert info.staging_arena is not None and info.staging_arena.numel() == 1 << 16 and made == [1 << 16]
+    assert agent.info.staging_arena is info.staging_arena and made == [1 << 16]
+    plain = WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0), ops=SyncOps())
+    assert plain.info.staging_arena is None

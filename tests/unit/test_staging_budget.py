@@ -172,3 +172,26 @@ def test_weight_updates_change_the_fingerprint_and_reannounce():
     # a failed update may or may not have changed the weights: this worker matches nobody after it
     failed = update("disk", model_path="/models/base", succeeded=False)
     assert failed not in (base, v2, unversioned)
+
+
+def test_a_gpu_workers_receive_buffers_are_carved_from_its_pinned_arena_first_and_given_back_merged():
+    """The scheduler thread allocates the arena (pinned on a GPU); the I/O thread only lends views of it: page
+    aligned, best effort first fit, merged when given back; what does not fit gets pageable memory as before."""
+    from sglang_kvrep.dataplane.staging import ARENA_ALIGN, StagingPool
+
+    arena = torch.zeros(8 * ARENA_ALIGN, dtype=torch.uint8)
+    pool = StagingPool(1 << 20, arena=arena)
+    a = pool.acquire(100)
+    b = pool.acquire(2 * ARENA_ALIGN)
+    assert pool.in_arena(a) and pool.in_arena(b)
+    assert a.data_ptr() == arena.data_ptr() and b.data_ptr() == arena.data_ptr() + ARENA_ALIGN
+    assert a.numel() == ARENA_ALIGN and pool.arena_free_bytes() == 5 * ARENA_ALIGN
+    big = pool.acquire(6 * ARENA_ALIGN)  # does not fit what is left: pageable
+    assert not pool.in_arena(big) and big.numel() == 6 * ARENA_ALIGN
+    pool.release(a)
+    pool.release(b)
+    assert pool.arena_free_bytes() == 8 * ARENA_ALIGN and pool._holes == [(0, 8 * ARENA_ALIGN)]
+    whole = pool.acquire(8 * ARENA_ALIGN)  # the holes merged: the whole arena in one piece
+    assert pool.in_arena(whole) and whole.data_ptr() == arena.data_ptr()
+    pool.release(big)
+    assert pool.cached_bytes() == 6 * ARENA_ALIGN  # the pageable one is kept for reuse as before

@@ -594,3 +594,37 @@ def test_io_side_reports_a_failed_gather_to_the_coordinator(ctx):
         assert a.wait_for(m.SendCancelled) == [m.SendCancelled(h.transfer_id)]
     finally:
         a.close()
+
+
+def test_a_transfer_to_a_gpu_worker_lands_in_its_pinned_arena_and_the_arena_is_reused(ctx):
+    """With an arena (a GPU worker's pinned receive memory, `make_transport(..., arena=)`), a transfer is received
+    into a view of it, marked `pinned` (it uploads in one asynchronous copy), bit-exact; answered, the view goes
+    back to the arena, and the next transfer lands at the same place. A transfer that does not fit gets pageable
+    memory as before."""
+    from sglang_kvrep.dataplane.staging import ARENA_ALIGN
+
+    arena = torch.zeros(2 * ARENA_ALIGN, dtype=torch.uint8)
+    src = Side(ctx)
+    dst = Side(ctx)
+    dst.t.close()
+    dst.t = make_transport("zmq", KvrepConfig(), admit_token, dst.events.append, ctx, dst.poller, arena=arena)
+    h = header()
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint)
+    for i in range(h.num_chunks):
+        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
+    pump([src, dst], lambda: dst.of(TransferReceived))
+    inc = dst.of(TransferReceived)[0].incoming
+    assert inc.pinned and inc.storage.data_ptr() == arena.data_ptr() and torch.equal(inc.buffer, payload)
+    dst.t.answer(inc, inserted_len=12)
+    pump([src, dst], lambda: not src.t.outgoing)
+    assert dst.t.staging.arena_free_bytes() == 2 * ARENA_ALIGN and dst.t.staging.cached_bytes() == 0
+    big = header(tid="t2", rid="r2", num_pages=12, pages_per_chunk=4)  # 9 KiB: more than the arena
+    src.t.send(big, dst.t.endpoint)
+    for i in range(big.num_chunks):
+        src.t.push_chunk("t2", i, chunk(big, payload_of(big, 2), i), 0.0)
+    pump([src, dst], lambda: len(dst.of(TransferReceived)) == 2)
+    inc2 = dst.of(TransferReceived)[1].incoming
+    assert not inc2.pinned and torch.equal(inc2.buffer, payload_of(big, 2))
+    src.t.close()
+    dst.t.close()
