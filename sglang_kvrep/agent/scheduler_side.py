@@ -156,7 +156,7 @@ class WorkerAgent(SourceSide):
         if self.disabled:
             if self.gathers or self.replicas.pending:
                 self._wind_down()
-                self._keep_polling()
+            self._keep_polling()
             return
         try:
             self.on_iteration()
@@ -231,11 +231,14 @@ class WorkerAgent(SourceSide):
         The I/O side rings the scheduler every `DEVICE_POLL_S` meanwhile (told by `DeviceBusy` when that starts and
         ends). NOTE: not our own bell at every iteration: that made an idle scheduler spin, holding the GIL, and
         the I/O thread sending the chunks starved (a 4 GiB replica took 8-80 s instead of ~3 s on an H200)."""
+        self.slot_starved = self.slot_starved and bool(self.gathers)  # (no job left: nothing waits for a slot)
         busy = bool(self.ops.is_async and (self.replicas.pending or self.slot_starved
                                            or any(j.pending or j.page_ids is None for j in self.gathers.values())))
         if busy != self._device_busy:
             self._device_busy = busy
             self.to_io(m.DeviceBusy(busy))
+        if busy and self.disabled:  # the I/O side may be gone (died, stopped): nothing else rings an idle scheduler
+            self.mailbox.ring_scheduler()
 
     def _on_message(self, msg: m.ToScheduler) -> None:
         if isinstance(msg, m.ChunksSent):

@@ -151,6 +151,7 @@ class SourceSide:
             while job.ending is None and job.next_chunk < h.num_chunks \
                     and job.next_chunk - self.sent_chunks.get(tid, 0) < ahead:
                 if time.perf_counter() > deadline:
+                    self.slot_starved = True  # (jobs not visited may wait for a slot: keep the scheduler polling)
                     return
                 if not self._issue_chunk(tid, job, ahead - (job.next_chunk - self.sent_chunks.get(tid, 0))):
                     break

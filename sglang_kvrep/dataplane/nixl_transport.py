@@ -106,6 +106,10 @@ class NixlTransport(ZmqTransport):
     name = "nixl"
     accepts = ("zmq", "nixl")
 
+    def use_arena(self, arena) -> None:
+        """Not here: NIXL writes into staging it registered (`StagingPool(on_new=register)`); a GPU worker's
+        pinned arena is the ZeroMQ transport's. Its transfers upload in slices."""
+
     def __init__(self, config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
                  poller: zmq.Poller, clock: Callable[[], float] = time.monotonic, backend: str = "UCX") -> None:
         api = load_nixl()  # before binding anything: a missing library leaves nothing open

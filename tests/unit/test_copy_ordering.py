@@ -712,3 +712,40 @@ def test_an_asynchronous_agent_gives_its_io_side_a_staging_arena_it_allocated_it
     assert agent.info.staging_arena is info.staging_arena and made == [1 << 16]
     plain = WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0), ops=SyncOps())
     assert plain.info.staging_arena is None
+
+
+def test_no_job_left_means_no_device_polling_after_a_weight_update_or_once_disabled(monkeypatch):
+    """A source starved of host slots keeps the I/O side ringing (`DeviceBusy(True)`); when its job is gone (a
+    weight update drops running gathers) the next iteration says `DeviceBusy(False)`, not a ring every
+    millisecond forever. A disabled agent with copies still on the device rings itself (its I/O side may be gone)
+    and says `DeviceBusy(False)` once they are done."""
+    import select
+
+    from sglang_kvrep import compat
+    from sglang_kvrep.agent import source_side
+
+    monkeypatch.setattr(source_side, "DEVICE_AHEAD_BYTES", 2 * 4 * 2 * 2 * PS * 16 * 4)  # two chunks' worth
+    dev = FakeDevice()
+    view, agent, cmd = source(dev, monkeypatch)
+    agent._on_message(m.Replicate(cmd))
+    dev.run()
+    agent.on_iteration()
+    assert agent.slot_starved and posted(agent, m.DeviceBusy) == [m.DeviceBusy(True)]
+    agent.on_weights_updated(compat.WeightUpdate(scheduler=None, kind="tensor", model_path=None,
+                                                 weight_version="2", succeeded=True))
+    agent.on_iteration()
+    assert not agent.gathers and not agent.slot_starved and posted(agent, m.DeviceBusy) == [m.DeviceBusy(False)]
+
+    dev2 = FakeDevice()
+    view2, agent2, cmd2 = source(dev2, monkeypatch)
+    agent2._on_message(m.Replicate(cmd2))
+    agent2.on_iteration()  # the slots' copy in flight
+    assert posted(agent2, m.DeviceBusy) == [m.DeviceBusy(True)]
+    agent2.disabled = True
+    agent2.mailbox.clear_bell()
+    agent2.on_iteration_safe()
+    assert select.select([agent2.mailbox.scheduler_bell_fd], [], [], 0)[0]  # rang itself
+    dev2.run()
+    agent2.on_iteration_safe()  # copies done: the lock goes, polling stops
+    assert not agent2.gathers and view2.unlocked == ["lock1"]
+    assert posted(agent2, m.DeviceBusy) == [m.DeviceBusy(False)]

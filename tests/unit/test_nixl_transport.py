@@ -261,3 +261,26 @@ def test_with_keys_the_address_goes_only_to_the_allow_listed_source_and_no_one_s
     finally:
         while OWN_CONTEXTS:
             OWN_CONTEXTS.pop().destroy(linger=0)
+
+
+def test_a_gpu_workers_arena_leaves_nixls_registered_staging_alone(ctx):
+    """`make_transport(..., arena=)` gives a GPU worker's pinned arena to a transport that can receive into it; NIXL
+    writes into staging it registered, so it keeps its own (an arena view would be advertised unregistered): the
+    transfer still lands bit-exact, not marked pinned."""
+    from sglang_kvrep.dataplane.registry import make_transport
+
+    src, dst = nixl_side(ctx), nixl_side(ctx)
+    dst.t.close()
+    arena = torch.zeros(1 << 20, dtype=torch.uint8)
+    dst.t = make_transport("nixl", KvrepConfig(), dst.t.admit, dst.events.append, ctx, dst.poller, arena=arena)
+    assert dst.t.staging.arena is None
+    h = header(num_pages=3, pages_per_chunk=2)
+    payload = payload_of(h)
+    src.t.send(h, dst.t.endpoint)
+    for i in range(h.num_chunks):
+        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
+    pump([src, dst], lambda: dst.of(TransferReceived))
+    inc = dst.of(TransferReceived)[0].incoming
+    assert not inc.pinned and torch.equal(inc.buffer, payload)
+    src.t.close()
+    dst.t.close()
