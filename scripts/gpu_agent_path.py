@@ -215,6 +215,8 @@ class Coordinator:
 
 
 IDLE_POLL_S = 0.05
+SLEEP_CLOCK_HZ = 1.98e9
+"""The H200's boost clock: `torch.cuda._sleep` counts cycles (the steps' real length is measured: loop_step_ms)."""
 
 
 class Loop:
@@ -227,7 +229,7 @@ class Loop:
     def __init__(self, workers, forward_ms: float, device: torch.device) -> None:
         self.workers = workers  # [(agent, view, forward stream)]
         self.cuda = device.type == "cuda"
-        self.cycles = int(forward_ms * 1e-3 * self._clock_hz()) if self.cuda and forward_ms > 0 else 0
+        self.cycles = int(forward_ms * 1e-3 * SLEEP_CLOCK_HZ) if self.cuda and forward_ms > 0 else 0
         self.prev: list = []
         self.step_s: dict[str, list[float]] = {a.config.worker_id: [] for a, _, _ in workers}
         self.syncs: Optional[dict[str, int]] = {} if self.cuda else None
@@ -235,10 +237,6 @@ class Loop:
         self.loop_s: list[float] = []
         """Whole steps (both agents and the wait for the previous forwards): the forwards' pace as it was."""
         self.steps = 0
-
-    @staticmethod
-    def _clock_hz() -> float:
-        return 1.98e9  # H200 boost clock; `_sleep` counts cycles (the step's length is measured, not assumed)
 
     def step(self) -> None:
         t_step = time.perf_counter()

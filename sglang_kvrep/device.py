@@ -91,7 +91,7 @@ class SyncOps:
         return torch.empty(num_bytes, dtype=torch.uint8)
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        _bytes_of(dst).copy_(_bytes_of(src))
+        flat_bytes(dst).copy_(flat_bytes(src))
 
     def to_device(self, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         return src if out is None else out.copy_(src)
@@ -129,7 +129,7 @@ class CudaOps:
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         with torch.cuda.stream(self.copy_stream):
-            _bytes_of(dst).copy_(_bytes_of(src), non_blocking=True)
+            flat_bytes(dst).copy_(flat_bytes(src), non_blocking=True)
 
     def to_device(self, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         with torch.cuda.stream(self.copy_stream):
@@ -190,7 +190,7 @@ def host_copy(ops: CopyOps, src: torch.Tensor, out: Optional[torch.Tensor] = Non
     return host
 
 
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's bytes as a flat uint8 view."""
     return t.reshape(-1).view(torch.uint8)
 

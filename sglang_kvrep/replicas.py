@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from kvrep_kernels import scatter_pages, slots_to_page_ids
-from sglang_kvrep.device import CopyOps, SyncOps, host_copy
+from sglang_kvrep.device import CopyOps, SyncOps, flat_bytes, host_copy
 from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.dataplane.checks import DTYPES
 from sglang_kvrep.dataplane.staging import Incoming
@@ -121,12 +121,7 @@ class ReplicaTable:
                 event = ops.record()
             job = PendingInstall(inc, slots, expires_at, priority, t0, slots_host, event, device_buffer,
                                  uploaded=-1 if device_buffer is buffer else 0)
-            if job.uploaded == 0 and inc.pinned:  # pinned staging: one asynchronous copy, no wait here
-                with ops.stream():
-                    ops.to_device(buffer, out=device_buffer)
-                    job.event = ops.record()
-                job.uploaded = device_buffer.numel() * device_buffer.element_size()
-            elif job.uploaded == 0:
+            if job.uploaded == 0:
                 self._upload_slices(job)  # the first slices now; the rest at the next iterations
             if not ops.is_async:
                 self._step(job)
@@ -166,12 +161,13 @@ class ReplicaTable:
 
     def _upload_slices(self, job: PendingInstall) -> None:
         """Uploads the next slices of the payload on the copy stream, for at most `UPLOAD_SLICE_S`; records the
-        job's event after the last one."""
-        src, dst = _flat_bytes(job.inc.buffer), _flat_bytes(job.device_buffer)
+        job's event after the last one. A payload in pinned staging is one slice: its copy is asynchronous."""
+        src, dst = flat_bytes(job.inc.buffer), flat_bytes(job.device_buffer)
         total, deadline = dst.numel(), time.perf_counter() + UPLOAD_SLICE_S
+        step = total if job.inc.pinned else UPLOAD_SLICE_BYTES
         with self.ops.stream():
             while job.uploaded < total:
-                end = min(total, job.uploaded + UPLOAD_SLICE_BYTES)
+                end = min(total, job.uploaded + step)
                 self.ops.to_device(src[job.uploaded:end], out=dst[job.uploaded:end])
                 job.uploaded = end
                 if time.perf_counter() > deadline:
@@ -253,7 +249,3 @@ class ReplicaTable:
         if after > len(r.token_ids) - r.inserted_len:
             log.warning("replica %s: %d tokens still cached after evicting %d", r.replication_id, after, evicted)
         return evicted
-
-
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.uint8)

@@ -18,7 +18,7 @@ from sglang_kvrep.dataplane.registry import check_transport_name, known_transpor
 from sglang_kvrep.dataplane.transport import ChunkSent, TransferFailed, TransferReceived, TransferSent
 from sglang_kvrep.dataplane.wire import send_transfer
 from tests.unit.test_transport import (OWN_CONTEXTS, FakeCoordinator, Side, StubAgent, chunk, header,  # noqa: F401
-                                      keydir, payload_of, pump)
+                                      keydir, payload_of, pump, send_whole)
 
 
 @pytest.fixture
@@ -276,11 +276,7 @@ def test_a_gpu_workers_arena_leaves_nixls_registered_staging_alone(ctx):
     assert dst.t.staging.arena is None
     h = header(num_pages=3, pages_per_chunk=2)
     payload = payload_of(h)
-    src.t.send(h, dst.t.endpoint)
-    for i in range(h.num_chunks):
-        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
-    pump([src, dst], lambda: dst.of(TransferReceived))
-    inc = dst.of(TransferReceived)[0].incoming
+    inc = send_whole(src, dst, h, payload)
     assert not inc.pinned and torch.equal(inc.buffer, payload)
     src.t.close()
     dst.t.close()

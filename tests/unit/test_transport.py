@@ -74,6 +74,16 @@ def pump(sides, until, timeout_s: float = 20.0) -> None:
             s.step()
 
 
+def send_whole(src: Side, dst: Side, h: p.TransferHeader, payload: torch.Tensor):
+    """`src` sends every chunk of `payload` to `dst`; returns the `Incoming` of the transfer `dst` receives."""
+    received = len(dst.of(TransferReceived))
+    src.t.send(h, dst.t.endpoint)
+    for i in range(h.num_chunks):
+        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
+    pump([src, dst], lambda: len(dst.of(TransferReceived)) > received)
+    return dst.of(TransferReceived)[received].incoming
+
+
 OWN_CONTEXTS: list = []
 
 
@@ -610,21 +620,13 @@ def test_a_transfer_to_a_gpu_worker_lands_in_its_pinned_arena_and_the_arena_is_r
     dst.t = make_transport("zmq", KvrepConfig(), admit_token, dst.events.append, ctx, dst.poller, arena=arena)
     h = header()
     payload = payload_of(h)
-    src.t.send(h, dst.t.endpoint)
-    for i in range(h.num_chunks):
-        src.t.push_chunk(h.transfer_id, i, chunk(h, payload, i), 0.0)
-    pump([src, dst], lambda: dst.of(TransferReceived))
-    inc = dst.of(TransferReceived)[0].incoming
+    inc = send_whole(src, dst, h, payload)
     assert inc.pinned and inc.storage.data_ptr() == arena.data_ptr() and torch.equal(inc.buffer, payload)
     dst.t.answer(inc, inserted_len=12)
     pump([src, dst], lambda: not src.t.outgoing)
     assert dst.t.staging.arena_free_bytes() == 2 * ARENA_ALIGN and dst.t.staging.cached_bytes() == 0
     big = header(tid="t2", rid="r2", num_pages=12, pages_per_chunk=4)  # 9 KiB: more than the arena
-    src.t.send(big, dst.t.endpoint)
-    for i in range(big.num_chunks):
-        src.t.push_chunk("t2", i, chunk(big, payload_of(big, 2), i), 0.0)
-    pump([src, dst], lambda: len(dst.of(TransferReceived)) == 2)
-    inc2 = dst.of(TransferReceived)[1].incoming
+    inc2 = send_whole(src, dst, big, payload_of(big, 2))
     assert not inc2.pinned and torch.equal(inc2.buffer, payload_of(big, 2))
     src.t.close()
     dst.t.close()
