@@ -21,6 +21,8 @@
 #              the rate and the scheduler thread's step times
 #   bench      scripts/bench_kernels.py --device cuda at Llama-3.1-8B geometry, 4K and 32K tokens, pages of 16 and 1,
 #              against torch's own device copy in the same run
+#              and what issuing one gather costs the calling thread (scripts/gpu_issue_cost.py: alone, beside a
+#              thread running Python, launch descriptions kept or not, a profile)
 #   sglang     two CUDA SGLang servers replicating a 32K-token prefix: only where sglang is installed (it is not on
 #              this project's GPU image, and nothing can be fetched there): says so otherwise
 #   profile    the llama3.1-8b-h200 profile's prefill and decode terms re-measured (scripts/gpu_profile.py)
@@ -51,7 +53,7 @@ step kernels 90 "$PY" -m pytest -q -p no:cacheprovider --noconftest -o addopts="
 step hazards 45 "$PY" scripts/gpu_ordering.py
 step agent 120 "$PY" scripts/gpu_agent_path.py --tokens 4096,32768 --page-sizes 16 --forward-ms 0,5
 step bench 90 bash -c "$PY scripts/bench_kernels.py --device cuda --tokens 4096 --page-sizes 16,1 && \
-    $PY scripts/bench_kernels.py --device cuda --tokens 32768 --page-sizes 16,1"
+    $PY scripts/bench_kernels.py --device cuda --tokens 32768 --page-sizes 16,1; $PY scripts/gpu_issue_cost.py"
 if "$PY" -c "import sglang" 2>/dev/null; then
     echo "== sglang: installed here; a two-server replication check is not written (see docs/gpu.md)" | tee -a "$SUMMARY"
 else

@@ -25,6 +25,9 @@ bit-exactly. Page ids are bounds-checked on the host (`plan.make_plan`) before t
 
 from __future__ import annotations
 
+import collections
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -130,14 +133,41 @@ def _chunks(plan: CopyPlan, max_pages: int) -> tuple[torch.Tensor, torch.Tensor,
     return plan.run_pool_starts[run_of_chunk] + offset, plan.run_buf_starts[run_of_chunk] + offset, num
 
 
-def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
-    """Launch the copy for a validated ``plan``: pool -> ``buffer`` if ``gather`` else ``buffer`` -> pool.
+@dataclass(frozen=True)
+class _Launch:
+    """What a copy's launch needs that depends on the pools, the direction and the buffer's page count only (not on
+    which pages): the kernel choice, strides and, for the 16-byte kernel, the per-tensor offsets table on the
+    device. Kept per (pool tensors, strides, direction, pages, buffer alignment, stream), so a copy like an earlier
+    one (every chunk of a transfer, after the first) uploads its chunk table only."""
 
-    Asserts every stride and shape the kernel relies on.
-    """
+    aligned: bool
+    flat: bool
+    src_strides: tuple[int, int, int]
+    dst_strides: tuple[int, int, int]
+    offsets: "torch.Tensor | None"
+    """16-byte kernel: int64 [src offsets..., dst offsets...] from the anchors (the pool's first tensor, the
+    buffer), on the device; None for the general kernel (its tables hold the buffer's address: one per call)."""
+    block: int
+    warps: int
+
+
+_LAUNCHES_KEPT: "collections.OrderedDict[tuple, _Launch]" = collections.OrderedDict()
+KEEP_LAUNCHES = 64
+"""Launch descriptions kept (least recently used dropped first): a handful of page counts per direction."""
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # NOTE: from pinned memory, asynchronously: a pageable upload blocks the calling thread until the stream
+    # reaches it, and the agent's copy stream waits behind SGLang's forward (the fence), so a blocking upload held
+    # the scheduler thread for the forward in flight (measured on an H200: 5.4 ms a step under 5 ms forwards).
+    # PyTorch's caching host allocator keeps the pinned table until the upload is done.
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def _describe(plan: CopyPlan, buffer: torch.Tensor, gather: bool) -> tuple[_Launch, list[int], list[int]]:
+    """Checks every stride and shape the kernels rely on and chooses the kernel; also returns the per-tensor
+    source and destination addresses (the general kernel's tables)."""
     g = plan.geometry
-    if plan.num_pages == 0:
-        return
     pools = plan.pools
     ref = pools[0]
     ps, H, D, P = g.page_size, g.num_kv_heads, g.head_dim, plan.num_pages
@@ -172,48 +202,79 @@ def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
     buf_offs = _page_offsets(buf_tok, buf_head, ps, H)
     dense = torch.equal(torch.sort(buf_offs).values, torch.arange(ps * H) * D)
     flat = dense and torch.equal(pool_offs, buf_offs)
-
-    max_pages = max(1, CHUNK_BYTES // (page_elems * itemsize))
-    pool_start, buf_start, num = _chunks(plan, max_pages)
     if gather:
-        src_ptrs, dst_ptrs, src_page, dst_page = pool_ptrs, buf_ptrs, pool_start, buf_start
+        src_ptrs, dst_ptrs = pool_ptrs, buf_ptrs
         src_strides, dst_strides = (pool_page, pool_tok, pool_head), (buf_page, buf_tok, buf_head)
     else:
-        src_ptrs, dst_ptrs, src_page, dst_page = buf_ptrs, pool_ptrs, buf_start, pool_start
+        src_ptrs, dst_ptrs = buf_ptrs, pool_ptrs
         src_strides, dst_strides = (buf_page, buf_tok, buf_head), (pool_page, pool_tok, pool_head)
-
     aligned_copy = flat and itemsize in _INT_OF and aligned(
         [*src_ptrs, *dst_ptrs], [src_strides[0] * itemsize, dst_strides[0] * itemsize, page_elems * itemsize])
-    if aligned_copy:  # anchors: a pool tensor and the buffer, as integers of the element width (bit-exact)
+    offsets = None
+    if aligned_copy:  # offsets from the anchors (a pool tensor, the buffer): the same for every buffer of P pages
+        src_base, dst_base = (ref, buffer) if gather else (buffer, ref)
+        offs = [(x - src_base.data_ptr()) // itemsize for x in src_ptrs] + \
+            [(x - dst_base.data_ptr()) // itemsize for x in dst_ptrs]
+        offsets = _upload(torch.tensor(offs, dtype=torch.int64), ref.device)
+    block = min(MAX_BLOCK, triton.next_power_of_2(page_elems))
+    launch = _Launch(aligned_copy, flat, src_strides, dst_strides, offsets, block, 4 if block <= 1024 else 8)
+    return launch, src_ptrs, dst_ptrs
+
+
+def copy_pages(plan: CopyPlan, buffer: torch.Tensor, *, gather: bool) -> None:
+    """Launch the copy for a validated ``plan``: pool -> ``buffer`` if ``gather`` else ``buffer`` -> pool.
+
+    Asserts every stride and shape the kernel relies on (once per pools, direction and page count: `_Launch`).
+    """
+    g = plan.geometry
+    if plan.num_pages == 0:
+        return
+    pools = plan.pools
+    ref = pools[0]
+    itemsize = ref.element_size()
+    stream = torch.cuda.current_stream(ref.device).cuda_stream if ref.is_cuda else 0
+    key = (tuple((t.data_ptr(), t.stride()) for t in pools), ref.shape, ref.dtype, ref.device, plan.pool_layout,
+           g, plan.num_pages, gather, buffer.data_ptr() % 16, stream)
+    launch = _LAUNCHES_KEPT.get(key)
+    src_ptrs = dst_ptrs = None
+    if launch is None or not launch.aligned:
+        launch, src_ptrs, dst_ptrs = _describe(plan, buffer, gather)
+        if launch.aligned:
+            _LAUNCHES_KEPT[key] = launch
+            while len(_LAUNCHES_KEPT) > KEEP_LAUNCHES:
+                _LAUNCHES_KEPT.popitem(last=False)
+    else:
+        _LAUNCHES_KEPT.move_to_end(key)
+        assert buffer.is_contiguous() and tuple(buffer.shape) == g.buffer_shape(plan.num_pages)
+        assert buffer.dtype == ref.dtype and buffer.device == ref.device
+
+    page_elems = g.page_elems()
+    max_pages = max(1, CHUNK_BYTES // (page_elems * itemsize))
+    pool_start, buf_start, num = _chunks(plan, max_pages)
+    src_page, dst_page = (pool_start, buf_start) if gather else (buf_start, pool_start)
+    n_t, n_c = len(pools), num.numel()
+    if launch.aligned:  # anchors: a pool tensor and the buffer, as integers of the element width (bit-exact)
+        dev = _upload(torch.cat([src_page, dst_page, num]), ref.device)
         pool_anchor, buf_anchor = ref.view(_INT_OF[itemsize]), buffer.view(_INT_OF[itemsize])
         src_anchor, dst_anchor = (pool_anchor, buf_anchor) if gather else (buf_anchor, pool_anchor)
-        src_ptrs = [(x - src_anchor.data_ptr()) // itemsize for x in src_ptrs]  # (offsets from the anchors)
-        dst_ptrs = [(x - dst_anchor.data_ptr()) // itemsize for x in dst_ptrs]
-    # one upload of the tables (addresses or offsets fit int64 on every platform we run on)
-    host = torch.cat([torch.tensor([src_ptrs, dst_ptrs], dtype=torch.int64).flatten(), src_page, dst_page, num])
-    # NOTE: from pinned memory, asynchronously: a pageable upload blocks the calling thread until the stream
-    # reaches it, and the agent's copy stream waits behind SGLang's forward (the fence), so a blocking upload held
-    # the scheduler thread for the forward in flight (measured on an H200: 5.4 ms a step under 5 ms forwards).
-    # PyTorch's caching host allocator keeps the pinned table until the upload is done.
-    dev = host.pin_memory().to(ref.device, non_blocking=True) if ref.is_cuda else host
-    n_t, n_c = len(pools), num.numel()
-    src_tab, dst_tab = dev[:n_t], dev[n_t:2 * n_t]
-    src_pg, dst_pg, num_pg = dev[2 * n_t:2 * n_t + n_c], dev[2 * n_t + n_c:2 * n_t + 2 * n_c], dev[2 * n_t + 2 * n_c:]
-    block = min(MAX_BLOCK, triton.next_power_of_2(page_elems))
-    warps = 4 if block <= 1024 else 8
-    if aligned_copy:
         vec = 16 // itemsize
         _copy_pages_aligned_kernel[(n_c, n_t)](
-            src_anchor, dst_anchor, src_tab, dst_tab, src_pg, dst_pg, num_pg,
-            src_strides[0] // vec, dst_strides[0] // vec, page_elems // vec,
-            VEC=vec, BLOCK=block, num_warps=warps,
+            src_anchor, dst_anchor, launch.offsets[:n_t], launch.offsets[n_t:],
+            dev[:n_c], dev[n_c:2 * n_c], dev[2 * n_c:],
+            launch.src_strides[0] // vec, launch.dst_strides[0] // vec, page_elems // vec,
+            VEC=vec, BLOCK=launch.block, num_warps=launch.warps,
         )
         LAUNCHES["aligned"] += 1
         return
+    # one upload of the tables (addresses fit int64 on every platform we run on)
+    host = torch.cat([torch.tensor([src_ptrs, dst_ptrs], dtype=torch.int64).flatten(), src_page, dst_page, num])
+    dev = _upload(host, ref.device)
+    src_tab, dst_tab = dev[:n_t], dev[n_t:2 * n_t]
+    src_pg, dst_pg, num_pg = dev[2 * n_t:2 * n_t + n_c], dev[2 * n_t + n_c:2 * n_t + 2 * n_c], dev[2 * n_t + 2 * n_c:]
     _copy_pages_kernel[(n_c, n_t)](
         src_tab, dst_tab, src_pg, dst_pg, num_pg,
-        *src_strides, *dst_strides,
-        page_elems, H, D,
-        ELEM=_TL_BITS[itemsize], FLAT=flat, BLOCK=block, num_warps=warps,
+        *launch.src_strides, *launch.dst_strides,
+        page_elems, g.num_kv_heads, g.head_dim,
+        ELEM=_TL_BITS[itemsize], FLAT=launch.flat, BLOCK=launch.block, num_warps=launch.warps,
     )
     LAUNCHES["general"] += 1

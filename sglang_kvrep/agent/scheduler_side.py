@@ -64,6 +64,8 @@ class WorkerAgent(SourceSide):
         self._set_fingerprint(view.fingerprint_fields())
         log.info("kvrep: fingerprint %s of the weights and serving flags in %.2fs", self.fingerprint,
                  time.perf_counter() - t0)
+        if ops.is_async:  # the sources' pinned chunk memory, now (not in a serving step: `HostSlots`)
+            self.host_slots().reserve()
         capacity = view.pool_capacity_tokens()
         self.vocab_size = int(view.vocab_size()) if hasattr(view, "vocab_size") else 0
         self.replicas = ReplicaTable(view, config.replica_budget_tokens or capacity // 4, ops=self.ops)

@@ -31,7 +31,7 @@ DEVICE_AHEAD_BYTES = 256 << 20
 """With asynchronous copies (a GPU pool) the bound is bytes of pinned host memory instead: a launch takes
 microseconds of the scheduler thread, and 4 chunks a step would pace a 4 GiB replica by the scheduler's steps
 (~16 MiB a step) instead of the link. It is also the most pinned memory the chunks take, over all jobs
-(`HostSlots`, allocated as needed and kept)."""
+(`HostSlots`, allocated when the agent starts and kept)."""
 
 
 def ahead_chunks(chunk_bytes: int, is_async: bool) -> int:
@@ -73,7 +73,7 @@ class SourceSide:
     """A chunk waits for a host slot (the scheduler must not sleep: see `_keep_polling`)."""
 
     def host_slots(self) -> HostSlots:
-        """The chunks' host memory with asynchronous copies (made at the first chunk: the geometry sizes it)."""
+        """The chunks' host memory with asynchronous copies (made when the agent starts: the geometry sizes it)."""
         if self._host_slots is None:
             page_bytes = self.geometry.num_bytes(1)
             slot_bytes = max(1, self.config.chunk_bytes // page_bytes) * page_bytes

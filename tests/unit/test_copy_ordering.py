@@ -613,7 +613,7 @@ def test_a_target_uploads_a_transfer_in_slices_bounded_per_iteration_and_scatter
 
 
 def test_a_source_takes_host_memory_from_slots_it_keeps_and_reuses_one_only_once_every_holder_let_go(monkeypatch):
-    """A GPU source's chunks are views of host slots the scheduler side allocated and keeps (so no pinned block is
+    """A GPU source's chunks are views of host slots the scheduler side allocated at start and keeps (no pinned block is
     ever freed or allocated off the scheduler thread): a slot is taken again only once the I/O side, the transport
     and zero-copy frames dropped every view of it; while none is free the chunk waits (the job runs on) and the
     scheduler is kept from sleeping."""
@@ -622,10 +622,11 @@ def test_a_source_takes_host_memory_from_slots_it_keeps_and_reuses_one_only_once
     monkeypatch.setattr(source_side, "DEVICE_AHEAD_BYTES", 2 * 4 * 2 * 2 * PS * 16 * 4)  # two chunks' worth
     dev = FakeDevice()
     view, agent, cmd = source(dev, monkeypatch)
+    slots = agent._host_slots  # every slot allocated when the agent started, not in a serving step
+    assert slots is not None and len(slots.slots) == 2 and slots.in_use() == 0
     agent._on_message(m.Replicate(cmd))
     dev.run()
     agent.on_iteration()  # slots on the host: two chunks issued, the other two wait for a slot
-    slots = agent.host_slots()
     assert agent.gathers and dev.fences == 2 and slots.in_use() == 2 and len(slots.slots) == 2
     assert agent.slot_starved and m.DeviceBusy(True) in posted(agent, m.DeviceBusy)
     dev.run()
@@ -707,6 +708,9 @@ def test_an_asynchronous_agent_gives_its_io_side_a_staging_arena_it_allocated_it
     dev.host_buffer = lambda n: made.append(n) or real(n)
     agent = WorkerAgent(PoolView(), KvrepConfig(worker_id="w", load_interval_s=3600.0, staging_bytes=1 << 16),
                         ops=dev)
+    slots = agent._host_slots  # (a source's chunk slots are made at start too)
+    assert made == [slots.slot_bytes] * slots.max_slots
+    made.clear()
     info = agent.info
     assert info.staging_arena is not None and info.staging_arena.numel() == 1 << 16 and made == [1 << 16]
     assert agent.info.staging_arena is info.staging_arena and made == [1 << 16]

@@ -42,6 +42,19 @@ def test_the_hazard_script_says_it_needs_cuda(capsys):
     assert "no CUDA device" in capsys.readouterr().out
 
 
+def test_the_issue_cost_script_says_it_needs_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the GPU check's bench step runs it")
+    import sys
+
+    argv, sys.argv = sys.argv, ["gpu_issue_cost.py"]
+    try:
+        assert load("gpu_issue_cost").main() == 2
+    finally:
+        sys.argv = argv
+    assert "no CUDA device" in capsys.readouterr().out
+
+
 def test_the_gpu_check_fits_its_time_box_and_the_devices_output_limits():
     text = (ROOT / "scripts" / "gpu_check.sh").read_text()
     limits = [int(x) for x in re.findall(r"^step \S+ (\d+) ", text, re.M)]

@@ -102,6 +102,33 @@ def test_triton_float8_pool_and_repeats(triton_copy):
     assert bits_equal(got, oracle_gather(pool, ids.tolist(), "NHD"))
 
 
+@pytest.mark.parametrize("kind,layout", [("separate", "NHD"), ("mla", "NHD"), ("fused", "NHD")])
+def test_a_launch_described_once_is_reused_for_other_pages_and_buffers_but_never_across_pools(triton_copy, kind,
+                                                                                              layout):
+    """The 16-byte kernel's per-tensor offsets are uploaded once per (pools, direction, page count): every later
+    chunk of a transfer uploads its chunk table only. Other pages, another buffer of as many pages, the other
+    direction and another pool of the same shape all stay bit-exact; the pools and the direction are the key."""
+    pool = make_pool(kind, torch.bfloat16, 16, num_pages=12, head_dim=8, seed=5)
+    other = make_pool(kind, torch.bfloat16, 16, num_pages=12, head_dim=8, seed=6)
+    triton_copy._LAUNCHES_KEPT.clear()
+    targets = []  # (kept alive: a freed pool's addresses may come back for the next one)
+    for ids in ([3, 4, 5], [9, 1, 10], [2, 11, 6]):
+        out = kk.gather_pages(pool.k, pool.v, torch.tensor(ids), 16, layout=layout, backend="triton")
+        assert bits_equal(out, oracle_gather(pool, ids, layout))
+        dst = zeros_like_pool(pool)
+        targets.append(dst)
+        kk.scatter_pages(out, dst.k, dst.v, torch.tensor(ids), 16, layout=layout, backend="triton")
+        assert bits_equal(oracle_gather(dst, ids, layout), out)
+    kept = dict(triton_copy._LAUNCHES_KEPT)
+    assert all(launch.aligned for launch in kept.values())
+    assert len(kept) == 1 + 3  # the gathers share one; each scatter's pool is another
+    out = kk.gather_pages(other.k, other.v, torch.tensor([3, 4, 5]), 16, layout=layout, backend="triton")
+    assert bits_equal(out, oracle_gather(other, [3, 4, 5], layout))  # not the first pool's offsets
+    assert len(triton_copy._LAUNCHES_KEPT) == 5
+    out = kk.gather_pages(pool.k, pool.v, torch.tensor([3, 4]), 16, layout=layout, backend="triton")
+    assert bits_equal(out, oracle_gather(pool, [3, 4], layout)) and len(triton_copy._LAUNCHES_KEPT) == 6
+
+
 def test_triton_checks_bounds_before_launch(triton_copy):
     pool = make_pool("separate", torch.float16, 16, num_pages=6)
     buf = kk.gather_pages(pool.k, pool.v, torch.tensor([1, 2]), 16, backend="triton")
