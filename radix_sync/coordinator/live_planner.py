@@ -29,6 +29,7 @@ from radix_sync.directory import REPLICA
 from radix_sync.integrity import IntegrityError
 from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostModel, load_profile
+from radix_sync.policy.demotion import DemotionGate
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
 from radix_sync.policy.tracker import NodeTracker
@@ -141,6 +142,9 @@ class LivePlanner:
         worker that held all of that turn, demotes the other workers' copies that held exactly as much (both taken
         when it arrived, `ClusterState._copies_ending_at`; as `Engine._demote_others` at admission)."""
         self._demotions: list[tuple[str, str, int]] = []
+        self.demotion_gate: Optional[DemotionGate] = DemotionGate()
+        """Sends those demotions only while moved sessions seldom come back (`radix_sync.policy.demotion`); None:
+        sends every one."""
         """Hinted prefix -> what the planner made of it, each change with its time (for `/status`)."""
 
     def _ns(self, namespace: str) -> int:
@@ -178,6 +182,9 @@ class LivePlanner:
             if kind == "end":
                 self.num_sessions_ended += tracker.on_end(hashes[-1])
                 continue
+            gate = self.demotion_gate
+            if self.demote_stale and gate is not None:  # what earlier demotions' sessions did, before this decides
+                gate.observe(hashes, rec.worker_id, rec.time_s)
             # the deepest finished prompt this arrival's held prefix runs through is the turn it follows (a
             # worker also caches the response's own tokens, so the match usually runs past the prompt)
             nodes, abandoned = tracker.nodes, tracker.abandoned
@@ -190,7 +197,8 @@ class LivePlanner:
                     # only when the worker it went to held all of the turn it follows (not just a shared part)
                     if open_session and self.demote_stale and stale and routed_len >= i + 1:
                         last = hashes[routed_len - 1]
-                        self._demotions.extend((w, rec.namespace, last) for w in stale)
+                        if gate is None or gate.decide(last, stale, rec.time_s):
+                            self._demotions.extend((w, rec.namespace, last) for w in stale)
                     tracker.on_arrival(hashes, i + 1, rec.class_key, self._ns(rec.namespace), rec.prompt_len,
                                        page_len, rec.time_s)
                     break
@@ -210,7 +218,8 @@ class LivePlanner:
             for (cls, tool), m in self.planner.predictor.gap_models().items()}
         return {"open": open_nodes, "followups": self.num_followups, "abandoned": len(self.tracker.abandoned),
                 "ended_by_hint": self.num_sessions_ended,
-                "gap_models": models}
+                "gap_models": models,
+                "demotion_gate": self.demotion_gate.status() if self.demotion_gate is not None else None}
 
     def snapshot(self, state: ClusterState, now_s: float, cached: bool = True) -> tuple[ClusterSnapshot, list[str]]:
         """The planner's view of the cluster now. `cached`: reuse what earlier ticks derived from facts that have

@@ -221,9 +221,17 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write("\n")
         rec = stats.to_dict()
         rec["wall_s"] = wall
+        if eng.demotion_gate is not None:
+            rec["demotion_gate"] = eng.demotion_gate.status()
         samples[name] = stats.ttft_s
         results.append(rec)
     print(format_table(results))
+    for rec in results:
+        if "demotion_gate" in rec:
+            g = rec["demotion_gate"]
+            print(f"demotion gate of {rec['policy']}: {'open' if g['open'] else 'closed'} at the end, moved sessions "
+                  f"came back {g['returned']} of {g['returned'] + g['moved_on']} controls (rate {g['return_rate']}); "
+                  f"{g['sent']} of {g['decided']} demotions sent")
     args.results = results
     if args.out:
         meta = {k: v for k, v in vars(args).items() if k not in ("func", "results")}

@@ -12,6 +12,7 @@ from collections import deque
 from typing import Callable, Optional
 
 from radix_sync.policy.cost import CostProfile
+from radix_sync.policy.demotion import DemotionGate
 from radix_sync.policy.snapshot import (REPLICA, ClusterSnapshot, HolderView, RequestView,
                                         Route, WorkerView)
 from radix_sync.policy.tracker import NodeTracker
@@ -50,6 +51,8 @@ class Engine:
         self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)
         predictor = policy.planner.predictor if policy.planner else policy.predictor
         self.tracker = NodeTracker(predictor) if predictor is not None else None
+        self.demotion_gate = (DemotionGate(policy.demotion_gate)
+                              if policy.demote_stale and policy.demotion_gate is not None else None)
         self.inflight: list[Transfer] = []
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
@@ -226,10 +229,12 @@ class Engine:
 
     def on_admit(self, worker: SimWorker, req: SimRequest, matched_pages: int, now: float) -> None:
         """A request was admitted with `matched_pages` cached: account copies it uses."""
+        if self.demotion_gate is not None:  # (what an earlier demotion's session did: before this one decides)
+            self.demotion_gate.observe(req.pages, worker.wid, now)
         # only when this worker holds all of the turn it follows (not just a shared part of it)
         if (req.followup and matched_pages and matched_pages >= req.global_match_len and self.policy.demote_stale
                 and worker.cache.oracle_pages is None):
-            self._demote_others(worker.wid, req.pages, matched_pages)
+            self._demote_others(worker.wid, req.pages, matched_pages, now)
         by_first = self.copies[worker.wid]
         if not by_first or matched_pages == 0:
             return
@@ -253,14 +258,19 @@ class Engine:
             req.copy_hit_len = used * self.page_len
             self.stats.on_copy_hit(req, matched_pages * self.page_len)
 
-    def _demote_others(self, wid: int, pages, matched_pages: int) -> None:
+    def _demote_others(self, wid: int, pages, matched_pages: int, now: float) -> None:
         """A session's next turn runs on `wid`: the other workers' copies of its history that go no further
-        become evict-first (the session moves on from `wid`; a hit on an old copy takes this back)."""
+        become evict-first (the session moves on from `wid`; a hit on an old copy takes this back), where the
+        demotion gate (`PolicyBundle.demotion_gate`) finds that moved sessions seldom come back."""
         holders = self.directory.holders
         last = pages[matched_pages - 1]
         bits = holders.get(last, 0) & ~(1 << wid)
         if matched_pages < len(pages):
             bits &= ~holders.get(pages[matched_pages], 0)  # those holding more of the prompt keep theirs
+        if bits and self.demotion_gate is not None:
+            stale = [i for i in range(bits.bit_length()) if bits >> i & 1]
+            if not self.demotion_gate.decide(last, stale, now):
+                return
         self._demote_on(bits, last)
 
     def _demote_on(self, bits: int, last: int) -> None:

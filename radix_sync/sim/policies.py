@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from radix_sync.policy.cost import CostModel, CostProfile
+from radix_sync.policy.demotion import DemotionGateConfig
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.predictor import DemandPredictor
 from radix_sync.policy import baselines  # noqa: F401 (registers the baseline routers)
@@ -41,6 +42,9 @@ class PolicyBundle:
     """When a session's next turn (as the session tracker recognises it) is admitted on one worker, the other
     workers' copies of its history that go no further become evict-first, like replicas: the cluster keeps one
     live copy of each history instead of losing other sessions' only copies to LRU."""
+    demotion_gate: Optional[DemotionGateConfig] = DemotionGateConfig()
+    """With `demote_stale`: demote only while moved sessions seldom come back (`radix_sync.policy.demotion`); None:
+    always (the `_ungated` ablations)."""
     predictor: Optional[DemandPredictor] = None
     """Without a planner: the predictor of the session tracker that `demote_stale` needs (the tracker only
     recognises next turns; nothing is planned and no idle session is demoted on a prediction)."""
@@ -108,6 +112,20 @@ def _kvrep_keep(profile: CostProfile, page_len: int, seed: int, planner_cfg: Pla
     """Ablation: `kvrep` that leaves a moved session's old copies to plain LRU (no demotion)."""
     bundle = _kvrep(profile, page_len, seed, planner_cfg)
     return replace(bundle, name="kvrep_keep", demote_stale=False)
+
+
+@POLICIES.register("kvrep_pull_demote_ungated")
+def _kvrep_pull_demote_ungated(profile: CostProfile, page_len: int, seed: int,
+                               planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: `kvrep_pull_demote` demoting every moved session's old copies (no gate: before stop 33)."""
+    return replace(_kvrep_pull_demote(profile, page_len, seed, planner_cfg), name="kvrep_pull_demote_ungated",
+                   demotion_gate=None)
+
+
+@POLICIES.register("kvrep_ungated")
+def _kvrep_ungated(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: `kvrep` demoting every moved session's old copies (no gate: before stop 33)."""
+    return replace(_kvrep(profile, page_len, seed, planner_cfg), name="kvrep_ungated", demotion_gate=None)
 
 
 @POLICIES.register("kvrep_nopull")

@@ -76,6 +76,7 @@ def test_the_demote_policy_demotes_a_moved_sessions_copy_and_copies_nothing():
             p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
             for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]), 0.6)
         policy = make(name)
+        policy.demotion_gate = None  # (sent whatever moved sessions did: tests/unit/test_demotion_gate.py)
         st.record_demand([], [{"input_ids": tokens, "worker": "a", "stop": "tool_use", "class": "acme"}], 1.0)
         policy.decide(st, 1.0)
         st.record_arrival({"input_ids": tokens + [7] * 40, "worker": "b", "class": "acme"}, 2.0)

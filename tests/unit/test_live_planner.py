@@ -272,14 +272,16 @@ def store(st, rid, wid, seq, tokens, upto_pages, t):
         for i in range(upto_pages)]), t)
 
 
-def next_turn_on_b(b_pages, finished=True, demote_stale=True, new_pages_stored_before_the_tick=False):
+def next_turn_on_b(b_pages, finished=True, demote_stale=True, new_pages_stored_before_the_tick=False, gate=None,
+                   planner=None):
     """A 64-page turn cached on a and (its first `b_pages`) on b; its next turn (4 more pages) is routed to b.
     Returns: (the demotions the planner decided, the follow-ups it recognised)."""
     tokens = list(range(100, 100 + 1024))
     st = state_with_prefix(tokens, waiting_on_a=6)
     store(st, b"B", "b", 2, tokens, b_pages, 0.6)
-    planner = LivePlanner("cpu-local")
+    planner = planner or LivePlanner("cpu-local")
     planner.demote_stale = demote_stale
+    planner.demotion_gate = gate  # (None: the mechanism alone; the gate: tests/unit/test_demotion_gate.py)
     if finished:
         finish(st, tokens, 1.0)
         planner.consume(st, 1.0)
@@ -304,11 +306,28 @@ def test_a_sessions_next_turn_on_another_worker_demotes_the_old_copy_only_where_
     assert next_turn_on_b(64, new_pages_stored_before_the_tick=True) == ([("a", "", last)], 1)
 
 
+def test_live_demotions_wait_for_the_gate_which_learns_from_the_sessions_next_arrivals():
+    """Live, the planner's demotions go through the same gate as the simulator's: closed at first (decided, not
+    sent: a control), open once moved sessions were seen staying where they went."""
+    from radix_sync.policy.demotion import DemotionGate, DemotionGateConfig
+
+    gate = DemotionGate(DemotionGateConfig(min_outcomes=1, control_every=10**9))
+    planner = LivePlanner("cpu-local")
+    assert next_turn_on_b(64, gate=gate, planner=planner) == ([], 1)
+    status = planner.session_stats()["demotion_gate"]
+    assert status["controls"] == 1 and status["sent"] == 0 and status["pending"] == 1
+    gate.observe(page_hashes(list(range(100, 100 + 1024)), PS) + [1], "b", 3.0)  # its next turn stayed on b
+    assert gate.is_open()
+    last = page_hashes(list(range(100, 100 + 1024)), PS)[-1]
+    assert next_turn_on_b(64, gate=gate, planner=LivePlanner("cpu-local")) == ([("a", "", last)], 1)
+
+
 def test_demotions_are_taken_once():
     tokens = list(range(100, 100 + 1024))
     st = state_with_prefix(tokens, waiting_on_a=6)
     store(st, b"B", "b", 2, tokens, 64, 0.6)
     planner = LivePlanner("cpu-local")
+    planner.demotion_gate = None
     finish(st, tokens, 1.0)
     st.record_arrival({"input_ids": tokens + [9] * 40, "worker": "b", "class": "acme"}, 2.0)
     planner.consume(st, 2.0)

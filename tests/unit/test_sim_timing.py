@@ -133,8 +133,11 @@ def test_cached_prefix_term_and_workers_sharing_cores():
     assert (a.finish_s, b.finish_s, c.first_token_s) == pytest.approx((0.165, 0.165, 0.245))
 
 
-@pytest.mark.parametrize("policy,stale", [("kvrep", True), ("kvrep_keep", False), ("cache_aware", False)])
+@pytest.mark.parametrize("policy,stale", [("kvrep_ungated", True), ("kvrep", False), ("kvrep_keep", False),
+                                          ("cache_aware", False)])
 def test_a_session_served_elsewhere_leaves_its_old_copy_evict_first(policy, stale):
+    """`kvrep_ungated` demotes at once; `kvrep` asks its demotion gate, closed before any outcome (a control, not
+    sent: tests/unit/test_demotion_gate.py); the others never demote."""
     wl = Fixed([])
     eng = Engine(PROFILE, wl, build_policy(policy, PROFILE, wl.page_len, 0), EngineConfig(num_workers=3,
                                                                                           duration_s=1.0))
@@ -146,6 +149,8 @@ def test_a_session_served_elsewhere_leaves_its_old_copy_evict_first(policy, stal
     req.followup = True  # the tracker saw it continue a finished turn
     eng.on_admit(eng.workers[1], req, 3, 2.0)
     assert old.tree.nodes[3].stale is stale and old.tree.nodes[1].stale is stale
+    if policy == "kvrep":
+        assert eng.demotion_gate.stats["controls"] == 1 and eng.demotion_gate.status()["pending"] == 1
     assert not any(n.stale for n in new.tree.nodes.values())
     assert not any(n.stale for n in deeper.tree.nodes.values())
 
