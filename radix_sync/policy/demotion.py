@@ -30,11 +30,12 @@ from typing import Hashable, Iterable
 
 @dataclass(frozen=True)
 class DemotionGateConfig:
-    max_return_rate: float = 0.5
+    max_return_rate: float = 0.4
     """Send demotions while at most this fraction of moved sessions come back to a worker they left. Where the
     simulator says demotion pays (agent sessions on 16 workers, `llama3.1-8b-h200`, rate 100: P99 0.58 s demoting
-    every time vs 0.76 s never) 23-33% came back; 0.25 kept the gate shut half the time and cost most of the gain
-    (P99 0.65-0.77 s), 0.5 keeps it open there (docs/simulator.md, "The demotion gate")."""
+    every time vs 0.76 s never) 18-33% came back; 0.25 kept the gate shut half the time and cost most of the gain
+    (P99 0.65-0.77 s), 0.4 and 0.5 keep it open there (the same runs). On the two-worker CPU testbed, where
+    demotion cost, 15 of 29 came back (0.52): docs/bench.md, "The demotion gate"."""
     min_outcomes: int = 8
     """Control outcomes needed before any demotion is sent."""
     window: int = 64

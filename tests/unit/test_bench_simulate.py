@@ -99,7 +99,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
     from pathlib import Path
 
     files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
-    assert [f.name for f in files] == ["bench-agent-ablation.json.gz", "bench-agent-seed1.json.gz",
+    assert [f.name for f in files] == ["bench-agent-ablation.json.gz", "bench-agent-gate.json.gz",
+                                       "bench-agent-seed1.json.gz",
                                        "bench-agent-split.json.gz",
                                        "bench-cpu-account.json.gz", "bench-fanflash-split.json.gz",
                                        "bench-flash-seed1.json.gz", "bench-unique-split.json.gz", "bench-val1.json.gz",
