@@ -7,6 +7,8 @@ pinned host slot, per call, for gathers of 2, 8 and 32 pages (4, 16 and 64 MiB):
 
 - alone, with the launch descriptions kept (`triton_copy._LAUNCHES_KEPT`, the default) and not kept (each launch
   described and its offsets uploaded again, as before they were kept);
+- beside a thread doing what the agent's I/O thread does while sending (xxh3 of a 4 MiB chunk, a zero-copy
+  ZeroMQ send over loopback, a receiving thread): calls that release the GIL;
 - beside other Python threads, as in `gpu_agent_path.py`, where the source, the target, their I/O threads and a
   stand-in coordinator share one process and one GIL (in a fleet each worker is its own process): one thread
   spinning in Python ("spin"), and the same with `sys.setswitchinterval(0.0005)` ("spin, 0.5 ms switch").
@@ -78,6 +80,40 @@ def spin(stop: threading.Event) -> None:
             x += 1
 
 
+def io_like(stop: threading.Event, sent: list) -> None:
+    """What the agent's I/O thread does while a source sends: checksum a 4 MiB chunk of host memory (xxh3) and send
+    it zero-copy over loopback ZeroMQ, to a receiving thread (the target, another process in a fleet). Both stay
+    in calls that release the GIL most of the time."""
+    import xxhash
+    import zmq
+
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    for s in (push, pull):
+        s.setsockopt(zmq.LINGER, 0)
+    chunk = torch.empty(4 << 20, dtype=torch.uint8, pin_memory=True)
+    view = memoryview(chunk.numpy())
+
+    def drain() -> None:
+        while not stop.is_set():
+            if pull.poll(50):
+                pull.recv(copy=False)
+
+    rx = threading.Thread(target=drain, daemon=True)
+    rx.start()
+    while not stop.is_set():
+        xxhash.xxh3_64_intdigest(view)
+        if push.poll(50, zmq.POLLOUT):
+            push.send(view, copy=False)
+            sent[0] += 1
+    rx.join()
+    push.close()
+    pull.close()
+    ctx.term()
+
+
 def summary(times: list[float]) -> dict:
     ms = sorted(t * 1e3 for t in times[3:])  # (the first calls describe launches and warm the allocator)
     return {"median_ms": round(statistics.median(ms), 3), "mean_ms": round(statistics.fmean(ms), 3),
@@ -112,6 +148,18 @@ def main() -> int:
         triton_copy.KEEP_LAUNCHES = 0
         row["not kept"] = summary(time_calls(ops, k, v, pages, args.calls, host))
         triton_copy.KEEP_LAUNCHES = keep
+        stop, sent = threading.Event(), [0]
+        th = threading.Thread(target=io_like, args=(stop, sent), daemon=True)
+        th.start()
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        try:
+            row["beside I/O-like sending"] = summary(time_calls(ops, k, v, pages, args.calls, host))
+        finally:
+            stop.set()
+            th.join()
+        row["beside I/O-like sending"]["sent_gb_per_s"] = round(sent[0] * (4 << 20) / (time.perf_counter() - t0)
+                                                                / 1e9, 2)
         print(pages, "pages:", json.dumps(row), flush=True)
         for label, interval in (("spin", None), ("spin, 0.5 ms switch", 0.0005)):
             old = sys.getswitchinterval()

@@ -100,6 +100,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
 
     files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
     assert [f.name for f in files] == ["bench-agent-ablation.json.gz", "bench-agent-gate.json.gz",
+                                       "bench-agent-gate2.json.gz",
                                        "bench-agent-seed1.json.gz",
                                        "bench-agent-split.json.gz",
                                        "bench-cpu-account.json.gz", "bench-fanflash-split.json.gz",
