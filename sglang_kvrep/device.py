@@ -145,9 +145,10 @@ def _storage_users(t: torch.Tensor) -> int:
 class HostSlots:
     """A source's host memory for gathered chunks: buffers of `slot_bytes` (pinned on a GPU), allocated on the
     scheduler thread (a GPU agent reserves them all when it starts, `reserve`: on an H200 the first 4K-token
-    transfer's step that allocated 43 of them took 128 ms), at most `max_slots`, and never freed. A chunk's host buffer is a view of one; the
-    I/O thread, the transport and pyzmq's zero-copy frames hold views, and a slot is taken again only once nothing
-    but this pool uses its memory (the storage's use count back to what it was when allocated).
+    transfer's step that allocated 43 of them took 128 ms), at most `max_slots`, and never freed. A chunk's host
+    buffer is a view of one; the I/O thread, the transport and pyzmq's zero-copy frames hold views, and a slot is
+    taken again only once nothing but this pool uses its memory (the storage's use count back to what it was when
+    allocated).
 
     Why: the I/O thread (and pyzmq's garbage-collector thread, which lets go of zero-copy frames) then makes no
     CUDA call at all: views dropped there free nothing. (Freeing a pinned block that an asynchronous copy used makes

@@ -51,8 +51,8 @@ class Engine:
         self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)
         predictor = policy.planner.predictor if policy.planner else policy.predictor
         self.tracker = NodeTracker(predictor) if predictor is not None else None
-        self.demotion_gate = (DemotionGate(policy.demotion_gate)
-                              if policy.demote_stale and policy.demotion_gate is not None else None)
+        gate = policy.demotion_gate if policy.demote_stale else None
+        self.demotion_gate = DemotionGate(gate) if gate is not None else None
         self.inflight: list[Transfer] = []
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
@@ -259,9 +259,8 @@ class Engine:
             self.stats.on_copy_hit(req, matched_pages * self.page_len)
 
     def _demote_others(self, wid: int, pages, matched_pages: int, now: float) -> None:
-        """A session's next turn runs on `wid`: the other workers' copies of its history that go no further
-        become evict-first (the session moves on from `wid`; a hit on an old copy takes this back), where the
-        demotion gate (`PolicyBundle.demotion_gate`) finds that moved sessions seldom come back."""
+        """A session's next turn runs on `wid`: the other workers' copies of its history that go no further become
+        evict-first (a hit on an old copy takes this back), where the demotion gate lets it (`demotion_gate`)."""
         holders = self.directory.holders
         last = pages[matched_pages - 1]
         bits = holders.get(last, 0) & ~(1 << wid)

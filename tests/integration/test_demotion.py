@@ -63,7 +63,9 @@ def test_a_demoted_chain_is_evicted_before_older_cache(cluster, small):
 
 def test_a_sessions_next_turn_elsewhere_demotes_the_old_copy(cluster, small):
     """The kvrep policy in active mode: a finished turn cached on C and on A, its next turn reported routed to A:
-    the coordinator tells C (and only C) that its copy is stale."""
+    the coordinator decides that C's copy is stale. Its demotion gate sends nothing at first (a control: moved
+    sessions might come back); once the session's next turns kept going to A (8 outcomes, none back on C) it tells C
+    (and only C) that its copy is stale."""
     coord, a, c = cluster.coord, cluster.a, small
     turn = prompt(310, 512)
     c.generate(turn, 1)
@@ -73,15 +75,29 @@ def test_a_sessions_next_turn_elsewhere_demotes_the_old_copy(cluster, small):
     try:
         assert coord.post("/policy", {"policy": "kvrep", "mode": "active", "reset_demand": True})[0] == 200
         sent = coord.get("/status")[1]["demotions"]["sent"]
-        status, _ = coord.post("/arrivals", {"finishes": [{"input_ids": turn, "worker": c.worker_id,
-                                                           "stop": "tool_use", "seq": 1}],
-                                             "arrivals": [{"input_ids": turn + prompt(311, 40),
-                                                           "worker": a.worker_id, "seq": 2}]})
-        assert status == 200
+
+        def next_turn_on_a(i: int) -> dict:
+            status, _ = coord.post("/arrivals", {"finishes": [{"input_ids": turn, "worker": c.worker_id,
+                                                               "stop": "tool_use", "seq": 2 * i}],
+                                                 "arrivals": [{"input_ids": turn + prompt(311 + i, 40),
+                                                               "worker": a.worker_id, "seq": 2 * i + 1}]})
+            assert status == 200
+            return wait_until(lambda: (lambda s: s if s["sessions"]["demotion_gate"]["decided"] > i else None)(
+                coord.get("/status")[1]), 10, what=f"demotion decision {i}")
+
+        st = next_turn_on_a(0)
+        gate = st["sessions"]["demotion_gate"]
+        assert st["sessions"]["followups"] >= 1 and gate["controls"] == 1 and not gate["open"]
+        assert st["demotions"]["sent"] == sent  # decided, not sent
+        for i in range(1, 9):
+            st = next_turn_on_a(i)
+        gate = st["sessions"]["demotion_gate"]
+        assert gate["moved_on"] == 8 and gate["returned"] == 0 and gate["open"] and gate["sent"] == 1
         st = wait_until(lambda: (lambda s: s if s["demotions"]["sent"] > sent else None)(coord.get("/status")[1]),
                         10, what="a demotion")
-        assert st["sessions"]["followups"] >= 1
-        assert [d["worker"] for d in st["demotions"]["recent"] if d["sent"]][-1] == c.worker_id
-        assert st["demotions"]["sent"] == sent + 1  # A, where the turn went, keeps its copy
+        # C's copy demoted; A, where the turn went, keeps its copy (the planner may have copied the turn, hot by
+        # now, to B as well: B's copy is as stale as C's)
+        new = [d["worker"] for d in st["demotions"]["recent"] if d["sent"]][-(st["demotions"]["sent"] - sent):]
+        assert c.worker_id in new and a.worker_id not in new
     finally:
         coord.post("/policy", {"policy": "rules", "mode": "active", "reset_demand": True})
