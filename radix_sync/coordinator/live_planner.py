@@ -136,6 +136,7 @@ class LivePlanner:
         self.num_sessions_ended = 0
         """Open sessions closed by an `end` hint (`kvrep.session_end`)."""
         self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
+        """Hinted prefix -> what the planner made of it, each change with its time (for `/status`)."""
         self.demote_stale = True
         """Demote a session's old copies when its next turn moves to another worker (the simulator's
         `PolicyBundle.demote_stale` of `kvrep`): an arrival recognised as a finished turn's follow-up, routed to a
@@ -145,7 +146,6 @@ class LivePlanner:
         self.demotion_gate: Optional[DemotionGate] = DemotionGate()
         """Sends those demotions only while moved sessions seldom come back (`radix_sync.policy.demotion`); None:
         sends every one."""
-        """Hinted prefix -> what the planner made of it, each change with its time (for `/status`)."""
 
     def _ns(self, namespace: str) -> int:
         return self._namespaces.setdefault(namespace, len(self._namespaces))

@@ -35,7 +35,7 @@ class DemotionGateConfig:
     simulator says demotion pays (agent sessions on 16 workers, `llama3.1-8b-h200`, rate 100: P99 0.58 s demoting
     every time vs 0.76 s never) 18-33% came back; 0.25 kept the gate shut half the time and cost most of the gain
     (P99 0.65-0.77 s), 0.4 and 0.5 keep it open there (the same runs). On the two-worker CPU testbed, where
-    demotion cost, 15 of 29 came back (0.52): docs/bench.md, "The demotion gate"."""
+    demotion cost, 15 of 29 came back (0.52): docs/bench.md, "The demotion gate" (scripts/demotion_gate_sweep.py)."""
     min_outcomes: int = 8
     """Control outcomes needed before any demotion is sent."""
     window: int = 64

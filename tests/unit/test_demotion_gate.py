@@ -105,3 +105,22 @@ def test_an_arrival_resolves_earlier_decisions_before_its_own_and_only_histories
 def test_a_bad_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         DemotionGateConfig(**{field: value})
+
+
+def test_the_sweep_script_runs_the_gate_off_and_at_each_setting(capsys):
+    """scripts/demotion_gate_sweep.py (the numbers behind the defaults) on a short agent run: one line per setting,
+    the gated ones with the gate's end state, the ungated one without."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "demotion_gate_sweep.py"
+    spec = importlib.util.spec_from_file_location("demotion_gate_sweep", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.gate_of("0.3/8") == DemotionGateConfig(max_return_rate=0.3, control_every=8)
+    assert mod.gate_of("none") is None
+    assert mod.main(["--gates", "none,0.4/16", "--seeds", "1", "--", "--generator", "agent", "--rate", "20",
+                     "--duration-s", "20"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [x.split(":")[0] for x in lines] == ["kvrep gate none", "kvrep gate 0.4/16"]
+    assert "sent" not in lines[0] and " sent " in lines[1] and "P99" in lines[1]

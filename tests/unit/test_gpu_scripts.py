@@ -29,29 +29,14 @@ def test_the_profile_remeasurement_runs_and_fits_every_term_on_a_tiny_model():
     assert gp.fit([[1, 1, 1], [1, 2, 4], [1, 3, 9]], [6, 17, 34]) == pytest.approx([1, 2, 3], abs=1e-9)
 
 
-def test_the_hazard_script_says_it_needs_cuda(capsys):
-    if torch.cuda.is_available():  # (on a GPU the check itself runs it)
-        pytest.skip("a CUDA device is here: the script runs its checks instead")
+@pytest.mark.parametrize("script", ["gpu_ordering", "gpu_issue_cost"])
+def test_the_cuda_only_scripts_say_they_need_cuda(script, capsys, monkeypatch):
+    if torch.cuda.is_available():  # (on a GPU the check itself runs them)
+        pytest.skip("a CUDA device is here: the GPU check runs the script instead")
     import sys
 
-    argv, sys.argv = sys.argv, ["gpu_ordering.py"]
-    try:
-        assert load("gpu_ordering").main() == 2
-    finally:
-        sys.argv = argv
-    assert "no CUDA device" in capsys.readouterr().out
-
-
-def test_the_issue_cost_script_says_it_needs_cuda(capsys):
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is here: the GPU check's bench step runs it")
-    import sys
-
-    argv, sys.argv = sys.argv, ["gpu_issue_cost.py"]
-    try:
-        assert load("gpu_issue_cost").main() == 2
-    finally:
-        sys.argv = argv
+    monkeypatch.setattr(sys, "argv", [f"{script}.py"])
+    assert load(script).main() == 2
     assert "no CUDA device" in capsys.readouterr().out
 
 
