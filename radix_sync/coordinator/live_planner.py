@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from radix_sync.coordinator.demand import CandidateDemand, ViewCache, candidate_demand
-from radix_sync.coordinator.state import DONE, PENDING, RUNNING, ClusterState
+from radix_sync.coordinator.state import DONE, FAILED, PENDING, RUNNING, ClusterState
+from radix_sync.coordinator.workers import kv_bytes_per_token
 from radix_sync.directory import REPLICA
 from radix_sync.integrity import IntegrityError
+from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostModel, load_profile
 from radix_sync.policy.demotion import DemotionGate
@@ -39,9 +41,6 @@ LIVE_SCORING_BUDGET = 2048
 carried to the next (docs/coordinator-scale.md: ~3-7 us a pair, so a tick of tens of ms at most, whatever the
 fleet and its demand)."""
 
-_ITEMSIZE = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.uint8": 1}
-
-
 @dataclass(frozen=True)
 class LiveDecision:
     source: str
@@ -51,19 +50,6 @@ class LiveDecision:
     depth_len: int
     ttl_s: float
     gain_s: float
-
-
-def kv_bytes_per_token(fields: dict[str, str]) -> Optional[int]:
-    """KV bytes per token from a worker's fingerprint fields (MHA: 2 x layers x heads x dim x itemsize)."""
-    try:
-        dims = [int(x) for x in fields["kv_geometry"].strip("()").split(",") if x.strip()]
-        per_row = 1
-        for d in dims:
-            per_row *= d
-        factor = 1 if fields.get("mla") == "True" else 2
-        return factor * int(fields["num_layers"]) * per_row * _ITEMSIZE[fields["kv_store_dtype"]]
-    except (KeyError, ValueError):
-        return None
 
 
 _new_worker_view = functools.partial(tuple.__new__, WorkerView)
@@ -100,6 +86,8 @@ class LivePlanner:
     PULL_WINDOW_S = 30.0
     """Routers' pulls (critical copies, origin `pull`) within this long make the planner value a pre-copy against
     a pull, and give each link its recent pull rate, s."""
+    DECIDED_KEPT_S = 10.0
+    """A decision not recorded as a replication within this long was not made (held out, refused), s."""
     WANTED_AFTER_LANDING_S = 5.0
     """A pull's replica counts as wanted (its request, sent when it landed, is queued there) this long after it
     landed, s."""
@@ -118,21 +106,26 @@ class LivePlanner:
         self.cost = CostModel(self.profile)
         self.router_pulls = router_pulls
         self._cfgs = {allow: dataclasses.replace(cfg, allow_pull=allow) for allow in (False, True)}
-        self.planner = KvrepPlanner(self.cost, cfg=self._cfgs[False])
+        self.planner = KvrepPlanner(self.cost, cfg=self._cfgs[False], calibration=UseCalibration())
+        """`planner.calibration`: each kind of demand's copies used against predicted, from the replications'
+        records (`_calibrate`); None: not learned (every prediction taken as it is)."""
         self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
+        self._decided: dict[tuple[int, str], tuple[str, float, float]] = {}
+        """(prefix, target) -> (kind, expected count, when) of copies not recorded yet (`_calibrated`: recorded)."""
+        self._calibrated: set[str] = set()
         self._carried: dict[int, int] = {}
+        """The prefixes the last pass left unscored (its budget spent): scored first in the next."""
         self._views = ViewCache()
         self._holder_views: dict[tuple, HolderView] = {}
         """Landed holdings' views by their fields (`_prefix_view`), at most 65,536."""
-        """The prefixes the last pass left unscored (its budget spent): scored first in the next."""
         self._namespaces: dict[str, int] = {"": 0}
         self.hint_grace_s = 1.0
         """A fan-out hint stops asking for copies this long after its branches were due, s."""
         self.num_followups = 0
+        """Arrivals recognised as the next turn of a finished response."""
         self.last_pass: dict[str, int] = {}
         """The last tick's candidates, (prefix, target) pairs scored and prefixes deferred (for `/status`)."""
-        """Arrivals recognised as the next turn of a finished response."""
         self.num_sessions_ended = 0
         """Open sessions closed by an `end` hint (`kvrep.session_end`)."""
         self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
@@ -194,6 +187,8 @@ class LivePlanner:
                 open_session = node is not None and node.last_finish_s is not None
                 if open_session or h in abandoned:
                     self.num_followups += open_session
+                    if open_session and self.planner.calibration is not None:  # (the turn its copies are for)
+                        self.planner.calibration.arrived(h, rec.worker_id, rec.time_s)
                     # only when the worker it went to held all of the turn it follows (not just a shared part)
                     if open_session and self.demote_stale and stale and routed_len >= i + 1:
                         last = hashes[routed_len - 1]
@@ -219,7 +214,8 @@ class LivePlanner:
         return {"open": open_nodes, "followups": self.num_followups, "abandoned": len(self.tracker.abandoned),
                 "ended_by_hint": self.num_sessions_ended,
                 "gap_models": models,
-                "demotion_gate": self.demotion_gate.status() if self.demotion_gate is not None else None}
+                "demotion_gate": self.demotion_gate.status() if self.demotion_gate is not None else None,
+                "copy_use": self.planner.calibration.status() if self.planner.calibration is not None else None}
 
     def snapshot(self, state: ClusterState, now_s: float, cached: bool = True) -> tuple[ClusterSnapshot, list[str]]:
         """The planner's view of the cluster now. `cached`: reuse what earlier ticks derived from facts that have
@@ -441,8 +437,34 @@ class LivePlanner:
             expected_new_len=int(ewma.get(session.class_key, 0)) if session else 0,
             fanout_hint=k, hint_at_s=hint_at, keepalive_until_s=demand.keepalive.get(block_hash))
 
+    def _calibrate(self, state: ClusterState, now_s: float) -> None:
+        """Hands the planner's copies to `planner.calibration` once recorded (a decision held out or refused never
+        is: forgotten after `DECIDED_KEPT_S`), with their uses (a promotion) and failures."""
+        cal = self.planner.calibration
+        if cal is None:
+            return
+        decided, seen = self._decided, self._calibrated
+        for rep in state.replications.values():
+            if rep.origin != self.name:
+                continue
+            if rep.id not in seen:
+                if (entry := decided.pop((rep.block_hash, rep.target), None)) is None:
+                    continue
+                seen.add(rep.id)
+                cal.decided(rep.id, *entry, prefix=rep.block_hash, target=rep.target)
+            if rep.promoted_tokens > 0:
+                cal.used(rep.id, now_s)
+            elif rep.state == FAILED:
+                cal.dropped(rep.id)
+        if decided:
+            self._decided = {k: v for k, v in decided.items() if now_s - v[2] <= self.DECIDED_KEPT_S}
+        if len(seen) > 2 * len(state.replications) + 1024:
+            self._calibrated = {i for i in seen if i in state.replications}
+        cal.tick(now_s)
+
     def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
         self.observe(state)
+        self._calibrate(state, now_s)
         snap, ids = self.snapshot(state, now_s)
         out = []
         commands = self.planner.plan(snap, now_s)
@@ -465,4 +487,5 @@ class LivePlanner:
                 continue
             out.append(LiveDecision(ids[cmd.source], ids[cmd.target], node.namespace, cmd.node_id, cmd.depth_len,
                                     cmd.ttl_s, cmd.gain_s))
+            self._decided[(cmd.node_id, ids[cmd.target])] = (cmd.kind, cmd.expected_count, now_s)
         return out

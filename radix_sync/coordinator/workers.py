@@ -128,3 +128,19 @@ class WorkerRegistry:
                 raise IntegrityError(f"worker {wid!r} holds the record of {record.worker_id!r}")
             if record.hello.page_size < 1:
                 raise IntegrityError(f"worker {wid!r} has page size {record.hello.page_size}")
+
+
+_ITEMSIZE = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.uint8": 1}
+
+
+def kv_bytes_per_token(fields: dict[str, str]) -> Optional[int]:
+    """KV bytes per token from a worker's fingerprint fields (MHA: 2 x layers x heads x dim x itemsize)."""
+    try:
+        dims = [int(x) for x in fields["kv_geometry"].strip("()").split(",") if x.strip()]
+        per_row = 1
+        for d in dims:
+            per_row *= d
+        factor = 1 if fields.get("mla") == "True" else 2
+        return factor * int(fields["num_layers"]) * per_row * _ITEMSIZE[fields["kv_store_dtype"]]
+    except (KeyError, ValueError):
+        return None

@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.forecast import WaitForecast
 from radix_sync.policy.gate import link_free_s
@@ -137,16 +138,21 @@ class _NodePlan:
     eta: dict[int, float]  # worker -> when its copy lands (absent: landed)
     source: int  # the deepest holder that is ready first (for pull estimates)
     wanted: list = ()  # its landed holdings, (worker, replica?, tokens): predicted demand wants them there
+    predicted: float = 0.0  # the expected count before calibration (`demand`'s is scaled)
 
 
 class KvrepPlanner:
     """Scores replication candidates and returns the copies to make this tick."""
 
     def __init__(self, cost: CostModel, predictor: Optional[DemandPredictor] = None,
-                 cfg: PlannerConfig = PlannerConfig()) -> None:
+                 cfg: PlannerConfig = PlannerConfig(), calibration: Optional[UseCalibration] = None) -> None:
         self.cost = cost
         self.predictor = predictor or DemandPredictor()
         self.cfg = cfg
+        self.calibration = calibration
+        """How often each kind of demand's copies were used against predicted (`radix_sync.policy.calibration`):
+        a kind's expected counts are scaled by its factor. The caller feeds it the copies' outcomes; None: not
+        scaled."""
         self._page_len = 1
         self.outcomes: dict[int, str] = {}
         """Node id -> what the last `plan` made of it (copies, or why none): for operators, not for decisions."""
@@ -369,6 +375,7 @@ class KvrepPlanner:
         deferred: dict[int, int] = {}
         order = sorted(range(len(plans)), key=keys.__getitem__)
         budget_spent = False
+        factors = self.calibration.factors() if self.calibration is not None else {}
         for n, j in enumerate(order):
             if len(out) >= cfg.max_copies_per_tick:
                 break
@@ -378,7 +385,10 @@ class KvrepPlanner:
                 break
             node, demand, depth, eta, source, new_len, held, own, _ = plans[j]
             # (the plan adds to its depths and arrivals: its own copies, not those `_node_plans` keeps)
-            np_ = _NodePlan(node, demand, new_len, dict(depth), dict(eta), source, held)
+            predicted, f = demand.expected_count, factors.get(demand.source, 1.0)
+            if f < 1.0:  # (the kind's copies were used less often than predicted)
+                demand = demand._replace(expected_count=predicted * f)
+            np_ = _NodePlan(node, demand, new_len, dict(depth), dict(eta), source, held, predicted)
             # A node's own predicted work must not count against itself.
             fc.remove_work(*own)
             try:
@@ -434,7 +444,8 @@ class KvrepPlanner:
             self._targets.changed(target)
             np_.depth[target] = depth
             np_.eta[target] = land
-            out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain))
+            out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain,
+                                 np_.demand.source, np_.predicted))
         self.outcomes[np_.node.node_id] = (f"{made} cop{'y' if made == 1 else 'ies'}; then no target: "
                                            + (", ".join(f"{k} x{v}" for k, v in sorted(why.items()))
                                               or "every compatible worker holds it or has it coming"))

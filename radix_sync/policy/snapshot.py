@@ -182,6 +182,10 @@ class Replicate:
     """The replica expires this long after it lands unless a real hit promotes it."""
     gain_s: float = 0.0
     """Expected TTFT seconds saved, net of costs (for logs and shadow accounting)."""
+    kind: str = ""
+    """The demand it was planned for (`Demand.source`: `session`, `hint`, `popularity`)."""
+    expected_count: float = 0.0
+    """The requests that demand predicted, before calibration (`radix_sync.policy.calibration`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -223,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
         rec["wall_s"] = wall
         if eng.demotion_gate is not None:
             rec["demotion_gate"] = eng.demotion_gate.status()
+        if eng.calibration is not None:
+            rec["copy_use"] = eng.calibration.status()
         samples[name] = stats.ttft_s
         results.append(rec)
     print(format_table(results))
@@ -232,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"demotion gate of {rec['policy']}: {'open' if g['open'] else 'closed'} at the end, moved sessions "
                   f"came back {g['returned']} of {g['returned'] + g['moved_on']} controls (rate {g['return_rate']}); "
                   f"{g['sent']} of {g['decided']} demotions sent")
+        if "copy_use" in rec:
+            kinds = rec["copy_use"]["kinds"]
+            print(f"copy use of {rec['policy']} (used / predicted -> factor): " + (", ".join(
+                f"{k} {v['used']} / {v['predicted']} -> {v['factor']}" for k, v in sorted(kinds.items())) or "none"))
     args.results = results
     if args.out:
         meta = {k: v for k, v in vars(args).items() if k not in ("func", "results")}

@@ -8,9 +8,11 @@ The engine plays the coordinator and router of the real system: it builds `Reque
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from typing import Callable, Optional
 
+from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.cost import CostProfile
 from radix_sync.policy.demotion import DemotionGate
 from radix_sync.policy.snapshot import (REPLICA, ClusterSnapshot, HolderView, RequestView,
@@ -19,11 +21,11 @@ from radix_sync.policy.tracker import NodeTracker
 from radix_sync.sim.cache import Directory, WorkerCache
 from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.metrics import RunStats
-from radix_sync.sim.network import CopyRecord, Network, Transfer
+from radix_sync.sim.network import CopyRecord, Network, Transfer, reestimate_pending
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.views import LoadViews, gate_fields, hint_error, prefix_views
+from radix_sync.sim.views import LoadViews, gate_fields, hinted, prefix_views
 from radix_sync.sim.worker import IDLE, SimWorker
-from radix_sync.sim.workload import SimRequest, Workload, request_key
+from radix_sync.sim.workload import SimRequest, Workload
 
 ARRIVE, ITER, XFER, EXPIRE, TICK, START, REPORT = range(7)
 PERIODIC = (TICK, REPORT)
@@ -53,6 +55,11 @@ class Engine:
         self.tracker = NodeTracker(predictor) if predictor is not None else None
         gate = policy.demotion_gate if policy.demote_stale else None
         self.demotion_gate = DemotionGate(gate) if gate is not None else None
+        cal = policy.use_calibration if policy.planner is not None else None
+        self.calibration = UseCalibration(cal) if cal is not None else None  # (fed here, read by the planner)
+        if policy.planner is not None:
+            policy.planner.calibration = self.calibration
+        self._copy_ids = itertools.count(1)
         self.inflight: list[Transfer] = []
         self.pending: list[Transfer] = []
         """Planned copies waiting for their source to hold the pages (also listed in `inflight`)."""
@@ -150,7 +157,7 @@ class Engine:
         cached: tuple = ()
         inflight: tuple = ()
         if self.pending:
-            self._reestimate_pending(now)
+            reestimate_pending(self.pending, self.net, self.tracker.nodes, now)
         if self._needs_cached:
             page = self.page_len
             if self.policy.oracle:
@@ -175,6 +182,8 @@ class Engine:
                            req.class_key)
         views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
         route = self.policy.router.route(view, views, now)
+        if req.followup and self.calibration is not None:  # (the turn its session's copies are for)
+            self.calibration.arrived(req.pages[req.global_match_len - 1], route.worker_id, now)
         self._execute_route(req, route, now)
         if req.hint_fanout and self.policy.planner is not None:
             self._hint(req, route, now)
@@ -187,16 +196,10 @@ class Engine:
         w = self.workers[route.worker_id]
         prefilled = now + route.expected_ttft_s
         decode = cost.decode_steps_s(max(0, req.output_len - 1), w.num_running + 1, w.sum_ctx + req.prompt_len)
-        fanout, lead = self._hinted(req, prefilled + decode + req.hint_delay_s - now)
+        fanout, lead = hinted(req, self.cfg.hint_jitter, prefilled + decode + req.hint_delay_s - now)
         self.tracker.on_hint(req.pages, req.class_key, req.namespace, fanout, now + lead, route.worker_id, prefilled,
                              now)
         self._tick(now)
-
-    def _hinted(self, req: SimRequest, lead_s: float) -> tuple[int, float]:
-        """Returns: (branches, lead time) of `req`'s fan-out hint as the coordinator gets them: with the hint's
-        error (`EngineConfig.hint_jitter`, the same draw for the request under every policy)."""
-        f_time, f_count = hint_error(request_key(req), self.cfg.hint_jitter)
-        return max(1, round(req.hint_fanout * f_count)), lead_s * f_time
 
     def _execute_route(self, req: SimRequest, route: Route, now: float) -> None:
         w = self.workers[route.worker_id]
@@ -254,6 +257,8 @@ class Engine:
                     if rec.kind == "replica" and not rec.promoted and worker.cache.oracle_pages is None:
                         worker.cache.tree.promote(pages[matched_pages - 1])
                         rec.promoted = True
+                        if self.calibration is not None:
+                            self.calibration.used(rec.copy_id, now)
         if used:
             req.copy_hit_len = used * self.page_len
             self.stats.on_copy_hit(req, matched_pages * self.page_len)
@@ -297,7 +302,7 @@ class Engine:
         self.loads.on_done(req)
         self.policy.router.on_finished(req.worker, req.rid, now)
         if self.tracker is not None:
-            fanout, delay = self._hinted(req, req.hint_delay_s) if req.hint_fanout else (0, 0.0)
+            fanout, delay = hinted(req, self.cfg.hint_jitter, req.hint_delay_s) if req.hint_fanout else (0, 0.0)
             self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, fanout, delay)
             if req.hint_fanout and self.policy.planner is not None:
                 self._tick(now)  # an explicit hint triggers a planning pass at once, as the coordinator does
@@ -352,30 +357,14 @@ class Engine:
         return False, None, 0.0
 
     def _plan_pending(self, src: int, dst: int, node, lo: int, hi: int, parent: Optional[Transfer], ready_s: float,
-                      ttl_s: float, now: float) -> None:
+                      ttl_s: float, now: float) -> Transfer:
         nbytes = (hi - lo) * self.page_len * self.p.kv_bytes_per_token
         start, end = self.net.estimate(src, dst, nbytes, max(now, ready_s))
         x = Transfer("replica", src, dst, node.pages, lo, hi, nbytes, start, end, node.node_id, ttl_s, None,
                      True, parent)
         self.inflight.append(x)
         self.pending.append(x)
-
-    def _reestimate_pending(self, now: float) -> None:
-        """Moves the estimated arrival of every pending copy to what the links, the pending copies before it on the
-        same links and its source's own copy (or prefill) now say (at every arrival and planning pass: an estimate
-        made when it was planned goes stale as other copies are booked and its source's copy slips)."""
-        if not self.pending:
-            return
-        net = self.net
-        egress, ingress = list(net.egress_free_s), list(net.ingress_free_s)  # pending copies queue on them too
-        for x in self.pending:  # parents were planned before their children: their estimates are fresh here
-            if x.parent is not None:
-                ready = x.parent.end_s
-            else:
-                node = self.tracker.nodes.get(x.node_id)
-                ready = node.owner_eta_s if node is not None and node.owner == x.src else now
-            start = max(now, ready, egress[x.src], ingress[x.dst])
-            x.end_s = egress[x.src] = ingress[x.dst] = start + net.latency_s + x.num_bytes / net.bw
+        return x
 
     def _start_pending(self, worker: int, now: float) -> None:
         """`worker` got new pages: books the pending copies from it whose pages it now holds."""
@@ -392,6 +381,8 @@ class Engine:
 
     def _cancel(self, x: Transfer, now: float) -> None:
         """Drops a copy that will not happen; requests waiting for it go ahead."""
+        if x.copy_id and self.calibration is not None:
+            self.calibration.dropped(x.copy_id)
         if x in self.pending:
             self.pending.remove(x)
         self.inflight.remove(x)
@@ -414,7 +405,8 @@ class Engine:
             cache.insert(x.pages, x.hi, now, replica=(x.kind == "replica"))
             cache.tree.touch(x.pages[x.hi - 1], now)
             until = now + x.ttl_s if x.kind == "replica" else now + 3600.0
-            rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until)
+            rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until,
+                             copy_id=x.copy_id)
             self.copies[x.dst].setdefault(rec.first_page, []).append(rec)
             starts = self.copy_starts[x.dst]
             starts[rec.lo] = starts.get(rec.lo, 0) + 1
@@ -423,6 +415,8 @@ class Engine:
                 self._push(until, EXPIRE, rec)
         elif lo < x.hi:
             self.stats.num_copy_failed += 1
+            if x.copy_id and self.calibration is not None:
+                self.calibration.dropped(x.copy_id)
         if self.pending:
             if cache.match_len(x.pages[: x.hi]) >= x.hi:
                 self._start_pending(x.dst, now)
@@ -461,7 +455,9 @@ class Engine:
                 self._demote_on(self.directory.holders.get(last, 0), last)
         if not self.tracker.nodes:
             return
-        self._reestimate_pending(now)
+        reestimate_pending(self.pending, self.net, self.tracker.nodes, now)
+        if self.calibration is not None:
+            self.calibration.tick(now)
         views = gate_fields(self, self.worker_views(now), now)
         snap = ClusterSnapshot(views, prefix_views(self, views, now), (), self.page_len,
                                self.p.kv_bytes_per_token)
@@ -486,10 +482,14 @@ class Engine:
                 self.shadow.append(dict(node=d.node_id, target=d.target, depth=hi, bytes=nbytes, land_s=land,
                                         ttl_s=d.ttl_s, useful=False))
                 self.stats.on_shadow_copy(nbytes)
-            elif ready:
-                self._start_transfer("replica", d.source, d.target, n.pages, lo, hi, now, d.node_id, d.ttl_s)
+                continue
+            if ready:
+                x = self._start_transfer("replica", d.source, d.target, n.pages, lo, hi, now, d.node_id, d.ttl_s)
             else:
-                self._plan_pending(d.source, d.target, n, lo, hi, parent, ready_s, d.ttl_s, now)
+                x = self._plan_pending(d.source, d.target, n, lo, hi, parent, ready_s, d.ttl_s, now)
+            if self.calibration is not None:
+                x.copy_id = next(self._copy_ids)
+                self.calibration.decided(x.copy_id, d.kind, d.expected_count, now, d.node_id, d.target)
         if self.shadow:
             self.shadow = [s for s in self.shadow if s["land_s"] + s["ttl_s"] >= now]
 

@@ -33,6 +33,8 @@ class Transfer:
     """The copy in flight to `src` this one waits for (None: waits for `src`'s own prefill)."""
     waiters: list = field(default_factory=list)
     """Requests held until this copy lands (routed to wait for it while it was pending)."""
+    copy_id: int = 0
+    """A planner's copy: its key in the engine's `UseCalibration` (0: not the planner's)."""
 
 
 @dataclass
@@ -49,6 +51,8 @@ class CopyRecord:
     active_until_s: float
     num_hits: int = 0
     promoted: bool = False
+    copy_id: int = 0
+    """`Transfer.copy_id` of the copy that landed it."""
 
 
 class Network:
@@ -72,3 +76,20 @@ class Network:
         """Like `book` without booking."""
         start = max(now, self.egress_free_s[src], self.ingress_free_s[dst])
         return start, start + self.latency_s + num_bytes / self.bw
+
+
+def reestimate_pending(pending: list, net: Network, nodes: dict, now: float) -> None:
+    """Moves the estimated arrival of every pending copy to what the links, the pending copies before it on the
+    same links and its source's own copy (or prefill) now say (at every arrival and planning pass: an estimate
+    made when it was planned goes stale as other copies are booked and its source's copy slips)."""
+    if not pending:
+        return
+    egress, ingress = list(net.egress_free_s), list(net.ingress_free_s)  # pending copies queue on them too
+    for x in pending:  # parents were planned before their children: their estimates are fresh here
+        if x.parent is not None:
+            ready = x.parent.end_s
+        else:
+            node = nodes.get(x.node_id)
+            ready = node.owner_eta_s if node is not None and node.owner == x.src else now
+        start = max(now, ready, egress[x.src], ingress[x.dst])
+        x.end_s = egress[x.src] = ingress[x.dst] = start + net.latency_s + x.num_bytes / net.bw

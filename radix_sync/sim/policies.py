@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from radix_sync.policy.calibration import UseCalibrationConfig
 from radix_sync.policy.cost import CostModel, CostProfile
 from radix_sync.policy.demotion import DemotionGateConfig
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
@@ -45,6 +46,9 @@ class PolicyBundle:
     demotion_gate: Optional[DemotionGateConfig] = DemotionGateConfig()
     """With `demote_stale`: demote only while moved sessions seldom come back (`radix_sync.policy.demotion`); None:
     always (the `_ungated` ablations)."""
+    use_calibration: Optional[UseCalibrationConfig] = UseCalibrationConfig()
+    """With a planner: scale each kind of demand's predictions by how often its copies were used
+    (`radix_sync.policy.calibration`); None: never (the `_uncalibrated` ablation)."""
     predictor: Optional[DemandPredictor] = None
     """Without a planner: the predictor of the session tracker that `demote_stale` needs (the tracker only
     recognises next turns; nothing is planned and no idle session is demoted on a prediction)."""
@@ -167,3 +171,9 @@ def build_policy(name: str, profile: CostProfile, page_len: int, seed: int,
                  planner_cfg: PlannerConfig = PlannerConfig()) -> PolicyBundle:
     """Returns: a fresh bundle for policy `name`."""
     return POLICIES.create(name, profile, page_len, seed, planner_cfg)
+
+
+@POLICIES.register("kvrep_uncalibrated")
+def _kvrep_uncalibrated(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """Ablation: `kvrep` taking every prediction as it is (no use calibration: before stop 34)."""
+    return replace(_kvrep(profile, page_len, seed, planner_cfg), name="kvrep_uncalibrated", use_calibration=None)

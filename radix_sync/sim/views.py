@@ -20,14 +20,11 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from typing import TYPE_CHECKING
 
 from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.snapshot import OWNER, REPLICA, HolderView, PrefixView, WorkerView
 from radix_sync.sim.worker import DECODE, PREFILL
-
-if TYPE_CHECKING:
-    from radix_sync.sim.workload import SimRequest
+from radix_sync.sim.workload import SimRequest, request_key
 
 _new = tuple.__new__
 _NO_GATE = (0, 0, 0, 0, 0.0, 0.0)
@@ -114,7 +111,7 @@ class LoadViews:
         return tuple(out)
 
     # ---- the router's own counts ----
-    def on_routed(self, req: "SimRequest") -> None:
+    def on_routed(self, req: SimRequest) -> None:
         """`req` was sent to `req.worker` (after `SimWorker.enqueue` set its estimates)."""
         if not self.stale:
             return
@@ -126,7 +123,7 @@ class LoadViews:
         self.queued_cached[i] += q[2]
         self.queued_pairs[i] += q[3]
 
-    def on_started(self, req: "SimRequest") -> None:
+    def on_started(self, req: SimRequest) -> None:
         """`req` streamed its first token: its prefill is no longer queued work."""
         q = self._queued.pop(req.rid, None)
         if q is not None:
@@ -135,7 +132,7 @@ class LoadViews:
             self.queued_cached[i] -= q[2]
             self.queued_pairs[i] -= q[3]
 
-    def on_done(self, req: "SimRequest") -> None:
+    def on_done(self, req: SimRequest) -> None:
         """`req` finished or was rejected."""
         if not self.stale:
             return
@@ -246,3 +243,10 @@ def hint_error(key: str, jitter: float) -> tuple[float, float]:
         return 1.0, 1.0
     rng = random.Random(zlib.crc32(f"hint:{key}".encode()))
     return math.exp(jitter * rng.gauss(0.0, 1.0)), math.exp(jitter * rng.gauss(0.0, 1.0))
+
+
+def hinted(req: SimRequest, jitter: float, lead_s: float) -> tuple[int, float]:
+    """Returns: (branches, lead time) of `req`'s fan-out hint as the coordinator gets them: with the hint's error
+    (`EngineConfig.hint_jitter`, `hint_error`: the same draw for the request under every policy)."""
+    f_time, f_count = hint_error(request_key(req), jitter)
+    return max(1, round(req.hint_fanout * f_count)), lead_s * f_time

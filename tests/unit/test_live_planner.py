@@ -385,3 +385,35 @@ def test_with_a_pulling_router_a_copy_ahead_is_worth_only_what_it_saves_over_the
         assert planner.planner.cfg.allow_pull is router_pulls
         gains[router_pulls] = d.gain_s
     assert 0 < gains[True] < gains[False] - 1.0, gains
+
+
+def test_the_planners_copies_are_judged_by_their_use_and_scale_its_next_bets():
+    """`LivePlanner._calibrate`: a copy the coordinator made for a decision is handed to the use calibration with
+    its kind; no hit within `judge_after_s` scales that kind's predictions down, a late hit (a promotion) back up;
+    a decision never made (held out, refused) is no outcome."""
+    tokens = list(range(100, 100 + 4096))
+    st = state_with_prefix(tokens, waiting_on_a=20)
+    finish(st, tokens, 1.0)
+    planner = LivePlanner("cpu-local")
+    cal = planner.planner.calibration
+    [d] = planner.decide(st, 1.2)
+    rep, _, _ = st.request_replication(d.source, d.target, tokens[:d.depth_len], d.namespace, d.ttl_s, 1.3,
+                                       origin="kvrep", block_hash=d.block_hash)
+    planner.decide(st, 1.4)
+    assert (cal.status()["decided"], cal.status()["pending"]) == (1, 1)
+    planner.decide(st, 40.0)  # 30 s without a hit
+    assert cal.status()["unused"] == 1 and cal.factor("session") < 1.0
+    assert planner.session_stats()["copy_use"]["kinds"]["session"]["used"] == 0
+    rep.promoted_tokens = 1024  # a request hit it after all
+    planner.decide(st, 41.0)
+    assert cal.factor("session") == 1.0 and cal.status()["late_used"] == 1
+    # decisions the coordinator did not carry out are forgotten, never judged
+    st = state_with_prefix(tokens, waiting_on_a=20)
+    finish(st, tokens, 1.0)
+    held_out = LivePlanner("cpu-local")
+    assert len(held_out.decide(st, 1.2)) == 1
+    held_out.decide(st, 1.2 + LivePlanner.DECIDED_KEPT_S + 1.0)
+    assert held_out.planner.calibration.status()["decided"] == 0
+    # without the calibration every prediction is taken as it is
+    planner.planner.calibration = None
+    assert planner.session_stats()["copy_use"] is None

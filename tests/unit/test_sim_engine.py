@@ -137,3 +137,17 @@ def test_with_endpoint_wait_a_copy_starts_after_the_iterations_in_progress_at_bo
     assert booked > 0 and inside == 0
     booked, inside = _booked_inside_an_iteration(False)  # the model before: pages move during iterations
     assert booked > 0 and inside > 0
+
+
+def test_the_planners_copies_feed_the_use_calibration_and_the_ablation_has_none():
+    """Every replica the planner started is one decision; each promotion (a request's first hit) one use, of kind
+    `hint` here (fan-out trees); `kvrep_uncalibrated` runs without it."""
+    r, eng = run("kvrep")
+    st = eng.calibration.status()
+    assert eng.policy.planner.calibration is eng.calibration
+    promoted = sum(1 for rec in eng.stats.copy_records if rec.kind == "replica" and rec.promoted)
+    assert st["decided"] == st["used"] + st["unused"] + st["dropped"] + st["pending"] > 0
+    assert st["used"] + st["late_used"] == promoted > 0
+    assert set(st["kinds"]) == {"hint"}
+    _, plain = run("kvrep_uncalibrated")
+    assert plain.calibration is None and plain.policy.planner.calibration is None

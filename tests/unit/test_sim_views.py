@@ -95,7 +95,7 @@ def test_hint_jitter_changes_the_hints_the_planner_gets():
 
 
 def test_gate_fields_are_what_the_control_plane_booked_and_sent():
-    from radix_sync.sim.network import Transfer
+    from radix_sync.sim.network import Transfer, reestimate_pending
     from radix_sync.sim.views import PULL_RATE_WINDOW_S, gate_fields
 
     eng = engine(0.2, policy="kvrep")
@@ -128,7 +128,7 @@ def test_gate_fields_are_what_the_control_plane_booked_and_sent():
 
 
 def test_pending_copies_are_re_estimated_in_line_on_their_links():
-    from radix_sync.sim.network import Transfer
+    from radix_sync.sim.network import Transfer, reestimate_pending
 
     eng = engine(0.2, policy="kvrep")
     nbytes = 10 ** 9
@@ -138,7 +138,7 @@ def test_pending_copies_are_re_estimated_in_line_on_their_links():
     b = Transfer("replica", 0, 2, [1], 0, 1, nbytes, 0.0, 0.0, pending=True)
     c = Transfer("replica", 1, 2, [1], 0, 1, nbytes, 0.0, 0.0, pending=True, parent=a)  # chained on a
     eng.pending.extend([a, b, c])
-    eng._reestimate_pending(0.0)
+    reestimate_pending(eng.pending, eng.net, eng.tracker.nodes, 0.0)
     # a queues behind the booked copy on egress 0, b behind a; c starts when a has landed on 1 and b left ingress 2
     assert (a.end_s, b.end_s, c.end_s) == pytest.approx((2 * xfer, 3 * xfer, 4 * xfer))
 

@@ -1,0 +1,190 @@
+"""Whether the planner's copies get used as often as it predicts: `UseCalibration`, the same object live
+(`radix_sync.coordinator.live_planner.LivePlanner`) and simulated (`radix_sync.sim.engine.Engine`).
+
+A speculative copy is a bet that a request will use it: the planner weighs its gain by the predicted number of
+requests (`Demand.expected_count`) and sends it where it forecasts they will go. Both can be wrong in ways the
+planner cannot see from one snapshot: on the two-worker CPU testbed (stop 33, agent sessions, `kvrep bench`) the
+planner copied open sessions' histories to the idle worker for their next turn, and the router sent that turn back
+to the holder, which had become free and held more of it: 3% of one round's copied tokens were used, 25% of
+another's, while each copy took the target's memory from sessions that did come back (10-12K fewer cached
+tokens a round than reactive pulls alone; mean TTFT 1.16x).
+
+So each copy is an outcome to learn from, by the kind of demand that asked for it (`Demand.source`: `session`,
+`hint`, `popularity`): `judge_after_s` after it was decided (the planner's horizon, within which it predicted the
+use) it is *used* if a request hit it by then, else *unused* (a use after that flips it back to used). Every copy
+is judged at the same age, so copies used soon do not crowd those judged later out of the window; a session's
+copy is judged when the turn it was made for arrives (`arrived`: used if that turn went to the copy's worker),
+or at `judge_after_s` if none came. Per kind, over the last `window` outcomes within `outcome_window_s`:
+
+    factor = (uses + prior) / (predicted uses + prior),  at most 1
+
+where a copy's predicted use is min(1, the expected count it was planned for) and `prior` pseudo-copies are used
+as predicted. The planner multiplies the kind's expected counts by the factor (`KvrepPlanner.calibration`), so a
+kind whose copies go unused stops clearing the gain bar. Outcomes age out of `outcome_window_s`, so a stopped kind
+is probed again later. The factor never goes above 1: copies used more than predicted are no reason to copy more.
+
+Only the kinds in `UseCalibrationConfig.kinds` are scaled (by default `session`): a session's next turn is one
+request, and its copy is used or not, against a predicted probability. A fan-out hint or a popular prefix predicts
+many requests spread over several holders; a copy there left unused is the spread's last, marginal holder, not a
+wrong prediction (the simulator's fan-out, K=32 at rate 40 on 16 workers: 70% of hint copies used; a first
+version that scaled every kind made a quarter fewer copies there, mean TTFT 0.318 s vs 0.306 s, seed 1). Their
+outcomes are still counted, for `/status`.
+
+Pure: takes events and `now`, returns numbers; no clock, no I/O.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Hashable, Optional
+
+SESSION = "session"
+"""`Demand.source` of a session's next turn: one request, so its copy is judged when that turn arrives."""
+
+
+@dataclass(frozen=True)
+class UseCalibrationConfig:
+    judge_after_s: float = 30.0
+    """A copy is judged this long after it was decided: used if a request hit it by then (the planner's horizon)."""
+    kinds: tuple[str, ...] = (SESSION,)
+    """The kinds of demand whose expected counts are scaled (the others' outcomes are only counted)."""
+    window: int = 32
+    """Outcomes per kind the factor is taken over (the most recent)."""
+    prior: float = 2.0
+    """Pseudo-copies used as predicted (a kind starts at factor 1 and one unused copy moves it only so far)."""
+    outcome_window_s: float = 600.0
+    """Outcomes older than this are forgotten (a stopped kind is probed again)."""
+    max_pending: int = 100_000
+    """Copies awaiting their outcome, at most (the oldest are judged unused first)."""
+
+    def __post_init__(self) -> None:
+        for name in ("judge_after_s", "outcome_window_s", "prior"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("window", "max_pending"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+
+
+class _Outcome:
+    __slots__ = ("key", "at", "predicted", "used")
+
+    def __init__(self, key: Hashable, at: float, predicted: float, used: bool) -> None:
+        self.key, self.at, self.predicted, self.used = key, at, predicted, used
+
+
+class UseCalibration:
+    """Learns, per kind of demand, how often the planner's copies are used against how often it predicted."""
+
+    def __init__(self, cfg: UseCalibrationConfig = UseCalibrationConfig()) -> None:
+        self.cfg = cfg
+        self._pending: "collections.OrderedDict[Hashable, list]" = collections.OrderedDict()
+        """Copy key -> [kind, predicted use, when decided, used yet, prefix, target], oldest first."""
+        self._by_prefix: dict[Hashable, list] = {}
+        """Prefix -> the keys of its pending `session` copies (`arrived`)."""
+        self._outcomes: dict[str, collections.deque] = {}
+        """Kind -> its last `window` outcomes, oldest first."""
+        self._judged: dict[Hashable, _Outcome] = {}
+        """Copies judged unused whose outcome is still in a window: a late use flips them."""
+        self.stats = {"decided": 0, "used": 0, "unused": 0, "late_used": 0, "dropped": 0}
+
+    def decided(self, key: Hashable, kind: str, expected_count: float, now: float, prefix: Hashable = None,
+                target: Hashable = None) -> None:
+        """A copy of `prefix` to `target` was made (`key`: anything the caller finds it by later) for demand of
+        `kind` that predicted `expected_count` requests."""
+        self._expire(now)
+        if self._take(key) is not None:  # (a key made twice: the first is dropped)
+            self.stats["dropped"] += 1
+        self._pending[key] = [kind, min(1.0, max(0.0, float(expected_count))), now, False, prefix, target]
+        if kind == SESSION and prefix is not None:
+            self._by_prefix.setdefault(prefix, []).append(key)
+        self.stats["decided"] += 1
+        while len(self._pending) > self.cfg.max_pending:
+            old = next(iter(self._pending))
+            self._record(old, *self._take(old)[:4])
+
+    def used(self, key: Hashable, now: float) -> None:
+        """A request hit the copy (its first hit; later ones change nothing)."""
+        entry = self._pending.get(key)
+        if entry is not None:
+            entry[3] = True
+            return
+        late = self._judged.pop(key, None)
+        if late is not None and not late.used:
+            late.used = True
+            self.stats["late_used"] += 1
+
+    def arrived(self, prefix: Hashable, worker: Hashable, now: float) -> None:
+        """The next turn of the session whose history is `prefix` was routed to `worker`: that session's copies
+        are judged now, used where they went to `worker` (the turn a `session` copy was made for has come)."""
+        for key in self._by_prefix.get(prefix, ())[:]:
+            entry = self._take(key)
+            self._record(key, entry[0], entry[1], entry[2], entry[3] or entry[5] == worker)
+
+    def dropped(self, key: Hashable) -> None:
+        """The copy never landed (it failed, was refused or cancelled): no outcome."""
+        if self._take(key) is not None:
+            self.stats["dropped"] += 1
+
+    def tick(self, now: float) -> None:
+        """Judges the copies decided `judge_after_s` ago or more; forgets outcomes older than the window."""
+        self._expire(now)
+
+    def _take(self, key: Hashable) -> Optional[list]:
+        entry = self._pending.pop(key, None)
+        if entry is not None and entry[0] == SESSION and entry[4] is not None:
+            keys = self._by_prefix[entry[4]]
+            keys.remove(key)
+            if not keys:
+                del self._by_prefix[entry[4]]
+        return entry
+
+    def _expire(self, now: float) -> None:
+        pending, cutoff = self._pending, now - self.cfg.judge_after_s
+        while pending:
+            key, entry = next(iter(pending.items()))
+            if entry[2] > cutoff:
+                break
+            self._take(key)
+            self._record(key, *entry[:4])
+        horizon = now - self.cfg.outcome_window_s
+        for q in self._outcomes.values():
+            while q and q[0].at < horizon:
+                self._forget(q.popleft())
+
+    def _record(self, key: Hashable, kind: str, predicted: float, at: float, used: bool) -> None:
+        q = self._outcomes.get(kind)
+        if q is None:
+            q = self._outcomes[kind] = collections.deque()
+        out = _Outcome(key, at, predicted, used)
+        q.append(out)
+        if len(q) > self.cfg.window:
+            self._forget(q.popleft())
+        if not used:
+            self._judged[key] = out
+        self.stats["used" if used else "unused"] += 1
+
+    def _forget(self, out: _Outcome) -> None:
+        if self._judged.get(out.key) is out:  # (a judged copy's entry goes with its outcome)
+            del self._judged[out.key]
+
+    def factor(self, kind: str) -> float:
+        """(uses + prior) / (predicted uses + prior) over the kind's window, at most 1 (1 with no outcomes, or for a
+        kind not in `cfg.kinds`)."""
+        q = self._outcomes.get(kind)
+        if not q or kind not in self.cfg.kinds:
+            return 1.0
+        prior = self.cfg.prior
+        return min(1.0, (sum(o.used for o in q) + prior) / (sum(o.predicted for o in q) + prior))
+
+    def factors(self) -> dict[str, float]:
+        """Every scaled kind with outcomes, and its factor."""
+        return {kind: self.factor(kind) for kind in self._outcomes if kind in self.cfg.kinds}
+
+    def status(self) -> dict:
+        kinds = {}
+        for kind, q in self._outcomes.items():
+            kinds[kind] = {"outcomes": len(q), "used": sum(o.used for o in q),
+                           "predicted": round(sum(o.predicted for o in q), 2), "factor": round(self.factor(kind), 4),
+                           "scaled": kind in self.cfg.kinds}
+        return {**self.stats, "pending": len(self._pending), "kinds": kinds}

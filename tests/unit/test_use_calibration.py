@@ -1,0 +1,138 @@
+"""The planner's use calibration (`radix_sync.policy.calibration`): copies' outcomes by kind of demand, the factor
+the planner scales that kind's expected counts by, and its wiring into the planner and the simulator."""
+
+import pytest
+
+from radix_sync.policy.calibration import UseCalibration, UseCalibrationConfig
+from tests.unit.test_policy_planner import planner, snapshot
+
+
+def test_no_outcomes_no_scaling_and_unused_copies_scale_their_kind_only():
+    """Every copy is judged `judge_after_s` after it was decided, used or not; only `kinds` are scaled."""
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=10.0, prior=2.0))
+    assert cal.factor("session") == 1.0
+    for i in range(6):
+        cal.decided(("s", i), "session", 0.75, now=float(i))
+    cal.decided("h", "hint", 4.0, now=0.0)  # (a count above 1 predicts one use: the copy is hit or not)
+    cal.used("h", now=1.0)
+    cal.tick(9.0)  # nothing is 10 s old yet (the hint's use waits for its judgement too)
+    assert cal.factor("session") == 1.0 and cal.status()["pending"] == 7 and cal.status()["used"] == 0
+    cal.tick(20.0)
+    # 6 copies predicted 0.75 uses each, none used: (0 + 2) / (4.5 + 2)
+    assert cal.factor("session") == pytest.approx(2.0 / 6.5)
+    assert cal.factor("hint") == 1.0  # not a scaled kind
+    assert cal.factors() == {"session": pytest.approx(2.0 / 6.5)}
+    st = cal.status()
+    assert (st["decided"], st["used"], st["unused"], st["pending"]) == (7, 1, 6, 0)
+    assert st["kinds"]["session"] == {"outcomes": 6, "used": 0, "predicted": 4.5, "factor": round(2.0 / 6.5, 4),
+                                      "scaled": True}
+    assert st["kinds"]["hint"]["used"] == 1 and not st["kinds"]["hint"]["scaled"]
+
+
+def test_the_factor_is_never_above_one():
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=1.0))
+    for i in range(5):
+        cal.decided(i, "session", 0.2, now=0.0)
+        cal.used(i, now=0.5)
+    cal.tick(2.0)
+    assert cal.factor("session") == 1.0
+
+
+def test_a_use_after_the_judgement_flips_it_and_a_dropped_copy_is_no_outcome():
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=5.0, prior=1.0))
+    cal.decided("a", "session", 1.0, now=0.0)
+    cal.decided("b", "session", 1.0, now=0.0)
+    cal.decided("c", "session", 1.0, now=0.0)
+    cal.dropped("c")  # never landed: neither used nor unused
+    cal.tick(6.0)
+    assert cal.factor("session") == pytest.approx(1.0 / 3.0)  # (0 + 1) / (2 + 1)
+    cal.used("a", now=7.0)
+    assert cal.factor("session") == pytest.approx(2.0 / 3.0)
+    cal.used("a", now=8.0)  # a second hit changes nothing
+    assert cal.factor("session") == pytest.approx(2.0 / 3.0)
+    assert cal.status()["late_used"] == 1 and cal.status()["dropped"] == 1
+
+
+def test_the_window_keeps_the_latest_outcomes_and_old_ones_age_out():
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=1.0, window=4, prior=1.0, outcome_window_s=100.0,
+                                              kinds=("popularity",)))
+    for i in range(4):  # 4 unused at t=0..3
+        cal.decided(i, "popularity", 1.0, now=float(i))
+    for i in range(4, 6):  # then 2 used at t=4, 5
+        cal.decided(i, "popularity", 1.0, now=float(i))
+        cal.used(i, now=float(i) + 0.5)
+    cal.tick(10.0)
+    # the window holds the last 4 (2 unused, 2 used): (2 + 1) / (4 + 1)
+    assert cal.factor("popularity") == pytest.approx(3.0 / 5.0)
+    cal.used(0, now=11.0)  # its outcome left the window: no late flip of anything kept
+    assert cal.factor("popularity") == pytest.approx(3.0 / 5.0)
+    cal.tick(104.5)  # outcomes of t=2, 3, 4 are older than 100 s
+    assert cal.status()["kinds"]["popularity"]["outcomes"] == 1
+    cal.tick(200.0)
+    assert cal.factor("popularity") == 1.0  # all forgotten: the kind is probed again
+
+
+def test_pending_copies_are_bounded():
+    cal = UseCalibration(UseCalibrationConfig(max_pending=2, prior=1.0))
+    for i in range(3):
+        cal.decided(i, "session", 1.0, now=0.0)
+    assert cal.status()["pending"] == 2 and cal.status()["unused"] == 1  # the oldest judged unused
+
+
+@pytest.mark.parametrize("kw", [dict(judge_after_s=0), dict(prior=0), dict(window=0), dict(outcome_window_s=-1),
+                                dict(max_pending=0)])
+def test_config_rejects_bad_values(kw):
+    with pytest.raises(ValueError):
+        UseCalibrationConfig(**kw)
+
+
+def test_the_planner_scales_a_kinds_expected_count_by_its_factor():
+    # test_policy_planner's hinted case without pulls: gain = count x (1.1 - 0.1) - 0.005 s of link cost
+    default = UseCalibration(UseCalibrationConfig(judge_after_s=1.0))
+    for i in range(30):
+        default.decided(i, "hint", 1.0, now=0.0)
+    default.tick(5.0)
+    p = planner(allow_pull=False)
+    p.calibration = default
+    (d,) = p.plan(snapshot(), 0.0)  # hints are not scaled by default
+    assert (d.kind, d.expected_count, d.gain_s) == ("hint", 1.0, pytest.approx(0.995))
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=1.0, prior=2.0, kinds=("session", "hint")))
+    p = planner(allow_pull=False)
+    p.calibration = cal
+    (d,) = p.plan(snapshot(), 0.0)
+    assert (d.kind, d.expected_count, d.gain_s) == ("hint", 1.0, pytest.approx(0.995))
+    for i in range(30):
+        cal.decided(i, "session", 1.0, now=0.0)
+    cal.tick(5.0)
+    (d,) = p.plan(snapshot(), 0.0)  # another kind's outcomes do not touch hints
+    assert d.gain_s == pytest.approx(0.995)
+    for i in range(30, 60):
+        cal.decided(i, "hint", 1.0, now=0.0)
+    cal.tick(5.0)
+    f = 2.0 / 32.0
+    (d,) = p.plan(snapshot(), 0.0)
+    assert (d.expected_count, d.gain_s) == (1.0, pytest.approx(f * 1.0 - 0.005))  # the raw count, the scaled gain
+    # with pulls the copy saves only the pull's 0.1 s: f x 0.1 - 0.005 is below min_gain_s, so nothing is copied
+    p_pull = planner(allow_pull=True)
+    p_pull.calibration = cal
+    assert p_pull.plan(snapshot(), 0.0) == []
+    assert len(planner(allow_pull=True).plan(snapshot(), 0.0)) == 1
+
+
+def test_a_sessions_copies_are_judged_when_its_next_turn_arrives():
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0, prior=1.0))
+    cal.decided("a", "session", 0.8, 0.0, prefix=7, target="w1")
+    cal.decided("b", "session", 0.8, 0.0, prefix=7, target="w2")
+    cal.decided("c", "session", 0.8, 0.0, prefix=8, target="w1")
+    cal.decided("h", "hint", 1.0, 0.0, prefix=7, target="w3")  # many requests: not judged by one arrival
+    cal.arrived(7, "w1", 2.0)  # the turn went to a's worker, not b's
+    st = cal.status()
+    assert (st["used"], st["unused"], st["pending"]) == (1, 1, 2)
+    assert cal.factor("session") == pytest.approx((1 + 1.0) / (1.6 + 1.0))
+    cal.arrived(7, "w2", 3.0)  # nothing of 7 is pending any more
+    assert cal.status()["pending"] == 2
+    cal.used("b", 4.0)  # a later request used b after all
+    assert cal.status()["late_used"] == 1 and cal.factor("session") == 1.0
+    cal.dropped("c")
+    cal.tick(31.0)
+    assert cal.status()["kinds"]["hint"]["outcomes"] == 1 and cal.status()["pending"] == 0
