@@ -136,3 +136,13 @@ def test_a_sessions_copies_are_judged_when_its_next_turn_arrives():
     cal.dropped("c")
     cal.tick(31.0)
     assert cal.status()["kinds"]["hint"]["outcomes"] == 1 and cal.status()["pending"] == 0
+
+
+def test_by_default_sessions_and_popular_prefixes_are_scaled_hints_are_not():
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=1.0, prior=1.0))
+    for kind in ("session", "popularity", "hint"):
+        for i in range(3):
+            cal.decided((kind, i), kind, 1.0, now=0.0)
+    cal.tick(2.0)
+    assert cal.factors() == {"session": pytest.approx(0.25), "popularity": pytest.approx(0.25)}
+    assert cal.factor("hint") == 1.0
