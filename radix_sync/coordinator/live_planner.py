@@ -448,8 +448,11 @@ class LivePlanner:
             if rep.origin != self.name:
                 continue
             if rep.id not in seen:
-                if (entry := decided.pop((rep.block_hash, rep.target), None)) is None:
+                # (a record older than the decision is an earlier copy: an earlier planner's, after a policy reset)
+                entry = decided.get(key := (rep.block_hash, rep.target))
+                if entry is None or rep.created_s < entry[2]:
                     continue
+                del decided[key]
                 seen.add(rep.id)
                 cal.decided(rep.id, *entry, prefix=rep.block_hash, target=rep.target)
             if rep.promoted_tokens > 0:

@@ -69,10 +69,10 @@ class UseCalibrationConfig:
 
 
 class _Outcome:
-    __slots__ = ("key", "at", "predicted", "used")
+    __slots__ = ("key", "kind", "at", "predicted", "used")
 
-    def __init__(self, key: Hashable, at: float, predicted: float, used: bool) -> None:
-        self.key, self.at, self.predicted, self.used = key, at, predicted, used
+    def __init__(self, key: Hashable, kind: str, at: float, predicted: float, used: bool) -> None:
+        self.key, self.kind, self.at, self.predicted, self.used = key, kind, at, predicted, used
 
 
 class UseCalibration:
@@ -87,7 +87,8 @@ class UseCalibration:
         self._outcomes: dict[str, collections.deque] = {}
         """Kind -> its last `window` outcomes, oldest first."""
         self._judged: dict[Hashable, _Outcome] = {}
-        """Copies judged unused whose outcome is still in a window: a late use flips them."""
+        """Judged copies whose outcome is still in a window: a late use flips an unused one; a copy that fails
+        after its judgement (judged used at its turn's arrival, still in flight) takes its outcome back."""
         self.stats = {"decided": 0, "used": 0, "unused": 0, "late_used": 0, "dropped": 0}
 
     def decided(self, key: Hashable, kind: str, expected_count: float, now: float, prefix: Hashable = None,
@@ -111,7 +112,7 @@ class UseCalibration:
         if entry is not None:
             entry[3] = True
             return
-        late = self._judged.pop(key, None)
+        late = self._judged.get(key)
         if late is not None and not late.used:
             late.used = True
             self.stats["late_used"] += 1
@@ -124,9 +125,16 @@ class UseCalibration:
             self._record(key, entry[0], entry[1], entry[2], entry[3] or entry[5] == worker)
 
     def dropped(self, key: Hashable) -> None:
-        """The copy never landed (it failed, was refused or cancelled): no outcome."""
+        """The copy never landed (it failed, was refused or cancelled): no outcome (one already judged is taken
+        back)."""
         if self._take(key) is not None:
             self.stats["dropped"] += 1
+            return
+        out = self._judged.pop(key, None)
+        if out is not None:
+            self._outcomes[out.kind].remove(out)
+            self.stats["dropped"] += 1
+            self.stats["used" if out.used else "unused"] -= 1
 
     def tick(self, now: float) -> None:
         """Judges the copies decided `judge_after_s` ago or more; forgets outcomes older than the window."""
@@ -158,12 +166,11 @@ class UseCalibration:
         q = self._outcomes.get(kind)
         if q is None:
             q = self._outcomes[kind] = collections.deque()
-        out = _Outcome(key, at, predicted, used)
+        out = _Outcome(key, kind, at, predicted, used)
         q.append(out)
         if len(q) > self.cfg.window:
             self._forget(q.popleft())
-        if not used:
-            self._judged[key] = out
+        self._judged[key] = out
         self.stats["used" if used else "unused"] += 1
 
     def _forget(self, out: _Outcome) -> None:

@@ -412,8 +412,21 @@ def test_the_planners_copies_are_judged_by_their_use_and_scale_its_next_bets():
     finish(st, tokens, 1.0)
     held_out = LivePlanner("cpu-local")
     assert len(held_out.decide(st, 1.2)) == 1
+    assert held_out._decided
     held_out.decide(st, 1.2 + LivePlanner.DECIDED_KEPT_S + 1.0)
+    # (the entry of 1.2 is gone; the planner decided the same copy again, not made either)
+    assert [v[2] for v in held_out._decided.values()] == [1.2 + LivePlanner.DECIDED_KEPT_S + 1.0]
     assert held_out.planner.calibration.status()["decided"] == 0
+    # a record older than a decision (an earlier planner's copy of the same prefix to the same worker) is not it
+    st = state_with_prefix(tokens, waiting_on_a=20)
+    finish(st, tokens, 1.0)
+    old, _, _ = st.request_replication("a", "b", tokens[:1024], "", 30.0, 1.1, origin="kvrep",
+                                       block_hash=page_hashes(tokens, PS)[-1])
+    old.state, old.promoted_tokens = "failed", 1024
+    later = LivePlanner("cpu-local")
+    assert len(later.decide(st, 1.2)) == 1
+    later.decide(st, 1.4)
+    assert later.planner.calibration.status()["decided"] == 0 and len(later._decided) == 1
     # without the calibration every prediction is taken as it is
     planner.planner.calibration = None
     assert planner.session_stats()["copy_use"] is None

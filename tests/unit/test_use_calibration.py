@@ -136,6 +136,12 @@ def test_a_sessions_copies_are_judged_when_its_next_turn_arrives():
     cal.dropped("c")
     cal.tick(31.0)
     assert cal.status()["kinds"]["hint"]["outcomes"] == 1 and cal.status()["pending"] == 0
+    # a copy judged used at its turn's arrival that then never lands takes its outcome back
+    cal.dropped("a")
+    st = cal.status()
+    assert st["kinds"]["session"]["outcomes"] == 1 and (st["used"], st["dropped"]) == (0, 2)
+    cal.dropped("a")  # (once)
+    assert cal.status()["dropped"] == 2
 
 
 def test_by_default_sessions_and_popular_prefixes_are_scaled_hints_are_not():
