@@ -230,7 +230,10 @@ class ReplicaTable:
                 # lock yet, and expiring now would make it recompute the whole prefix (seen live: fan-out
                 # branches queued 6-7 s behind others, their replicas expired, every one recomputed its trunk)
                 continue
-            out.append((rid, self._evict(r)))
+            evicted = self._evict(r)
+            if evicted is None:  # still held (tried again at the next call) or taken over by a request
+                continue
+            out.append((rid, evicted))
             del self.replicas[rid]
         return out
 
@@ -240,7 +243,24 @@ class ReplicaTable:
             return None
         return self._evict(r)
 
-    def _evict(self, r: Replica) -> int:
+    def _evict(self, r: Replica) -> Optional[int]:
+        """Evicts the replica's own pages: its chain from its end up to a page another chain shares (SGLang's
+        exact `evict_chain`, as demotion does), at most what it inserted. Returns: tokens freed (0: gone already),
+        or None when it cannot go: a running request holds it (left as it is: tried again later), or a later
+        request extended it (ordinary cache now: marked promoted, its pages stay in the directory).
+
+        NOTE: this was `view.evict(inserted_len)`, SGLang's policy-ordered eviction: when the replica could not go,
+        that evicted as many tokens of *other* cache, and `ReplicaExpired` dropped from the coordinator's directory
+        pages the worker still held, which the planner then copied again (docs/bench.md, "Use calibration")."""
+        got, outcome, _ = self.view.evict_chain(r.token_ids, r.namespace, max(1, r.inserted_len))
+        if outcome == "in_use":
+            return None
+        if outcome == "extended":
+            r.promoted = True
+            return None
+        if outcome != "unsupported":  # evicted, partial (its own part freed), absent (SGLang evicted it)
+            return got
+        # HiCache: the exact walk is not ours to do; SGLang's eviction, as before
         before, _ = self.view.match(r.token_ids, r.namespace)
         if before <= len(r.token_ids) - r.inserted_len:
             return 0  # SGLang already evicted it under memory pressure

@@ -8,6 +8,7 @@ class FakeView:
         self.cached = {}  # (namespace, tuple(ids)) -> tokens
         self.waiting = []  # (namespace, ids) of queued requests
         self.evicted = 0
+        self.chain_outcome = None  # what `evict_chain` says when the chain is cached (None: evicts it)
 
     def match(self, token_ids, namespace):
         return self.cached.get((namespace, tuple(token_ids)), 0), None
@@ -16,6 +17,15 @@ class FakeView:
         self.cached.clear()
         self.evicted += n
         return n
+
+    def evict_chain(self, token_ids, namespace, max_tokens):
+        key = (namespace, tuple(token_ids))
+        if key not in self.cached:
+            return 0, "absent", 0
+        if self.chain_outcome is not None:
+            return 0, self.chain_outcome, 0
+        n = self.cached.pop(key)
+        return n, "evicted", 0
 
     def waiting_wants(self, token_ids, namespace):
         n = len(token_ids)
@@ -34,4 +44,42 @@ def test_expiry_waits_for_a_queued_request_of_the_same_prefix_and_namespace():
     view.waiting.append(("t1", ids + [1, 2, 3]))  # this one was routed here for the copy
     assert table.expire_due() == [] and "r1" in table.replicas
     view.waiting.pop()  # admitted (or gone): the TTL applies again
-    assert table.expire_due() == [("r1", 32)] and view.evicted == 32 and not table.replicas
+    assert table.expire_due() == [("r1", 32)] and not view.cached and not table.replicas
+    assert view.evicted == 0  # its own chain only (`evict_chain`), never SGLang's policy-ordered eviction
+
+
+def table_with(outcome):
+    now = [6.0]
+    view = FakeView()
+    view.chain_outcome = outcome
+    table = ReplicaTable(view, budget_tokens=1000, clock=lambda: now[0])
+    ids = list(range(100, 132))
+    view.cached[("", tuple(ids))] = 32
+    view.cached[("", (1, 2, 3))] = 3  # other cache, which an expiry must never take
+    table.replicas["r1"] = Replica("r1", "", ids, 32, expires_at_s=5.0, priority=-1)
+    return table, view
+
+
+def test_a_replica_a_running_request_holds_outlives_its_ttl_and_nothing_else_is_evicted():
+    table, view = table_with("in_use")
+    assert table.expire_due() == [] and "r1" in table.replicas  # not reported: the worker still holds it
+    assert view.evicted == 0 and len(view.cached) == 2
+    view.chain_outcome = None  # the request finished
+    assert table.expire_due() == [("r1", 32)] and view.cached == {("", (1, 2, 3)): 3}
+
+
+def test_a_replica_a_later_request_extended_is_ordinary_cache_and_not_reported_expired():
+    table, view = table_with("extended")
+    assert table.expire_due() == [] and table.replicas["r1"].promoted and view.evicted == 0
+    assert table.expire_due() == [] and not table.replicas  # gone from the table, its pages from nobody's cache
+
+
+def test_a_replica_sglang_evicted_already_is_reported_with_nothing_freed():
+    table, view = table_with(None)
+    del view.cached[("", tuple(range(100, 132)))]
+    assert table.expire_due() == [("r1", 0)] and view.evicted == 0
+
+
+def test_with_hicache_the_replica_goes_by_sglangs_own_eviction_as_before():
+    table, view = table_with("unsupported")
+    assert table.expire_due() == [("r1", 32)] and view.evicted == 32
