@@ -251,7 +251,8 @@ class PrefixDirectory:
         return num
 
     def promote(self, worker_id: str, replication_id: str) -> int:
-        """A real request hit the replica: its pages become ordinary cache. Returns pages promoted."""
+        """A real request hit the replica, or it expired: what is left of its pages is ordinary cache. Returns
+        pages promoted."""
         num = 0
         for block_hash in self._by_worker.get(worker_id, ()):
             holding = self._nodes[block_hash].holders[worker_id]

@@ -82,6 +82,9 @@ class ReplicaTable:
         self.replicas: dict[str, Replica] = {}
         self.pending: dict[str, PendingInstall] = {}
         """Installs on the copy stream, by transfer id (their tokens count against the budget)."""
+        self.extended: list[str] = []
+        """Replicas found extended by a later request at their expiry (ordinary cache now), not yet told to the
+        coordinator (`take_extended`)."""
 
     def live_tokens(self) -> int:
         return (sum(r.inserted_len for r in self.replicas.values() if not r.promoted)
@@ -215,6 +218,13 @@ class ReplicaTable:
         r.promoted = True
         return True
 
+    def take_extended(self) -> list[str]:
+        """The replicas found extended since the last call: the coordinator is told they are ordinary cache
+        (`ReplicaPromoted` with no tokens: its directory's role changes, no use is counted), or its directory would
+        keep them as replicas past their expiry, and a resync would send them again as replicas due now."""
+        out, self.extended = self.extended, []
+        return out
+
     def expire_due(self) -> list[tuple[str, int]]:
         """Evict unpromoted replicas whose TTL passed. Returns (replication id, tokens evicted)."""
         now = self.clock()
@@ -257,6 +267,7 @@ class ReplicaTable:
             return None
         if outcome == "extended":
             r.promoted = True
+            self.extended.append(r.replication_id)
             return None
         if outcome != "unsupported":  # evicted, partial (its own part freed), absent (SGLang evicted it)
             return got

@@ -108,7 +108,7 @@ class LivePlanner:
         self._cfgs = {allow: dataclasses.replace(cfg, allow_pull=allow) for allow in (False, True)}
         self.planner = KvrepPlanner(self.cost, cfg=self._cfgs[False], calibration=UseCalibration())
         """`planner.calibration`: each kind of demand's copies used against predicted, from the replications'
-        records (`_calibrate`); None: not learned (every prediction taken as it is)."""
+        records (`observe`); None: not learned (every prediction taken as it is)."""
         self.tracker = NodeTracker(self.planner.predictor)
         self._observed: set[str] = set()
         self._decided: dict[tuple[int, str], tuple[str, float, float]] = {}
@@ -143,13 +143,18 @@ class LivePlanner:
     def _ns(self, namespace: str) -> int:
         return self._namespaces.setdefault(namespace, len(self._namespaces))
 
-    def observe(self, state: ClusterState) -> None:
-        """Calibrate transfer costs from replications that completed since the last call.
+    def observe(self, state: ClusterState, now_s: float) -> None:
+        """One pass over the replication records: calibrates transfer costs from the copies that completed since
+        the last call, and hands the planner's own copies to `planner.calibration` once recorded (a decision held
+        out or refused never is: forgotten after `DECIDED_KEPT_S`), with their uses (a promotion) and failures.
 
-        NOTE: from the data plane's own work (gather, the wire, scatter, insert), not from the copy's end-to-end
-        time: on a busy worker a copy mostly waits for the scheduler's iteration to end (seconds on a CPU), which
-        the planner prices separately from each end's reported iteration length. Calibrated on end-to-end times,
-        one slow copy to a busy worker made every copy look slower than recomputing, even to idle workers."""
+        NOTE: costs from the data plane's own work (gather, the wire, scatter, insert), not from the copy's
+        end-to-end time: on a busy worker a copy mostly waits for the scheduler's iteration to end (seconds on a
+        CPU), which the planner prices separately from each end's reported iteration length. Calibrated on
+        end-to-end times, one slow copy to a busy worker made every copy look slower than recomputing, even to idle
+        workers."""
+        cal = self.planner.calibration
+        decided, seen = self._decided, self._calibrated
         for rep in state.replications.values():
             if rep.state == "done" and rep.id not in self._observed and rep.finished_s is not None:
                 self._observed.add(rep.id)
@@ -161,6 +166,27 @@ class LivePlanner:
                     # sample would stay in its estimate for good)
                     if math.isfinite(work) and 0 < work <= 3600.0:
                         self.cost.observe_transfer(rep.num_bytes, work)
+            if cal is None or rep.origin != self.name:
+                continue
+            if rep.id not in seen:
+                # (a record older than the decision is an earlier copy: an earlier planner's, after a policy reset)
+                entry = decided.get(key := (rep.block_hash, rep.target))
+                if entry is None or rep.created_s < entry[2]:
+                    continue
+                del decided[key]
+                seen.add(rep.id)
+                cal.decided(rep.id, *entry, prefix=rep.block_hash, target=rep.target)
+            if rep.promoted_tokens > 0:
+                cal.used(rep.id, now_s)
+            elif rep.state == FAILED:
+                cal.dropped(rep.id)
+        if cal is None:
+            return
+        if decided:
+            self._decided = {k: v for k, v in decided.items() if now_s - v[2] <= self.DECIDED_KEPT_S}
+        if len(seen) > 2 * len(state.replications) + 1024:
+            self._calibrated = {i for i in seen if i in state.replications}
+        cal.tick(now_s)
 
     def consume(self, state: ClusterState, now_s: float) -> None:
         """Feeds the finishes and arrivals recorded since the last call to the session tracker, in order."""
@@ -437,37 +463,8 @@ class LivePlanner:
             expected_new_len=int(ewma.get(session.class_key, 0)) if session else 0,
             fanout_hint=k, hint_at_s=hint_at, keepalive_until_s=demand.keepalive.get(block_hash))
 
-    def _calibrate(self, state: ClusterState, now_s: float) -> None:
-        """Hands the planner's copies to `planner.calibration` once recorded (a decision held out or refused never
-        is: forgotten after `DECIDED_KEPT_S`), with their uses (a promotion) and failures."""
-        cal = self.planner.calibration
-        if cal is None:
-            return
-        decided, seen = self._decided, self._calibrated
-        for rep in state.replications.values():
-            if rep.origin != self.name:
-                continue
-            if rep.id not in seen:
-                # (a record older than the decision is an earlier copy: an earlier planner's, after a policy reset)
-                entry = decided.get(key := (rep.block_hash, rep.target))
-                if entry is None or rep.created_s < entry[2]:
-                    continue
-                del decided[key]
-                seen.add(rep.id)
-                cal.decided(rep.id, *entry, prefix=rep.block_hash, target=rep.target)
-            if rep.promoted_tokens > 0:
-                cal.used(rep.id, now_s)
-            elif rep.state == FAILED:
-                cal.dropped(rep.id)
-        if decided:
-            self._decided = {k: v for k, v in decided.items() if now_s - v[2] <= self.DECIDED_KEPT_S}
-        if len(seen) > 2 * len(state.replications) + 1024:
-            self._calibrated = {i for i in seen if i in state.replications}
-        cal.tick(now_s)
-
     def decide(self, state: ClusterState, now_s: float) -> list[LiveDecision]:
-        self.observe(state)
-        self._calibrate(state, now_s)
+        self.observe(state, now_s)
         snap, ids = self.snapshot(state, now_s)
         out = []
         commands = self.planner.plan(snap, now_s)

@@ -51,8 +51,7 @@ class ClusterState:
         prefixes each; `radix_sync.coordinator.ledger`)."""
         self.num_protocol_errors = 0
         self.num_refused_facts: dict[str, int] = {}
-        """Facts refused after decoding, by type (unverifiable pages, a replication's fact from a non-party,
-        an expired replica, ...)."""
+        """Facts refused after decoding, by type (unverifiable pages, a non-party's fact, an expired replica)."""
 
     # NOTE: the owners' collections, as the policies and the admin API read them (read-only views by contract:
     # every change goes through the methods below).
@@ -165,7 +164,7 @@ class ClusterState:
             if self._replications.party(msg.replication_id, wid, ("target",)) is not None:
                 self._replications.promoted(msg)
         elif isinstance(msg, p.ReplicaExpired):
-            d.remove_replica(wid, msg.replication_id)  # (its own holdings only)
+            d.promote(wid, msg.replication_id)  # what is left is ordinary cache: evicted pages go by PagesRemoved
         elif isinstance(msg, p.HintReported):
             # a hint is demand, not a fact about KV: checked and rate-limited as a router's (the worker's own
             # namespace, the prompt's tokens against the vocabulary); AdminError (429, 400) refuses it
@@ -213,8 +212,10 @@ class ClusterState:
             if rep.target != wid:
                 raise AdminError(f"{wid} is not the target of replication {rep.id!r}")
             if rep.in_flight:
-                self.directory.add_pages(wid, rep.namespace,
-                                         self._replications.granted_blocks(msg, record.hello.page_size))
+                new = self.directory.add_pages(wid, rep.namespace,
+                                               self._replications.granted_blocks(msg, record.hello.page_size))
+                if msg.inserted_len == 0 and new:  # (a copy of pages cached there that the directory had not seen)
+                    log.info("replica %s landed nothing on %s: %d of its pages were unknown there", rep.id, wid, new)
                 self._replications.stored(msg, now_s)
             elif rep.state == FAILED:
                 raise AdminError(f"replication {rep.id!r} failed: {rep.error}")
@@ -458,10 +459,9 @@ class ClusterState:
         for wid, record in self.workers.items():
             load = record.load
             replica_tokens = load.replica_tokens if load else 0
-            workers.append(WorkerView(
-                wid, record.hello.fingerprint,
-                load.num_waiting_reqs if load else 0, load.num_running_reqs if load else 0,
-                max(0, record.hello.replica_budget_tokens - replica_tokens)))
+            workers.append(WorkerView(wid, record.hello.fingerprint,
+                                      load.num_waiting_reqs if load else 0, load.num_running_reqs if load else 0,
+                                      max(0, record.hello.replica_budget_tokens - replica_tokens)))
         held: dict[tuple[int, str], int] = {}
         for hit in self.hits:
             node = self.directory.node(hit.block_hash)

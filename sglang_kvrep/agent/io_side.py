@@ -98,7 +98,9 @@ class IoSide:
         the target's key against it)."""
         self.seq = 0
         self.mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
-        self.replica_blocks: dict[str, tuple[str, list[int], bool]] = {}
+        self.replica_blocks: dict[str, tuple[str, list[int]]] = {}
+        """Live unpromoted replicas: namespace and page hashes (a hit on the first page promotes one: forgotten then;
+        it was kept, marked, for the worker's life)."""
         self.replica_facts: dict[str, tuple[p.ReplicaStored, float]] = {}
         """Live unpromoted replicas: their fact and when they expire (monotonic s), for a resync."""
         self.last_load: Optional[p.LoadReported] = None
@@ -269,9 +271,9 @@ class IoSide:
         self.send_coord(p.PrefixHit(worker_id=self.cfg.worker_id, seq=0, namespace=namespace,
                                     block_hash=hashes[-1], matched_len=matched, key_len=key_len))
         hit_hashes = set(hashes)
-        for rid, (ns, blocks, promoted) in list(self.replica_blocks.items()):
-            if ns == namespace and not promoted and blocks and blocks[0] in hit_hashes:
-                self.replica_blocks[rid] = (ns, blocks, True)
+        for rid, (ns, blocks) in list(self.replica_blocks.items()):
+            if ns == namespace and blocks and blocks[0] in hit_hashes:
+                del self.replica_blocks[rid]
                 self.replica_facts.pop(rid, None)
                 self.to_sched(m.Promote(rid))
                 num = sum(1 for b in blocks if b in hit_hashes) * self.info.page_size
@@ -353,7 +355,7 @@ class IoSide:
                                receive_s=finite_s(inc.last_progress_s - inc.started_s),
                                scatter_s=finite_s(done.scatter_s), insert_s=finite_s(done.insert_s))
         if done.inserted_len > 0:
-            self.replica_blocks[h.replication_id] = (h.namespace, block_hashes, False)
+            self.replica_blocks[h.replication_id] = (h.namespace, block_hashes)
             self.replica_facts[h.replication_id] = (fact, time.monotonic() + h.ttl_s)
         self.send_coord(msgspec.structs.replace(fact))
 
@@ -418,7 +420,8 @@ class IoSide:
         if isinstance(msg, m.ToCoordinator):
             if isinstance(msg.message, p.LoadReported):
                 self.last_load = msg.message
-            elif isinstance(msg.message, p.ReplicaExpired):  # gone: a resync must not bring it back
+            elif isinstance(msg.message, (p.ReplicaExpired, p.ReplicaPromoted)):
+                # gone, or ordinary cache now (extended by a later request): a resync must not send it as a replica
                 self.replica_facts.pop(msg.message.replication_id, None)
                 self.replica_blocks.pop(msg.message.replication_id, None)
             self.send_coord(msg.message)

@@ -212,9 +212,15 @@ class WorkerAgent(SourceSide):
         # the scheduler, and routers would keep steering around an idle worker holding the cache.
         if now >= self._next_load_s or (self._reported_busy and not busy):
             self._next_load_s = now + self.config.load_interval_s
-            for rid, evicted in self.replicas.expire_due():
+            expired = self.replicas.expire_due()
+            if expired:  # its evictions' PagesRemoved now, not at the next iteration's end
+                self.view.flush_kv_events()
+            for rid, evicted in expired:
                 self._report(p.ReplicaExpired(worker_id=self.config.worker_id, seq=0, replication_id=rid,
                                               num_evicted_tokens=evicted))
+            for rid in self.replicas.take_extended():
+                self._report(p.ReplicaPromoted(worker_id=self.config.worker_id, seq=0, replication_id=rid,
+                                               num_promoted_tokens=0))
             load = self.view.load()
             self._room_changed()
             self._report(p.LoadReported(worker_id=self.config.worker_id, seq=0,

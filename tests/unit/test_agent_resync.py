@@ -1,6 +1,6 @@
 """The worker agent's resync after a coordinator restart, over a real ZMQ socket pair: it says its vocabulary in
 the hello, re-reports a live replica with the time it has left (never its first TTL again), and an expired or
-evicted replica not at all."""
+evicted replica, or one a later request extended (ordinary cache now), not at all."""
 import time
 from types import SimpleNamespace
 
@@ -34,22 +34,27 @@ def test_a_resync_reports_held_replicas_with_what_is_left_and_never_evicted_ones
     io.stats = {"hellos": 0, "dropped_facts": 0, "coordinator_restarts": 0, "stale_resync_requests": 0}
     now = time.monotonic()
     io.replica_facts = {"live": (fact("live", 60.0), now + 30.0), "expired": (fact("expired", 60.0), now - 1.0),
-                        "evicted": (fact("evicted", 60.0), now + 30.0)}
-    io.replica_blocks = {"evicted": ("", [1, 2], False)}
+                        "evicted": (fact("evicted", 60.0), now + 30.0), "extended": (fact("extended", 60.0), now - 1.0)}
+    io.replica_blocks = {"evicted": ("", [1, 2]), "extended": ("", [1, 2])}
     io.mailbox = SimpleNamespace(post_to_scheduler=lambda msg: None)
     # the scheduler side evicted one: its ReplicaExpired passes through the I/O side, which forgets the fact
     io.on_message(m.ToCoordinator(p.ReplicaExpired(worker_id="w", seq=0, replication_id="evicted",
                                                    num_evicted_tokens=8)))
     assert "evicted" not in io.replica_facts and "evicted" not in io.replica_blocks
+    # one its expiry found extended by a later request: told as promoted with no tokens (no use counted)
+    io.on_message(m.ToCoordinator(p.ReplicaPromoted(worker_id="w", seq=0, replication_id="extended",
+                                                    num_promoted_tokens=0)))
+    assert "extended" not in io.replica_facts and "extended" not in io.replica_blocks
     io.hello()
     got = []
     while router.poll(200):
         got.append(p.decode_for_coordinator(router.recv_multipart()[1]))
-    assert isinstance(got[0], p.ReplicaExpired)  # (told to the coordinator as it passed)
-    hello, *rest = got[1:]
+    assert isinstance(got[0], p.ReplicaExpired)  # (told to the coordinator as they passed)
+    assert isinstance(got[1], p.ReplicaPromoted) and got[1].replication_id == "extended"
+    hello, *rest = got[2:]
     assert isinstance(hello, p.Hello) and hello.vocab_size == 32000
     replicas = [msg for msg in rest if isinstance(msg, p.ReplicaStored)]
-    # re-reported with what is left: 0 for the one past its TTL but still held; the evicted one not at all
+    # re-reported with what is left: 0 for the one past its TTL but still held; the evicted and extended ones not
     assert [r.replication_id for r in replicas] == ["live", "expired"] and 29.0 < replicas[0].expires_in_s <= 30.0
     assert replicas[1].expires_in_s == 0.0
     # one past its TTL stays known until its ReplicaExpired (a queued request may be keeping it)
@@ -57,3 +62,29 @@ def test_a_resync_reports_held_replicas_with_what_is_left_and_never_evicted_ones
     io.coord.close(0)
     router.close(0)
     ctx.term()
+
+
+def test_a_hit_on_a_replica_promotes_it_once_and_the_io_side_forgets_it():
+    """A request's hit on a replica's first page promotes it (told to the scheduler and the coordinator, with the
+    pages the hit covered); the I/O side then forgets it: before, it kept every promoted replica's page list for
+    the worker's life."""
+    from array import array
+
+    from radix_sync.hashing import page_hashes
+    io = IoSide.__new__(IoSide)
+    io.cfg = SimpleNamespace(worker_id="w")
+    io.info = SimpleNamespace(page_size=4)
+    sent, to_sched = [], []
+    io.send_coord, io.to_sched = sent.append, to_sched.append
+    toks = list(range(16))
+    blocks = page_hashes(toks, 4, "t")
+    io.replica_blocks = {"r1": ("t", blocks[2:]), "r2": ("", page_hashes(toks, 4, "")[2:])}
+    io.replica_facts = {"r1": (fact("r1", 60.0), 0.0), "r2": (fact("r2", 60.0), 0.0)}
+    hit = m.PrefixMatched(namespace="t", token_ids=array("q", toks[:12]), matched_len=12, key_len=12)
+    io.on_hit(hit)
+    promoted = [x for x in sent if isinstance(x, p.ReplicaPromoted)]
+    assert [(x.replication_id, x.num_promoted_tokens) for x in promoted] == [("r1", 4)]
+    assert [x.replication_id for x in to_sched if isinstance(x, m.Promote)] == ["r1"]
+    assert set(io.replica_blocks) == {"r2"} and set(io.replica_facts) == {"r2"}  # r2: another tenant's
+    io.on_hit(hit)  # the same prefix again: nothing left to promote
+    assert len([x for x in sent if isinstance(x, p.ReplicaPromoted)]) == 1

@@ -226,9 +226,9 @@ def test_transfer_calibration_uses_the_data_planes_work_not_the_wait_for_busy_sc
     rep.timings_s.update(gather_s=0.05, send_s=0.08, receive_s=0.1, scatter_s=0.04, insert_s=0.01)
     planner = LivePlanner("cpu-local")
     predicted = planner.profile.transfer_s(32_000_000)
-    planner.observe(st)
+    planner.observe(st, 5.0)
     assert planner.cost.transfer_scale == pytest.approx(0.9 + 0.1 * 0.2 / predicted)
-    planner.observe(st)  # each replication is observed once
+    planner.observe(st, 5.0)  # each replication is observed once
     assert planner.cost.transfer_scale == pytest.approx(0.9 + 0.1 * 0.2 / predicted)
 
 
@@ -388,7 +388,7 @@ def test_with_a_pulling_router_a_copy_ahead_is_worth_only_what_it_saves_over_the
 
 
 def test_the_planners_copies_are_judged_by_their_use_and_scale_its_next_bets():
-    """`LivePlanner._calibrate`: a copy the coordinator made for a decision is handed to the use calibration with
+    """`LivePlanner.observe`: a copy the coordinator made for a decision is handed to the use calibration with
     its kind; no hit within `judge_after_s` scales that kind's predictions down, a late hit (a promotion) back up;
     a decision never made (held out, refused) is no outcome."""
     tokens = list(range(100, 100 + 4096))

@@ -71,7 +71,9 @@ def test_a_replica_a_running_request_holds_outlives_its_ttl_and_nothing_else_is_
 def test_a_replica_a_later_request_extended_is_ordinary_cache_and_not_reported_expired():
     table, view = table_with("extended")
     assert table.expire_due() == [] and table.replicas["r1"].promoted and view.evicted == 0
+    assert table.take_extended() == ["r1"] and table.take_extended() == []  # told once (as ReplicaPromoted)
     assert table.expire_due() == [] and not table.replicas  # gone from the table, its pages from nobody's cache
+    assert table.take_extended() == []
 
 
 def test_a_replica_sglang_evicted_already_is_reported_with_nothing_freed():

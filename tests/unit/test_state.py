@@ -89,8 +89,12 @@ def test_replication_lifecycle(st):
     assert rep.state == "done" and rep.to_json()["total_s"] == pytest.approx(0.5)
     assert st.lookup(toks, "") == {"a": 8, "b": 8}
     assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}
-    st.handle(b"B", p.ReplicaExpired(worker_id="b", seq=4, replication_id=rep.id, num_evicted_tokens=8), 40.0)
-    assert st.lookup(toks, "") == {"a": 8, "b": 0}
+    # the expiry evicted its tail only (its head is under a running request, or SGLang took the tail earlier): the
+    # pages leave the directory by the worker's PagesRemoved, what it kept stays, as ordinary cache
+    st.handle(b"B", p.PagesRemoved(worker_id="b", seq=4, block_hashes=page_hashes(toks, PS)[1:]), 40.0)
+    st.handle(b"B", p.ReplicaExpired(worker_id="b", seq=5, replication_id=rep.id, num_evicted_tokens=4), 40.0)
+    assert st.lookup(toks, "") == {"a": 8, "b": 4} and st.directory.replicas() == {}
+    assert st.directory.holders(page_hashes(toks, PS)[0])["b"].expires_at_s is None
     st.check_integrity()
 
 
@@ -112,6 +116,25 @@ def test_a_replica_held_past_its_ttl_is_re_reported_due_never_extended(st):
     assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}
     st.check_integrity()
 
+
+
+def test_a_replica_extended_by_a_later_request_becomes_ordinary_cache_with_no_use_counted(st):
+    """At its expiry the worker found the replica extended by a later request (`ReplicaTable.take_extended`): it
+    says so with a promotion of no tokens. The directory keeps the pages as the worker's own cache (no replica
+    role, no expiry); the replication's record counts no use (the request may have computed them itself)."""
+    toks = list(range(8))
+    st.handle(b"A", stored("a", 1, toks), 1.0)
+    rep, _, _ = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0)
+    st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=1, replication_id=rep.id), 2.05)
+    st.handle(b"B", p.ReplicaStored(worker_id="b", seq=2, replication_id=rep.id, namespace="",
+                                    block_hashes=page_hashes(toks, PS), inserted_len=8, expires_in_s=30.0,
+                                    num_bytes=64, receive_s=0.1, scatter_s=0.1, insert_s=0.1), 2.5)
+    assert st.directory.replicas() == {("b", rep.id): {"num_pages": 2, "expires_at_s": 32.5}}
+    assert st.handle(b"B", p.ReplicaPromoted(worker_id="b", seq=3, replication_id=rep.id,
+                                             num_promoted_tokens=0), 33.0) == []
+    assert st.directory.replicas() == {} and st.lookup(toks, "") == {"a": 8, "b": 8}
+    assert rep.promoted_tokens == 0
+    st.check_integrity()
 
 def test_admin_refusals(st):
     st.handle(b"C", hello("c", fp="other"), 0.0)
