@@ -93,6 +93,8 @@ class Coordinator:
         self.lock = threading.Lock()
         self.mode = config.mode
         self.policy = self._make_policy(config.policy)
+        self._learned_use = None
+        """The last planner's `UseCalibration`, handed on to the next (`_carry_learned`)."""
         self.shadow_decisions: list[dict] = []
         self.num_demotions = {"sent": 0, "shadow": 0}
         self.recent_demotions: list[dict] = []
@@ -151,11 +153,24 @@ class Coordinator:
         if mode not in ("active", "shadow"):
             raise AdminError(f"mode must be active or shadow, got {mode!r}")
         if self.policy.name != name or reset_demand:
-            self.policy = self._make_policy(name)
+            old, self.policy = self.policy, self._make_policy(name)
+            self._carry_learned(old, self.policy)
         if reset_demand:
             self.state.reset_demand()
             self.shadow_decisions.clear()
         self.mode = mode
+
+    def _carry_learned(self, old: LivePolicy, new: LivePolicy) -> None:
+        """What the planner learned of its bets' use (`planner.calibration`) outlives a policy switch or restart, as
+        it would in a planner left running: demand is forgotten (`reset_demand`), how often each kind of prediction
+        got used on this fleet is not (a coordinator restart still starts it afresh). Kept across policies without
+        one (`kvrep` -> `none` -> `kvrep`: a benchmark's arms)."""
+        cal = getattr(getattr(old, "planner", None), "calibration", None)
+        if cal is not None:
+            self._learned_use = cal
+        planner = getattr(new, "planner", None)
+        if self._learned_use is not None and getattr(planner, "calibration", None) is not None:
+            planner.calibration = self._learned_use.learned()
 
     def _decisions(self, now: float) -> list[tuple[str, str, str, int, int, float]]:
         """(source, target, namespace, block hash, prefix tokens, ttl) from whichever policy runs."""

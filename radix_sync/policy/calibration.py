@@ -91,6 +91,16 @@ class UseCalibration:
         after its judgement (judged used at its turn's arrival, still in flight) takes its outcome back."""
         self.stats = {"decided": 0, "used": 0, "unused": 0, "late_used": 0, "dropped": 0}
 
+    def learned(self) -> "UseCalibration":
+        """A fresh calibration holding what this one has judged (the outcomes in its windows), not its bets still
+        pending or its counts: what a new planner takes over from the one it replaces (`Coordinator.set_policy`),
+        so a policy restart does not bet cold again. The pending bets are the old planner's: it is gone, so nobody
+        would report their use (and carried, every one of them would be judged unused)."""
+        out = UseCalibration(self.cfg)
+        for kind, q in self._outcomes.items():
+            out._outcomes[kind] = collections.deque(_Outcome(o.key, o.kind, o.at, o.predicted, o.used) for o in q)
+        return out
+
     def decided(self, key: Hashable, kind: str, expected_count: float, now: float, prefix: Hashable = None,
                 target: Hashable = None) -> None:
         """A copy of `prefix` to `target` was made (`key`: anything the caller finds it by later) for demand of

@@ -152,3 +152,51 @@ def test_by_default_sessions_and_popular_prefixes_are_scaled_hints_are_not():
     cal.tick(2.0)
     assert cal.factors() == {"session": pytest.approx(0.25), "popularity": pytest.approx(0.25)}
     assert cal.factor("hint") == 1.0
+
+
+def test_what_was_judged_outlives_a_planner_restart_its_pending_bets_and_counts_do_not():
+    """`learned()`: the outcomes in the windows go to the next planner (so it does not bet cold again); the bets
+    still pending were the old planner's (nobody would report their use) and its counts are its own."""
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=5.0, prior=2.0, outcome_window_s=100.0))
+    for i in range(6):
+        cal.decided(("p", i), "popularity", 1.0, now=0.0)
+    cal.used(("p", 0), now=1.0)
+    cal.tick(6.0)  # judged: 1 of 6 used
+    cal.decided("late", "popularity", 1.0, now=6.0)  # pending when the planner goes
+    before = cal.factor("popularity")
+    assert before == pytest.approx(3.0 / 8.0)
+    new = cal.learned()
+    assert new.factor("popularity") == pytest.approx(before)
+    st = new.status()
+    assert st["pending"] == 0 and st["decided"] == 0 and st["kinds"]["popularity"]["outcomes"] == 6
+    new.tick(200.0)  # the carried outcomes age out as their own would
+    assert new.factor("popularity") == 1.0
+    assert cal.factor("popularity") == pytest.approx(before)  # (the old one is not changed by the new one)
+
+
+def test_the_coordinator_hands_what_its_planner_learned_to_the_next_one(tmp_path):
+    """A benchmark's arms switch `kvrep` -> `none` -> `kvrep` with `reset_demand`: demand is forgotten, the use
+    calibration is not (a planner left running would keep it)."""
+    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
+
+    coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy="kvrep", mode="active",
+                                          state_dir=str(tmp_path)))
+    try:
+        cal = coord.policy.planner.calibration
+        for i in range(8):
+            cal.decided(i, "popularity", 1.0, now=0.0)
+        cal.tick(31.0)
+        learned = cal.factor("popularity")
+        assert learned < 0.5
+        with coord.lock:
+            coord.set_policy("none", "active", reset_demand=True)
+            assert not hasattr(coord.policy, "planner")
+            coord.set_policy("kvrep", "active", reset_demand=True)
+        carried = coord.policy.planner.calibration
+        assert carried is not cal and carried.factor("popularity") == pytest.approx(learned)
+        with coord.lock:
+            coord.set_policy("kvrep", "shadow", reset_demand=True)  # a restart of the same policy too
+        assert coord.policy.planner.calibration.factor("popularity") == pytest.approx(learned)
+    finally:
+        coord._sock.close(0)
+        coord._ctx.term()
