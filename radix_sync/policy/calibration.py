@@ -20,6 +20,8 @@ where a copy's predicted use is min(1, the expected count it was planned for) an
 as predicted. The planner multiplies the kind's expected counts by the factor (`KvrepPlanner.calibration`), so a
 kind whose copies go unused stops clearing the gain bar. Outcomes age out of `outcome_window_s`, so a stopped kind
 is probed again later. The factor never goes above 1: copies used more than predicted are no reason to copy more.
+What was judged outlives the planner (`learned`): a policy switch or restart of the coordinator's planner hands it
+to the next one (`Coordinator._carry_learned`), so only a coordinator's start bets cold.
 
 Only the kinds in `UseCalibrationConfig.kinds` are scaled: `session` (a session's next turn is one request, and
 its copy is used or not, against a predicted probability) and `popularity` (a prefix hit often lately, predicted to
