@@ -248,10 +248,17 @@ class ReplicaTable:
         return out
 
     def drop(self, replication_id: str) -> Optional[int]:
-        r = self.replicas.pop(replication_id, None)
+        """The coordinator asks for the replica to go now. Returns: tokens freed, or None (unknown, promoted, or it
+        cannot go yet: a running request holds it, kept and due at the next expiry pass; extended, ordinary cache)."""
+        r = self.replicas.get(replication_id)
         if r is None or r.promoted:
             return None
-        return self._evict(r)
+        evicted = self._evict(r)
+        if evicted is not None:
+            del self.replicas[replication_id]
+        elif not r.promoted:  # held: not forgotten (it was, leaving a replica nobody would ever expire)
+            r.expires_at_s = min(r.expires_at_s, self.clock())
+        return evicted
 
     def _evict(self, r: Replica) -> Optional[int]:
         """Evicts the replica's own pages: its chain from its end up to a page another chain shares (SGLang's

@@ -85,3 +85,17 @@ def test_a_replica_sglang_evicted_already_is_reported_with_nothing_freed():
 def test_with_hicache_the_replica_goes_by_sglangs_own_eviction_as_before():
     table, view = table_with("unsupported")
     assert table.expire_due() == [("r1", 32)] and view.evicted == 32
+
+
+def test_a_dropped_replica_a_running_request_holds_is_kept_and_goes_at_the_next_expiry_pass():
+    table, view = table_with("in_use")
+    table.replicas["r1"].expires_at_s = 100.0  # (dropped long before its TTL)
+    assert table.drop("r1") is None and "r1" in table.replicas  # not forgotten while held
+    view.chain_outcome = None  # the request finished
+    assert table.expire_due() == [("r1", 32)] and not table.replicas
+
+
+def test_a_dropped_replica_a_later_request_extended_is_told_once_as_ordinary_cache():
+    table, view = table_with("extended")
+    assert table.drop("r1") is None and table.take_extended() == ["r1"]
+    assert table.expire_due() == [] and not table.replicas
