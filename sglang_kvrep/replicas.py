@@ -249,9 +249,12 @@ class ReplicaTable:
 
     def drop(self, replication_id: str) -> Optional[int]:
         """The coordinator asks for the replica to go now. Returns: tokens freed, or None (unknown, promoted, or it
-        cannot go yet: a running request holds it, kept and due at the next expiry pass; extended, ordinary cache)."""
+        cannot go yet: a running request holds it, kept and due at the next expiry pass; a queued request was routed
+        here for it, kept as it is; extended, ordinary cache)."""
         r = self.replicas.get(replication_id)
         if r is None or r.promoted:
+            return None
+        if self.view.waiting_wants(r.token_ids, r.namespace):  # as at expiry: it would recompute the whole prefix
             return None
         evicted = self._evict(r)
         if evicted is not None:

@@ -2,11 +2,14 @@
 and the long poll the router waits on.
 
 A router that pulls holds a client's request until the copy lands, so a copy that cannot succeed must be refused at
-once (HTTP 409, the router falls back) rather than fail later: `check_critical` refuses one in shadow mode, one
-whose source no longer holds the whole prefix, and one that would exceed the target's replica budget (what the
-target would refuse on arrival, counting the copies already headed there); `join_critical` finds the copy of the
-same prefix already headed for the same target (the request waits for it: one copy, not one per router or per
-sibling request). `wait_replication` answers when the
+once (HTTP 409, the router falls back) rather than fail later: `check_critical` refuses one in shadow mode or one
+whose source no longer holds the whole prefix; `join_critical` finds the copy of the same prefix already headed for
+the same target (the request waits for it: one copy, not one per router or per sibling request); `room_for_critical`
+makes the target's replica budget take it (what the target would refuse on arrival, counting the copies already
+headed there), by dropping the planner's speculative replicas there when they leave too little (a pull serves a
+request that is waiting; a speculative copy is a bet on one that may never come: seen live, the planner's unused
+copies filled the budget and refused the pulls that would have paid), else refuses it. `wait_replication` answers
+when the
 copy is done or failed, or at the caller's deadline. Called by `server.Coordinator.admin_replicate` and the admin
 API (`admin.py`), under `coord.lock` for every read of the state.
 """
@@ -33,9 +36,9 @@ def check_critical(state, req: api.ReplicateRequest, mode: str) -> None:
         req: the copy asked for (`req.critical`).
         mode: the coordinator's mode (`active` or `shadow`).
     Raises:
-        AdminError (409): shadow mode, the source does not hold the whole (page-aligned) prefix, or the target's
-            replica budget minus its live replicas and the copies in flight to it is smaller than the prefix.
-            Unknown workers and the other checks are `ClusterState.request_replication`'s (404, 400).
+        AdminError (409): shadow mode, or the source does not hold the whole (page-aligned) prefix. Unknown workers
+            and the other checks are `ClusterState.request_replication`'s (404, 400); the budget,
+            `room_for_critical`'s.
     """
     if mode != "active":
         raise AdminError(f"coordinator in {mode} mode: no copies", CONFLICT)
@@ -50,13 +53,58 @@ def check_critical(state, req: api.ReplicateRequest, mode: str) -> None:
     held = state.lookup(req.input_ids[:num_tokens], namespace).get(req.source, 0)
     if held < num_tokens:
         raise AdminError(f"source {req.source} holds {held} of the {num_tokens} tokens to copy", CONFLICT)
-    live = dst.load.replica_tokens if dst.load is not None else 0
+
+
+def room_for_critical(state, req: api.ReplicateRequest, dropping: dict[str, dict[str, int]]) -> list[str]:
+    """Makes the target's replica budget take a critical copy: its budget less its live replicas (less those
+    already asked to go) and the copies in flight to it must hold the (page-aligned) prefix; when it does not, the
+    replicas nobody waits for make way, as few as needed: first the pulls whose request went elsewhere (it waited
+    until its deadline: `wait_replication`), then the speculative ones (any origin but a pull: a pulled replica's
+    request may still be queued for it), the soonest to expire first. Caller holds the coordinator's lock and sends `DropReplica`
+    for each id returned before the copy's `ExpectReplica` (one socket: the target drops them first).
+
+    Args:
+        state: the coordinator's `ClusterState`.
+        req: a critical copy that passed `check_critical`.
+        dropping: target -> {replication id: tokens} asked to go and still in the directory (updated here: the
+            ids returned are added, those the directory no longer holds are forgotten).
+    Returns:
+        the replication ids to drop at the target (empty when the budget takes the copy as it is).
+    Raises:
+        AdminError (409): even without every speculative replica there the budget is too small.
+    """
+    src, dst = state.workers.get(req.source), state.workers.get(req.target)
+    if src is None or dst is None:
+        return []
+    page_size = dst.hello.page_size
+    num_tokens = len(req.input_ids) // src.hello.page_size * src.hello.page_size
+    replicas = state.directory.replicas(req.target)
+    asked = dropping.setdefault(req.target, {})
+    for rid in [r for r in asked if (req.target, r) not in replicas]:
+        del asked[rid]  # gone: the worker's reports count it no more (or will not within a load report)
+    live = max(0, (dst.load.replica_tokens if dst.load is not None else 0) - sum(asked.values()))
     headed = sum(r.num_tokens for r in state.replications.values() if r.in_flight and r.target == req.target)
     free = dst.hello.replica_budget_tokens - live - headed
-    if num_tokens > free:
+    if num_tokens <= free:
+        return []
+    speculative = []
+    for (_, rid), holding in replicas.items():
+        rep = state.replications.get(rid)
+        orphan = rep is not None and rep.origin == "pull" and rep.num_abandoned and not rep.num_waiting
+        if rid not in asked and (rep is None or rep.origin != "pull" or orphan):
+            speculative.append((not orphan, holding["expires_at_s"], rid, holding["num_pages"] * page_size))
+    out, room = [], free
+    for _, _, rid, tokens in sorted(speculative):
+        if room >= num_tokens:
+            break
+        out.append((rid, tokens))
+        room += tokens
+    if room < num_tokens:
         raise AdminError(f"target {req.target} has room for {max(0, free)} replica tokens, the copy needs "
-                         f"{num_tokens} (budget {dst.hello.replica_budget_tokens}, live {live}, in flight {headed})",
-                         CONFLICT)
+                         f"{num_tokens} (budget {dst.hello.replica_budget_tokens}, live {live}, in flight {headed}; "
+                         f"speculative replicas there: {room - free} tokens)", CONFLICT)
+    asked.update(out)
+    return [rid for rid, _ in out]
 
 
 def critical_prefix_hash(state, req: api.ReplicateRequest) -> Optional[int]:
@@ -111,13 +159,21 @@ async def wait_replication(coord, req: api.ReplicationWaitRequest) -> api.Replic
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + req.wait_s
-    while True:
+    with coord.lock:
+        rep = coord.state.replications.get(req.id)
+        if rep is None:
+            raise AdminError(f"unknown replication {req.id!r}", 404)
+        rep.num_waiting += 1
+    try:
+        while True:
+            with coord.lock:
+                info = rep.to_info()
+                left = deadline - loop.time()
+                if rep.in_flight and left <= 0:  # the router's deadline (it waits until then): it falls back
+                    rep.num_abandoned += 1
+            if not rep.in_flight or left <= 0:
+                return info
+            await asyncio.sleep(min(left, POLL_S))
+    finally:
         with coord.lock:
-            rep = coord.state.replications.get(req.id)
-            if rep is None:
-                raise AdminError(f"unknown replication {req.id!r}", 404)
-            info = rep.to_info()
-        left = deadline - loop.time()
-        if not rep.in_flight or left <= 0:
-            return info
-        await asyncio.sleep(min(left, POLL_S))
+            rep.num_waiting -= 1

@@ -56,6 +56,10 @@ class Replication:
     expires_at_s: Optional[float] = None
     """When the replica expires on the coordinator's clock (set when it landed; absolute: a re-report after a
     resync never extends it)."""
+    num_waiting: int = 0
+    """Routers waiting for it now (`POST /replications/wait`, a pull)."""
+    num_abandoned: int = 0
+    """Waits that ended at their router's deadline with the copy still in flight: that request went elsewhere."""
 
     @property
     def in_flight(self) -> bool:

@@ -25,7 +25,8 @@ from radix_sync.coordinator.admin import AdminServer
 from radix_sync.coordinator.metrics import CoordinatorMetrics
 from radix_sync.coordinator.plain import PlainFeed, PlainWorkerSpec
 from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
-from radix_sync.coordinator.pull import check_critical, critical_prefix_hash, join_critical, ledger_allows_pull
+from radix_sync.coordinator.pull import (check_critical, critical_prefix_hash, join_critical, ledger_allows_pull,
+                                         room_for_critical)
 from radix_sync.coordinator.state import ClusterState, StateConfig
 from radix_sync.policy.rules import RuleConfig
 
@@ -104,6 +105,10 @@ class Coordinator:
         """Policy ticks that raised (logged; the coordinator keeps serving)."""
         self.num_critical_joined = 0
         """Critical copies (pulls) answered with the copy of the same prefix already in flight to their target."""
+        self.num_critical_preempted = 0
+        """Speculative replicas dropped to make room for a critical copy (`pull.room_for_critical`)."""
+        self._dropping: dict[str, dict[str, int]] = {}
+        """Target -> {replication id: tokens} dropped for critical copies, until the directory no longer holds them."""
         self.metrics = CoordinatorMetrics(self)
         self.loop_stats = self.metrics.loop
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
@@ -392,7 +397,7 @@ class Coordinator:
         ttl_s = self.config.rules.ttl_s if req.ttl_s is api.UNSET else req.ttl_s
         now = time.monotonic()
         with self.lock:
-            block_hash = None
+            block_hash, drops = None, []
             if req.critical:
                 check_critical(self.state, req, self.mode)
                 block_hash = critical_prefix_hash(self.state, req)
@@ -401,9 +406,13 @@ class Coordinator:
                     self.num_critical_joined += 1
                     return joined.to_info()
                 ledger_allows_pull(self.state, block_hash, now)
+                drops = room_for_critical(self.state, req, self._dropping)
             rep, target_rid, expect = self.state.request_replication(
                 req.source, req.target, req.input_ids, api.namespace_of(req.cache_salt), ttl_s, now,
                 origin="pull" if req.critical else "admin", block_hash=block_hash)
             out = rep.to_info()
+            self.num_critical_preempted += len(drops)
+        for rid in drops:  # before the copy's grant: the target frees the room first (one socket, in order)
+            self.send(target_rid, p.DropReplica(replication_id=rid))
         self.send(target_rid, expect)
         return out

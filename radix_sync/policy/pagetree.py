@@ -29,7 +29,7 @@ from radix_sync.integrity import IntegrityError
 
 class _Node:
     __slots__ = ("parent", "num_children", "last_access_s", "lock_count", "replica", "stamp", "stale", "depth",
-                 "hist", "live_children")
+                 "hist", "live_children", "split_below")
 
     def __init__(self, parent: Optional[int], now: float, replica: bool, depth: int = 0) -> None:
         self.parent = parent
@@ -46,6 +46,8 @@ class _Node:
         self.live_children = 0
         """Children that are live: not demoted, or demoted with a live child
         (`PageTree.num_evict_first_stale_pages`)."""
+        self.split_below = False
+        """Radix nodes: a node of SGLang's tree ends at this page (its children begin other nodes)."""
 
 
 def chained_prefix_len(pages: Sequence[int], present: Container[int], limit: Optional[int] = None) -> int:
@@ -79,10 +81,12 @@ def chained_prefix_len(pages: Sequence[int], present: Container[int], limit: Opt
 class PageTree:
     """Set of cached pages with parent links, lock counts, replica flags and two LRU heaps of leaves."""
 
-    def __init__(self, tlru_slack_pages: Optional[int] = None) -> None:
+    def __init__(self, tlru_slack_pages: Optional[int] = None, radix_nodes: bool = False) -> None:
         """Args:
             tlru_slack_pages: None for LRU; else T-LRU with (threshold - next prompt estimate) / page length,
                 rounded down, pages of budget (see the module docstring; 0 or less evicts as LRU does).
+            radix_nodes: evict as SGLang's radix cache does, a whole node at a time (see `evict`); False: one
+                page at a time (an idealised page-granular cache).
         """
         self.nodes: dict[int, _Node] = {}
         self.num_replica_pages = 0
@@ -97,6 +101,7 @@ class PageTree:
         self._seq = 0
         self._tlru = tlru_slack_pages is not None
         self._slack = tlru_slack_pages or 0
+        self._radix = radix_nodes
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -162,6 +167,8 @@ class PageTree:
             added.append(page)
             parent = page
         if added:
+            if start > 0 and self._radix:  # the added pages are a new node (SGLang splits a node it branches off)
+                nodes[pages[start - 1]].split_below = True
             for p in added[:-1]:
                 nodes[p].live_children = 1
             if start > 0:
@@ -196,6 +203,12 @@ class PageTree:
     def lock(self, page: int) -> None:
         """Pins `page` and its ancestors against eviction."""
         self.nodes[page].lock_count += 1
+
+    def split_at(self, page: int) -> None:
+        """Radix nodes: a match ended at `page`, so a node ends there (SGLang's `match_prefix` splits the node a
+        match ends inside, and a request locks whole nodes); no-op without radix nodes."""
+        if self._radix:
+            self.nodes[page].split_below = True
 
     def unlock(self, page: int) -> None:
         """Releases one lock taken with `lock`."""
@@ -290,7 +303,10 @@ class PageTree:
 
     def evict(self, num_pages: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
         """Evicts up to `num_pages` unlocked leaves: demoted pages first, then replicas, then (T-LRU) TEL-safe ones,
-        then the rest, least recently used first within each.
+        then the rest, least recently used first within each. With radix nodes, a leaf goes with the rest of its
+        node (up to where a node ends: an insert added pages below it, a match ended there, or a branch), so more
+        than `num_pages` may go, as in SGLang, whose `evict` frees whole leaf nodes (measured on SGLang 0.5.23,
+        `docs/bench.md`); T-LRU's TEL-safe leaves still go one page at a time.
 
         Args:
             num_pages: pages wanted.
@@ -300,15 +316,24 @@ class PageTree:
         """
         done = 0
         for heap in (self._heaps[3], self._heaps[1], self._heaps[2], self._heaps[0]):
+            whole = self._radix and heap is not self._heaps[2]
             while done < num_pages and heap:
                 _, seq, page = heapq.heappop(heap)
                 node = self.nodes.get(page)
                 if node is None or node.stamp != seq or node.num_children or node.lock_count:
                     continue
-                self._remove(page, node)
-                done += 1
-                if on_evict is not None:
-                    on_evict(page)
+                while True:
+                    self._remove(page, node)
+                    done += 1
+                    if on_evict is not None:
+                        on_evict(page)
+                    up = node.parent
+                    if not whole or up is None:
+                        break
+                    parent = self.nodes[up]
+                    if parent.split_below or parent.num_children or parent.lock_count or parent.replica != node.replica:
+                        break
+                    page, node = up, parent
         return done
 
     def lru_leaf_s(self) -> Optional[float]:

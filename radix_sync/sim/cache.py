@@ -66,14 +66,16 @@ class WorkerCache:
     """One worker's KV pool. Owns its `PageTree` and the token reservation of admitted requests."""
 
     def __init__(self, worker_id: int, capacity_tokens: int, page_len: int, directory: Directory,
-                 oracle_pages: Optional[set] = None, tlru_slack_tokens: Optional[int] = None) -> None:
+                 oracle_pages: Optional[set] = None, tlru_slack_tokens: Optional[int] = None,
+                 radix_nodes: bool = True) -> None:
         """Args:
             tlru_slack_tokens: None: LRU eviction; else T-LRU with threshold - next prompt estimate, tokens.
+            radix_nodes: evict whole radix nodes as SGLang does (`PageTree`); False: page by page.
         """
         self.worker_id = worker_id
         self.capacity_tokens = capacity_tokens
         self.page_len = page_len
-        self.tree = PageTree(None if tlru_slack_tokens is None else tlru_slack_tokens // page_len)
+        self.tree = PageTree(None if tlru_slack_tokens is None else tlru_slack_tokens // page_len, radix_nodes)
         self.reserved_tokens = 0
         self.directory = directory
         self.oracle_pages = oracle_pages
@@ -123,6 +125,7 @@ class WorkerCache:
     def lock(self, page: Optional[int]) -> None:
         if page is not None and self.oracle_pages is None:
             self.tree.lock(page)
+            self.tree.split_at(page)
 
     def unlock(self, page: Optional[int]) -> None:
         if page is not None and self.oracle_pages is None:

@@ -33,6 +33,11 @@ class EngineConfig:
     (Tail-Optimized LRU, with `tlru_threshold_tokens` and `tlru_next_prompt_tokens` as SGLang's
     `--radix-eviction-policy-config '{"threshold": ..., "next_prompt_estimate": ...}'`). Replicas and demoted
     copies still go first."""
+    radix_nodes: bool = True
+    """The workers evict as SGLang's radix cache does: a whole leaf node at a time (the pages one insert added, cut
+    where a later match ended or a branch began), so a session's history goes whole once it is the least recently
+    used leaf, not just the pages the allocation needs (SGLang 0.5.23, measured: `docs/bench.md`, "Whole radix
+    nodes"). False: page by page (the model before, which kept most of a victim's prefix)."""
     tlru_threshold_tokens: int = 0
     """T-LRU: tokens a next prompt may leave uncached (the TTFT budget expressed in tokens)."""
     tlru_next_prompt_tokens: int = 0

@@ -47,8 +47,8 @@ class Engine:
         oracle_pages = set() if policy.oracle else None
         slack = cfg.tlru_threshold_tokens - cfg.tlru_next_prompt_tokens if cfg.eviction == "tlru" else None
         self.workers = [SimWorker(i, profile, WorkerCache(i, profile.kv_capacity_tokens, self.page_len,
-                                                          self.directory, oracle_pages, slack), self)
-                        for i in range(cfg.num_workers)]
+                                                          self.directory, oracle_pages, slack, cfg.radix_nodes),
+                                  self) for i in range(cfg.num_workers)]
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
         self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)
         predictor = policy.planner.predictor if policy.planner else policy.predictor

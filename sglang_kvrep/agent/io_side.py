@@ -220,6 +220,9 @@ class IoSide:
                 del self.send_targets[next(iter(self.send_targets))]
             self.to_sched(m.Replicate(msg))
         elif isinstance(msg, p.DropReplica):
+            fact = self.replica_facts.get(msg.replication_id)
+            if fact is not None:  # a pull the coordinator made room for may arrive before the scheduler has dropped
+                self.free_replica_tokens += fact[0].inserted_len  # (it answers the true room after the drop)
             self.to_sched(m.Drop(msg.replication_id))
         elif isinstance(msg, p.DemotePrefix):
             self.to_sched(m.Demote(msg.namespace, msg.token_ids))

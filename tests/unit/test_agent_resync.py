@@ -88,3 +88,20 @@ def test_a_hit_on_a_replica_promotes_it_once_and_the_io_side_forgets_it():
     assert set(io.replica_blocks) == {"r2"} and set(io.replica_facts) == {"r2"}  # r2: another tenant's
     io.on_hit(hit)  # the same prefix again: nothing left to promote
     assert len([x for x in sent if isinstance(x, p.ReplicaPromoted)]) == 1
+
+
+def test_a_drop_the_coordinator_made_room_with_counts_at_once_until_the_scheduler_tells_the_true_room():
+    """The coordinator drops a speculative replica to make room for a pull (`pull.room_for_critical`) and sends the
+    pull's grant right after; the pull's bytes may reach the I/O side before the scheduler has dropped it (a CPU
+    prefill iteration lasts seconds), so the I/O side counts the drop at once; the scheduler's answer (sent after
+    every drop, done or not) sets the true room."""
+    io = IoSide.__new__(IoSide)
+    to_sched = []
+    io.to_sched = to_sched.append
+    io.free_replica_tokens = 4
+    io.replica_facts = {"spec": (fact("spec", 60.0), time.monotonic() + 30.0)}
+    io.on_coord(p.encode(p.DropReplica(replication_id="spec")))
+    io.on_coord(p.encode(p.DropReplica(replication_id="unknown")))  # nothing known of it: nothing counted
+    assert io.free_replica_tokens == 4 + 8 and to_sched == [m.Drop("spec"), m.Drop("unknown")]
+    io.on_message(m.ReplicaRoom(6))  # the scheduler could not drop it (a queued request wants it)
+    assert io.free_replica_tokens == 6

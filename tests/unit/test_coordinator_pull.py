@@ -9,7 +9,7 @@ import pytest
 from radix_sync import api
 from radix_sync import protocol as p
 from radix_sync.api import AdminError
-from radix_sync.coordinator.pull import check_critical, wait_replication
+from radix_sync.coordinator.pull import check_critical, room_for_critical, wait_replication
 from radix_sync.coordinator.state import ClusterState, StateConfig
 from radix_sync.hashing import page_hashes
 from tests.unit.test_state import hello, stored
@@ -45,18 +45,94 @@ def test_a_copy_that_cannot_help_is_refused_with_409(st, req, mode, needle):
     assert exc.value.status == 409
 
 
+def seq(st, wid):
+    """The worker's next fact number (a gap would ask it to resync, dropping the fact)."""
+    return st.workers[wid].last_seq + 1
+
+
+def load(st, wid, replica_tokens, now_s):
+    st.handle(wid.upper().encode(), p.LoadReported(worker_id=wid, seq=seq(st, wid), num_running_reqs=0,
+                                                   num_waiting_reqs=0, num_waiting_tokens=0, available_tokens=900,
+                                                   evictable_tokens=0, replica_tokens=replica_tokens), now_s)
+
+
+def landed(st, tokens, origin, now_s, ttl_s=30.0):
+    """A copy of `tokens` from a to b by `origin`, landed at `now_s` as a replica on b. Returns: its id."""
+    st.handle(b"A", stored("a", seq(st, "a"), tokens), now_s)
+    rep, _, _ = st.request_replication("a", "b", tokens, "", ttl_s, now_s, origin=origin)
+    st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=seq(st, "b"), replication_id=rep.id), now_s)
+    st.handle(b"B", p.ReplicaStored(worker_id="b", seq=seq(st, "b"), replication_id=rep.id, namespace="",
+                                    block_hashes=page_hashes(tokens, 4), inserted_len=len(tokens),
+                                    expires_in_s=ttl_s, num_bytes=64, receive_s=0.1, scatter_s=0.1, insert_s=0.1),
+              now_s)
+    assert rep.state == "done"
+    return rep.id
+
+
 def test_the_target_budget_counts_live_replicas_and_copies_in_flight(st):
     toks = list(range(40))
-    st.handle(b"B", p.LoadReported(worker_id="b", seq=1, num_running_reqs=0, num_waiting_reqs=0,
-                                   num_waiting_tokens=0, available_tokens=900, evictable_tokens=0,
-                                   replica_tokens=200), 2.0)
-    check_critical(st, critical(toks), "active")  # 250 - 200 = 50 >= 40
+    load(st, "b", 200, 2.0)
+    assert room_for_critical(st, critical(toks), {}) == []  # 250 - 200 = 50 >= 40
     st.request_replication("a", "b", toks[:12], "", 30.0, 2.0)  # 12 tokens headed for b
     with pytest.raises(AdminError, match=r"room for 38 replica tokens, the copy needs 40 \(budget 250, live 200, "
-                                         r"in flight 12\)") as exc:
-        check_critical(st, critical(toks), "active")
+                                         r"in flight 12; speculative replicas there: 0 tokens\)") as exc:
+        room_for_critical(st, critical(toks), {})  # the 200 are no replica the directory knows: nothing can go
     assert exc.value.status == 409
-    check_critical(st, critical(toks[:36]), "active")
+    assert room_for_critical(st, critical(toks[:36]), {}) == []
+
+
+def test_speculative_replicas_make_way_for_a_pull_soonest_to_expire_first_pulled_ones_never(st):
+    toks = list(range(40))
+    late = landed(st, list(range(100, 180)), "kvrep", 2.0, ttl_s=60.0)  # 80 tokens, expires at 62
+    soon = landed(st, list(range(200, 280)), "kvrep", 2.0, ttl_s=20.0)  # 80 tokens, expires at 22
+    landed(st, list(range(300, 380)), "pull", 2.0, ttl_s=5.0)  # a pull's: its request may be queued for it
+    load(st, "b", 240, 3.0)
+    dropping = {}
+    assert room_for_critical(st, critical(toks), dropping) == [soon]  # 10 free + 80: as few as needed
+    assert dropping == {"b": {soon: 80}}
+    # until b confirms, what was asked to go counts as gone: a second pull takes the next one, not the same
+    assert room_for_critical(st, critical(list(range(40)) + list(range(40, 80))), dropping) == []  # 90 free
+    with pytest.raises(AdminError, match="speculative replicas there: 80 tokens"):
+        room_for_critical(st, critical(toks * 5), dropping)  # 200 tokens: 90 + the last speculative 80 < 200
+    assert dropping == {"b": {soon: 80}}  # a refusal drops nothing
+    # b confirms (its report no longer counts it, the directory forgets it): forgotten here too
+    st.handle(b"B", p.ReplicaExpired(worker_id="b", seq=seq(st, "b"), replication_id=soon, num_evicted_tokens=80), 4.0)
+    load(st, "b", 160, 4.1)
+    assert room_for_critical(st, critical(toks * 3), dropping) == [late] and dropping == {"b": {late: 80}}
+
+
+def test_a_pulled_replica_whose_request_went_elsewhere_makes_way_first(st):
+    spec = landed(st, list(range(100, 180)), "kvrep", 2.0, ttl_s=20.0)
+    pulled = landed(st, list(range(200, 280)), "pull", 2.0, ttl_s=30.0)
+    load(st, "b", 160, 3.0)
+    st.replications[pulled].num_waiting = 1  # its router still waits (it landed in time): not it
+    assert room_for_critical(st, critical(list(range(40)) * 3), {}) == [spec]
+    st.replications[pulled].num_waiting, st.replications[pulled].num_abandoned = 0, 1  # it fell back at its deadline
+    assert room_for_critical(st, critical(list(range(40)) * 3), {}) == [pulled]  # before the speculative one
+
+
+def test_the_admin_replicate_drops_the_replicas_it_made_room_with_before_granting_the_pull(tmp_path):
+    import time
+
+    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
+
+    coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy="none", mode="active",
+                                          state_dir=str(tmp_path)))
+    try:
+        now = time.monotonic()
+        for wid in ("a", "b"):
+            coord.state.handle(wid.upper().encode(), hello(wid), now)
+        spec = landed(coord.state, list(range(100, 320)), "kvrep", now)  # 220 of b's 250
+        load(coord.state, "b", 220, now)
+        coord.state.handle(b"A", stored("a", seq(coord.state, "a"), list(range(40))), now)
+        sent = []
+        coord.send = lambda rid, msg: sent.append((rid, msg))
+        info = coord.admin_replicate(critical(list(range(40))))
+        assert [(rid, type(msg).__name__) for rid, msg in sent] == [(b"B", "DropReplica"), (b"B", "ExpectReplica")]
+        assert sent[0][1].replication_id == spec and info.origin == "pull" and coord.num_critical_preempted == 1
+    finally:
+        coord._sock.close(0)
+        coord._ctx.term()
 
 
 def test_unknown_workers_are_left_to_request_replication(st):
@@ -93,6 +169,7 @@ def test_the_wait_answers_when_the_copy_is_done_and_at_the_deadline_else(st):
     other, _, _ = st.request_replication("a", "b", list(range(8)), "", 30.0, 2.0)
     info = asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id=other.id, wait_s=0.0)))
     assert info.state == "pending"  # the deadline came first: the answer says so
+    assert (other.num_abandoned, other.num_waiting) == (1, 0) and (rep.num_abandoned, rep.num_waiting) == (0, 0)
     with pytest.raises(AdminError, match="unknown replication") as exc:
         asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id="r0-nope", wait_s=0.0)))
     assert exc.value.status == 404

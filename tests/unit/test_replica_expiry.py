@@ -99,3 +99,13 @@ def test_a_dropped_replica_a_later_request_extended_is_told_once_as_ordinary_cac
     table, view = table_with("extended")
     assert table.drop("r1") is None and table.take_extended() == ["r1"]
     assert table.expire_due() == [] and not table.replicas
+
+
+def test_a_dropped_replica_a_queued_request_was_routed_to_stays_with_its_ttl():
+    table, view = table_with(None)
+    table.replicas["r1"].expires_at_s = 100.0
+    ids = list(range(100, 132))
+    view.waiting = [("", ids + [5])]  # routed here for it, not admitted yet (no lock on the tree)
+    assert table.drop("r1") is None and table.replicas["r1"].expires_at_s == 100.0 and len(view.cached) == 2
+    view.waiting = []
+    assert table.drop("r1") == 32 and not table.replicas and table.free_tokens() == 1000
