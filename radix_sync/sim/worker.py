@@ -332,6 +332,10 @@ class SimWorker:
         full = len(req.pages)
         if full:
             cache.insert(req.pages, full, now)
+            if cache.oracle_pages is None:  # SGLang inserts each chunk as it is done: a node per chunk
+                for end in range(max(req.cached_len, 0) + self.p.chunked_prefill_len, full * page,
+                                 self.p.chunked_prefill_len):
+                    cache.tree.split_at(req.pages[end // page - 1])
             cache.lock(req.pages[-1])
             cache.unlock(req.lock_page)
             req.lock_page = req.pages[-1]

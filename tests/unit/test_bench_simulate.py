@@ -175,6 +175,23 @@ def test_the_measured_ratio_pools_every_round():
     assert mean["live"] == pytest.approx(2.0) and mean["sim"] == pytest.approx(1.0) and not mean["ok"]
 
 
+def test_per_arm_the_rounds_are_pooled_and_the_simulator_set_against_their_range():
+    from kvrep_dev.bench import validation_table
+
+    base = [0.5 + 0.01 * i for i in range(100)]  # P50 0.995, P99 1.49
+    rows = [_validation_row("pull", base, base), _validation_row("pull", [2 * x for x in base], base, rnd=1),
+            _validation_row("active", base, [1.1 * x for x in base])]  # one round: +10%, outside its one value
+    out = validation_table(rows, "cpu-wide")
+    pooled = out.split("per arm, every round pooled")[1].splitlines()
+    pull = next(x for x in pooled if x.startswith("fanout   pull"))
+    # the live P50 of base and 2 x base pooled is 1.33 against the simulated 0.99 (-25%), P99 2.94 against 1.48;
+    # the simulated values sit at the low end of the two rounds' range
+    assert pull.split() == ["fanout", "pull", "2", "1.33", "[0.99-1.99]", "0.99", "-25%", "2.94", "[1.48-2.96]",
+                            "1.48", "-50%"]
+    assert "per arm, pooled: within 20% of the measured value 2 of 4; inside the rounds' range 2 of 4" in out
+    assert "per arm" not in validation_table(rows[2:], "cpu-wide")  # no arm with more than one round
+
+
 def test_the_flash_crowd_is_one_hot_prefix_whose_rate_ramps_up():
     """`flash`: the simulator's flash-crowd generator with one crowd over the run, scaled like the others."""
     from radix_sync.sim.generators import FlashCrowdWorkload

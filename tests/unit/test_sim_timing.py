@@ -53,6 +53,20 @@ def test_chunked_prefill():
     assert r[0].first_token_s == pytest.approx(2.53)
 
 
+def test_a_chunked_prefill_leaves_a_radix_node_per_chunk():
+    """SGLang inserts each chunk into its tree as it is done (`cache_unfinished_req`): a node per chunk, so
+    whole-node eviction takes the last chunk's pages first, not the whole prompt."""
+    wl = Fixed([(0.0, 2500, 1, list(range(1, 251)))])
+    eng = Engine(PROFILE, wl, build_policy("round_robin", PROFILE, wl.page_len, 0), EngineConfig(num_workers=1,
+                                                                                            duration_s=100.0))
+    eng.run()
+    tree = eng.workers[0].cache.tree
+    assert [p for p, n in tree.nodes.items() if n.split_below] == [100, 200, 250]  # chunk ends, the prompt's end
+    gone = []
+    tree.evict(1, gone.append)
+    assert gone == list(range(250, 200, -1))  # pages 201-250: the last chunk's node, whole
+
+
 def test_attention_term():
     # one chunk of 100 tokens after nothing cached: pairs = 100 x 101 / 2 = 5050 -> +5.05 ms
     prof = CostProfile(**{**PROFILE.__dict__, "prefill_s_per_token_pair": 1e-6})
