@@ -218,6 +218,12 @@ class ReplicaTable:
         r.promoted = True
         return True
 
+    def forget(self, replication_id: str) -> bool:
+        """SGLang evicted the replica already (`ReplicaGone`): it leaves the table and the budget. Returns: whether
+        it was a live (unpromoted) replica here."""
+        r = self.replicas.pop(replication_id, None)
+        return r is not None and not r.promoted
+
     def take_extended(self) -> list[str]:
         """The replicas found extended since the last call: the coordinator is told they are ordinary cache
         (`ReplicaPromoted` with no tokens: its directory's role changes, no use is counted), or its directory would

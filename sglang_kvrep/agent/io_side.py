@@ -262,9 +262,23 @@ class IoSide:
                     self.mirror.pop(h, None)
                 for i in range(0, len(hashes), 4096):
                     self.send_coord(p.PagesRemoved(worker_id=wid, seq=0, block_hashes=hashes[i:i + 4096]))
+                self.replicas_gone(set(hashes))
             elif isinstance(fact, events.KvCleared):
                 self.mirror.clear()
                 self.send_coord(p.AllPagesCleared(worker_id=wid, seq=0))
+                self.replicas_gone(None)
+
+    def replicas_gone(self, removed: Optional[set]) -> None:
+        """SGLang evicted pages (`removed`; None: its whole cache, a flush): a replica whose last page went is gone
+        (SGLang evicts leaf nodes first, a replica's pages are one node), so it holds no replica budget any more.
+        Before, the scheduler counted it until its TTL (30-250 s): seen live, the budget of a worker whose replicas
+        SGLang had evicted under memory pressure, or whose cache a flush had emptied, stayed full of replicas that
+        no longer existed and refused the pulls (docs/bench.md, "Pulls before bets")."""
+        for rid, (_, blocks) in list(self.replica_blocks.items()):
+            if blocks and (removed is None or blocks[-1] in removed):
+                del self.replica_blocks[rid]
+                self.replica_facts.pop(rid, None)
+                self.to_sched(m.ReplicaGone(rid))
 
     def on_hit(self, hit: m.PrefixMatched) -> None:
         namespace, matched, key_len = hit.namespace, hit.matched_len, hit.key_len

@@ -177,6 +177,12 @@ class Drop(msgspec.Struct, frozen=True):
     replication_id: str
 
 
+class ReplicaGone(msgspec.Struct, frozen=True):
+    """SGLang evicted this replica's last page (its own eviction, or a cache flush): it holds no budget any more."""
+
+    replication_id: str
+
+
 class ChunksSent(msgspec.Struct, frozen=True):
     """Source: `num_sent` chunks of `transfer_id` are on the wire (the gatherer may run further ahead)."""
 
@@ -190,7 +196,8 @@ class SendCancelled(msgspec.Struct, frozen=True):
     transfer_id: str
 
 
-ToScheduler = Union[IoStarted, IoDied, Replicate, Install, Promote, Demote, Drop, ChunksSent, SendCancelled]
+ToScheduler = Union[IoStarted, IoDied, Replicate, Install, Promote, Demote, Drop, ReplicaGone, ChunksSent,
+                    SendCancelled]
 PROGRESS = (ChunksSent, SendCancelled)
 """Progress of running gathers, not commands: applied as they come, they do not count against the scheduler's
 per-iteration command budget."""

@@ -263,6 +263,11 @@ class WorkerAgent(SourceSide):
             self.replicas.promote(msg.replication_id)
         elif isinstance(msg, m.Demote):
             self.demote(msg.namespace, msg.token_ids)
+        elif isinstance(msg, m.ReplicaGone):
+            if self.replicas.forget(msg.replication_id):  # its pages' removal went to the coordinator already
+                self._report(p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
+                                              replication_id=msg.replication_id, num_evicted_tokens=0))
+                self._room_changed()
         elif isinstance(msg, m.Drop):
             evicted = self.replicas.drop(msg.replication_id)
             if evicted is not None:

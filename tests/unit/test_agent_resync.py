@@ -105,3 +105,26 @@ def test_a_drop_the_coordinator_made_room_with_counts_at_once_until_the_schedule
     assert io.free_replica_tokens == 4 + 8 and to_sched == [m.Drop("spec"), m.Drop("unknown")]
     io.on_message(m.ReplicaRoom(6))  # the scheduler could not drop it (a queued request wants it)
     assert io.free_replica_tokens == 6
+
+
+def test_a_replica_sglang_evicted_or_flushed_leaves_the_budget_at_once():
+    """Replicas sort first in SGLang's eviction: under memory pressure SGLang evicts them long before their TTL,
+    and a cache flush takes them all. The I/O side sees their pages go (the KV events) and tells the scheduler,
+    which forgets them (before, they held the replica budget until their TTL, refusing pulls)."""
+    from sglang_kvrep import events
+
+    io = IoSide.__new__(IoSide)
+    io.cfg = SimpleNamespace(worker_id="w")
+    sent, to_sched = [], []
+    io.send_coord, io.to_sched = sent.append, to_sched.append
+    io.mirror = {}
+    now = time.monotonic()
+    io.replica_facts = {r: (fact(r, 60.0), now + 30.0) for r in ("a", "b", "c")}
+    io.replica_blocks = {"a": ("", [1, 2]), "b": ("", [3, 4]), "c": ("", [5, 6])}
+    events.SINK.append(events.KvRemoved(block_hashes=[2, 3], medium="GPU"))  # a's last page; only b's first
+    io.drain_events()
+    assert to_sched == [m.ReplicaGone("a")] and set(io.replica_blocks) == {"b", "c"} and "a" not in io.replica_facts
+    events.SINK.append(events.KvCleared())
+    io.drain_events()
+    assert to_sched == [m.ReplicaGone(r) for r in "abc"] and not io.replica_blocks and not io.replica_facts
+    assert [type(x).__name__ for x in sent] == ["PagesRemoved", "AllPagesCleared"]

@@ -109,3 +109,13 @@ def test_a_dropped_replica_a_queued_request_was_routed_to_stays_with_its_ttl():
     assert table.drop("r1") is None and table.replicas["r1"].expires_at_s == 100.0 and len(view.cached) == 2
     view.waiting = []
     assert table.drop("r1") == 32 and not table.replicas and table.free_tokens() == 1000
+
+
+def test_a_replica_sglang_evicted_is_forgotten_at_once_and_leaves_the_budget():
+    table, view = table_with(None)
+    table.replicas["r1"].expires_at_s = 100.0
+    assert table.free_tokens() == 1000 - 32
+    assert table.forget("r1") and not table.replicas and table.free_tokens() == 1000
+    assert not table.forget("r1")  # unknown now
+    table.replicas["r2"] = Replica("r2", "", [1], 16, expires_at_s=100.0, priority=-1, promoted=True)
+    assert not table.forget("r2") and not table.replicas  # ordinary cache already: no budget held, nothing told
