@@ -104,6 +104,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-fix-s1.json.gz",
                                        "bench-agent-fix-s2.json.gz", "bench-agent-gate.json.gz",
                                        "bench-agent-gate2.json.gz",
+                                       "bench-agent-room-s2.json.gz",
                                        "bench-agent-seed1.json.gz",
                                        "bench-agent-split.json.gz",
                                        "bench-cpu-account.json.gz", "bench-fanflash-split.json.gz",
