@@ -30,6 +30,9 @@ from sglang_kvrep.replicas import ReplicaTable
 log = logging.getLogger("kvrep.agent")
 MAX_ERRORS = 20
 MAX_COMMANDS = 64
+TOUCH_WAITING_S = 0.25
+"""How often the waiting requests' cached prefixes are made recent (`SchedulerView.touch_waiting_prefixes`): the
+queue's dead sessions are tens of seconds older, and 128 tree walks cost well under a millisecond each."""
 """Commands run per iteration at most (the rest wait for the next one)."""
 START_TIMEOUT_S = 10.0
 """How long `start` waits for the I/O side to say it is up."""
@@ -78,6 +81,7 @@ class WorkerAgent(SourceSide):
         self.cancelled: set[str] = set()                # running gathers the I/O side reported ended
         self._seen_rids: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._next_load_s = 0.0
+        self._next_touch_s = 0.0
         self._reported_busy = False
         self._last_iter_s: Optional[float] = None
         self._was_busy = False
@@ -203,6 +207,9 @@ class WorkerAgent(SourceSide):
         self.view.flush_kv_events()
         now = time.monotonic()
         busy = not self.view.is_idle()
+        if busy and now >= self._next_touch_s:  # queued requests' prefixes stay recent (see the view's docstring)
+            self._next_touch_s = now + TOUCH_WAITING_S
+            self.view.touch_waiting_prefixes()
         if busy and self._was_busy and self._last_iter_s is not None:  # an iteration with work from end to end
             took = now - self._last_iter_s
             self._iteration_s = took if self._iteration_s == 0.0 else 0.8 * self._iteration_s + 0.2 * took

@@ -167,6 +167,24 @@ class SchedulerView:
                 return True
         return False
 
+    def touch_waiting_prefixes(self, limit: int = 128) -> int:
+        """Refreshes the recency of the cached prefixes of the first `limit` waiting requests, the queue's head last,
+        as SGLang's scheduler does under `--radix-eviction-policy lru` (`SchedulePolicy._touch_waiting_prefixes`,
+        `SGLANG_ENABLE_WAITING_PREFIX_REFRESH`) and skips under `priority`, the policy the plugin sets (replicas
+        first): there a queued request's prefix, matched only once it is scheduled, was evicted as the least recently
+        used while it waited, and the request recomputed the prefix its router had sent it there for. Under
+        `priority` recency still orders the entries of one priority. Scheduler thread. Returns: requests touched."""
+        from sglang.srt.environ import envs
+        from sglang.srt.mem_cache.common import touch_waiting_prefix
+
+        waiting = list(getattr(self.scheduler, "waiting_queue", []) or [])[:limit]
+        if (not waiting or not envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()
+                or not self.tree_cache.supports_prefix_sharing()):
+            return 0
+        for r in reversed(waiting):
+            touch_waiting_prefix(r, self.tree_cache)
+        return len(waiting)
+
     def flush_kv_events(self) -> None:
         """Publish the radix tree's pending KV events now (SGLang publishes them only at the next prefill batch,
         every `--decode-log-interval` decode steps, or on idle: a prompt's pages would reach the coordinator only

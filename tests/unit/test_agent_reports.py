@@ -13,7 +13,7 @@ class FakeView:
     page_size = 16
 
     def __init__(self):
-        self.running, self.waiting, self.flushes = 1, 0, 0
+        self.running, self.waiting, self.flushes, self.touches = 1, 0, 0, 0
 
     def fingerprint_fields(self):
         return {"model": "fake"}
@@ -34,6 +34,10 @@ class FakeView:
 
     def flush_kv_events(self):
         self.flushes += 1
+
+    def touch_waiting_prefixes(self):
+        self.touches += 1
+        return self.waiting
 
 
 def loads(agent):
@@ -248,3 +252,45 @@ def test_kvrep_actions_of_a_requests_kv_hints_envelope_go_to_the_coordinator_onc
     assert [x for x in posted(agent, m.ToCoordinator) if isinstance(x.message, p.HintReported)] == []
     assert agent.kv_hint_stats == {"reported": 2, "malformed": 1}
     assert msgspec.to_builtins(decode_kv_hints_envelope(hints)) == hints  # what compat hands over
+
+
+def test_queued_requests_prefixes_are_kept_recent_while_busy_at_most_every_quarter_second(monkeypatch):
+    """The plugin runs SGLang's `priority` eviction (replicas first), under which SGLang does not refresh its
+    waiting requests' prefixes as it does under `lru`: the agent does, so LRU does not evict a queued request's
+    prefix before it is scheduled."""
+    clock = [100.0]
+    monkeypatch.setattr("sglang_kvrep.agent.scheduler_side.time.monotonic", lambda: clock[0])
+    view = FakeView()
+    view.waiting = 3
+    agent = WorkerAgent(view, KvrepConfig(worker_id="w", load_interval_s=3600.0))
+    agent.on_iteration()
+    assert view.touches == 1
+    clock[0] += 0.1
+    agent.on_iteration()  # not due yet
+    assert view.touches == 1
+    clock[0] += 0.2
+    agent.on_iteration()
+    assert view.touches == 2
+    view.running = view.waiting = 0  # idle: nothing waits, nothing to touch
+    clock[0] += 1.0
+    agent.on_iteration()
+    assert view.touches == 2
+
+
+def test_the_view_touches_the_first_waiting_prefixes_head_last_through_sglangs_own_helper():
+    from array import array
+    from types import SimpleNamespace
+
+    from sglang_kvrep.compat import SchedulerView
+
+    touched = []
+    cache = SimpleNamespace(supports_prefix_sharing=lambda: True, swa_reprefill_tail_tokens=lambda req: 0,
+                            touch_prefix=lambda key: touched.append(list(key.token_ids)))
+    reqs = [SimpleNamespace(origin_input_ids=array("q", [i, i + 1]), output_ids=array("q", []), extra_key=None,
+                            cache_salt=None) for i in range(0, 6, 2)]
+    view = SchedulerView.__new__(SchedulerView)
+    view.scheduler, view.tree_cache = SimpleNamespace(waiting_queue=reqs), cache
+    assert view.touch_waiting_prefixes(limit=2) == 2
+    assert touched == [[2, 3], [0, 1]]  # the queue's head last: the most recent
+    view.scheduler.waiting_queue = []
+    assert view.touch_waiting_prefixes() == 0 and len(touched) == 2

@@ -119,6 +119,9 @@ class PoolView:
     def is_idle(self):
         return False
 
+    def touch_waiting_prefixes(self):
+        return 0
+
     def flush_kv_events(self):
         pass
 
