@@ -200,6 +200,13 @@ class PageTree:
             cur = self.nodes[cur.parent] if cur.parent is not None else None
         self._push(page, node)
 
+    def refresh(self, page: int, now: float) -> None:
+        """Marks `page` (and, implicitly, its ancestors) recent at `now`, as SGLang's `touch_prefix` does for a
+        waiting request: unlike `touch` (a hit), a demoted chain stays demoted."""
+        node = self.nodes[page]
+        node.last_access_s = max(node.last_access_s, now)
+        self._push(page, node)
+
     def lock(self, page: int) -> None:
         """Pins `page` and its ancestors against eviction."""
         self.nodes[page].lock_count += 1

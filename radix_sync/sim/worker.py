@@ -94,8 +94,13 @@ class SimWorker:
 
     # ---- queue ----
     def enqueue(self, req: SimRequest, now: float) -> None:
-        """Queues a routed request (it may wait for a copy until `req.ready_s`)."""
-        cached = min(self.cache.match_len(req.pages) * self.cache.page_len, req.prompt_len - 1)
+        """Queues a routed request (it may wait for a copy until `req.ready_s`). Its cached prefix is made recent, as
+        SGLang refreshes its waiting requests' prefixes (`SchedulePolicy._touch_waiting_prefixes`; the plugin's
+        agent under its `priority` eviction), so LRU does not take it while the request waits."""
+        m = self.cache.match_len(req.pages)
+        if m and self.cache.oracle_pages is None:
+            self.cache.tree.refresh(req.pages[m - 1], now)
+        cached = min(m * self.cache.page_len, req.prompt_len - 1)
         cached = max(cached, min(req.est_cached, req.prompt_len - 1))
         req.est_cached = cached
         req.est_new = req.prompt_len - cached

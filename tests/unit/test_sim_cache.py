@@ -103,6 +103,17 @@ def test_a_full_worker_loses_its_oldest_prompt_whole_as_measured_on_sglang():
     c.check_integrity()
 
 
+def test_a_waiting_requests_prefix_is_refreshed_not_taken_back_from_demotion():
+    t = PageTree()
+    t.insert([1, 2], 2, 0.0)
+    t.insert([3, 4], 2, 1.0)
+    t.insert([5, 6], 2, 2.0)
+    t.demote(6)
+    t.refresh(2, 5.0)  # a request waits for [1, 2]: recent now, so [3, 4] is the oldest ordinary leaf
+    assert evicted_in_order(t, 3) == [6, 5, 4]  # the demoted chain first all the same
+    assert t.nodes[2].last_access_s == 5.0
+
+
 def test_directory_match_lens_equal_per_worker_tree_matches():
     from radix_sync.sim.cache import Directory, WorkerCache
     d = Directory()
