@@ -60,8 +60,8 @@ def room_for_critical(state, req: api.ReplicateRequest, dropping: dict[str, dict
     already asked to go) and the copies in flight to it must hold the (page-aligned) prefix; when it does not, the
     replicas nobody waits for make way, as few as needed: first the pulls whose request went elsewhere (it waited
     until its deadline: `wait_replication`), then the speculative ones (any origin but a pull: a pulled replica's
-    request may still be queued for it), the soonest to expire first. Caller holds the coordinator's lock and sends `DropReplica`
-    for each id returned before the copy's `ExpectReplica` (one socket: the target drops them first).
+    request may still be queued for it), the soonest to expire first. Caller holds the coordinator's lock and sends
+    `DropReplica` for each id returned before the copy's `ExpectReplica` (one socket: the target drops them first).
 
     Args:
         state: the coordinator's `ClusterState`.
@@ -78,12 +78,15 @@ def room_for_critical(state, req: api.ReplicateRequest, dropping: dict[str, dict
         return []
     page_size = dst.hello.page_size
     num_tokens = len(req.input_ids) // src.hello.page_size * src.hello.page_size
-    replicas = state.directory.replicas(req.target)
     asked = dropping.setdefault(req.target, {})
+    headed = sum(r.num_tokens for r in state.replications.values() if r.in_flight and r.target == req.target)
+    reported = dst.load.replica_tokens if dst.load is not None else 0
+    if not asked and num_tokens <= dst.hello.replica_budget_tokens - reported - headed:
+        return []  # the common case: room as reported, no walk of the target's pages
+    replicas = state.directory.replicas(req.target)
     for rid in [r for r in asked if (req.target, r) not in replicas]:
         del asked[rid]  # gone: the worker's reports count it no more (or will not within a load report)
-    live = max(0, (dst.load.replica_tokens if dst.load is not None else 0) - sum(asked.values()))
-    headed = sum(r.num_tokens for r in state.replications.values() if r.in_flight and r.target == req.target)
+    live = max(0, reported - sum(asked.values()))
     free = dst.hello.replica_budget_tokens - live - headed
     if num_tokens <= free:
         return []

@@ -280,7 +280,7 @@ class WorkerAgent(SourceSide):
             if evicted is not None:
                 self._report(p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
                                               replication_id=msg.replication_id, num_evicted_tokens=evicted))
-            self._free_replica_tokens = -1  # the I/O side counted the drop ahead (`on_coordinator`): the true room
+            self._free_replica_tokens = -1  # the I/O side counted the drop ahead (`IoSide.on_coord`): the true room
             self._room_changed()
         elif isinstance(msg, m.IoDied):
             log.error("kvrep agent disabled: its I/O thread died; serving as plain SGLang")
