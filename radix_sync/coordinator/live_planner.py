@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import operator
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from radix_sync.policy.demotion import DemotionGate
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
 from radix_sync.policy.tracker import NodeTracker
+
+log = logging.getLogger("kvrep.planner")
 
 LIVE_SCORING_BUDGET = 2048
 """The live planner's `PlannerConfig.max_scored_per_tick`: (prefix, target) pairs scored per tick, the rest
@@ -201,6 +204,8 @@ class LivePlanner:
             if kind == "end":
                 self.num_sessions_ended += tracker.on_end(hashes[-1])
                 continue
+            if self.planner.calibration is not None:  # (the requests a popular prefix's copies were planned for)
+                self.planner.calibration.requested(hashes, held, rec.time_s)
             gate = self.demotion_gate
             if self.demote_stale and gate is not None:  # what earlier demotions' sessions did, before this decides
                 gate.observe(hashes, rec.worker_id, rec.time_s)
@@ -487,5 +492,7 @@ class LivePlanner:
                 continue
             out.append(LiveDecision(ids[cmd.source], ids[cmd.target], node.namespace, cmd.node_id, cmd.depth_len,
                                     cmd.ttl_s, cmd.gain_s))
+            log.info("copy %s %x: %d tokens %s -> %s, gain %.3f s, %.2f requests predicted", cmd.kind, cmd.node_id,
+                     cmd.depth_len, ids[cmd.source], ids[cmd.target], cmd.gain_s, cmd.expected_count)
             self._decided[(cmd.node_id, ids[cmd.target])] = (cmd.kind, cmd.expected_count, now_s)
         return out

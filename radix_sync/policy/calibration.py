@@ -17,7 +17,18 @@ or at `judge_after_s` if none came. Per kind, over the last `window` outcomes wi
     factor = (uses + prior) / (predicted uses + prior),  at most 1
 
 where a copy's predicted use is min(1, the expected count it was planned for) and `prior` pseudo-copies are used
-as predicted. The planner multiplies the kind's expected counts by the factor (`KvrepPlanner.calibration`), so a
+as predicted. That judges whether a copy is used at all; for a kind whose expected count can be many requests (a
+popular prefix: `demand_kinds`) the count itself is judged too: every request that reuses the copied prefix (any
+worker, `requested`) within `judge_after_s` of the decision is counted against the count the copy was planned for,
+
+    demand factor = (requests seen + prior) / (requests predicted + prior),  at most 1
+
+and the kind's factor is the product of the two. Without it the use factor, a probability of at least one use,
+scaled a count it does not measure: live on agent sessions (stop 37) two requests on a prefix within the burst
+window predicted 20 in the next 30 s, the popular prefixes' copies were used 0-4 times in 18-32 a round (use factor
+0.06-0.3), and 20 x 0.08 = 1.5 requests still cleared the gain bar with gains of 50-95 s on paper.
+
+The planner multiplies the kind's expected counts by the factor (`KvrepPlanner.calibration`), so a
 kind whose copies go unused stops clearing the gain bar. Outcomes age out of `outcome_window_s`, so a stopped kind
 is probed again later. The factor never goes above 1: copies used more than predicted are no reason to copy more.
 What was judged outlives the planner (`learned`): a policy switch or restart of the coordinator's planner hands it
@@ -52,6 +63,9 @@ class UseCalibrationConfig:
     `popularity` the simulator's fan-out (K=32, rate 40, 16 workers, seeds 1-3) went from mean 0.305 +- 0.019 /
     P99 1.205 +- 0.065 s to 0.292 +- 0.032 / 1.219 +- 0.029 s, its flash crowd and agent runs unchanged (their
     popular prefixes' copies are all used there)."""
+    demand_kinds: tuple[str, ...] = ("popularity",)
+    """The kinds whose predicted request counts are also judged against the requests that came (the demand factor);
+    a session's next turn is one request, a fan-out hint's branches are the client's word."""
     window: int = 32
     """Outcomes per kind the factor is taken over (the most recent)."""
     prior: float = 2.0
@@ -71,10 +85,13 @@ class UseCalibrationConfig:
 
 
 class _Outcome:
-    __slots__ = ("key", "kind", "at", "predicted", "used")
+    __slots__ = ("key", "kind", "at", "predicted", "used", "demand", "seen")
 
-    def __init__(self, key: Hashable, kind: str, at: float, predicted: float, used: bool) -> None:
+    def __init__(self, key: Hashable, kind: str, at: float, predicted: float, used: bool, demand: float = 0.0,
+                 seen: int = 0) -> None:
         self.key, self.kind, self.at, self.predicted, self.used = key, kind, at, predicted, used
+        self.demand, self.seen = demand, seen
+        """(demand kinds) the requests the copy was planned for, and those that reused its prefix in time"""
 
 
 class UseCalibration:
@@ -83,9 +100,12 @@ class UseCalibration:
     def __init__(self, cfg: UseCalibrationConfig = UseCalibrationConfig()) -> None:
         self.cfg = cfg
         self._pending: "collections.OrderedDict[Hashable, list]" = collections.OrderedDict()
-        """Copy key -> [kind, predicted use, when decided, used yet, prefix, target], oldest first."""
+        """Copy key -> [kind, predicted use, when decided, used yet, prefix, target, predicted requests (demand
+        kinds), requests seen], oldest first."""
         self._by_prefix: dict[Hashable, list] = {}
         """Prefix -> the keys of its pending `session` copies (`arrived`)."""
+        self._demand_of: dict[Hashable, list] = {}
+        """Prefix -> the keys of its pending copies of a demand kind (`requested`)."""
         self._outcomes: dict[str, collections.deque] = {}
         """Kind -> its last `window` outcomes, oldest first."""
         self._judged: dict[Hashable, _Outcome] = {}
@@ -100,7 +120,8 @@ class UseCalibration:
         would report their use (and carried, every one of them would be judged unused)."""
         out = UseCalibration(self.cfg)
         for kind, q in self._outcomes.items():
-            out._outcomes[kind] = collections.deque(_Outcome(o.key, o.kind, o.at, o.predicted, o.used) for o in q)
+            out._outcomes[kind] = collections.deque(_Outcome(o.key, o.kind, o.at, o.predicted, o.used, o.demand,
+                                                             o.seen) for o in q)
         return out
 
     def decided(self, key: Hashable, kind: str, expected_count: float, now: float, prefix: Hashable = None,
@@ -110,13 +131,18 @@ class UseCalibration:
         self._expire(now)
         if self._take(key) is not None:  # (a key made twice: the first is dropped)
             self.stats["dropped"] += 1
-        self._pending[key] = [kind, min(1.0, max(0.0, float(expected_count))), now, False, prefix, target]
+        count = max(0.0, float(expected_count))
+        # (a copy named without its prefix cannot see its requests: no demand outcome)
+        self._pending[key] = [kind, min(1.0, count), now, False, prefix, target, count if prefix is not None else 0.0,
+                              0]
         if kind == SESSION and prefix is not None:
             self._by_prefix.setdefault(prefix, []).append(key)
+        elif kind in self.cfg.demand_kinds and prefix is not None:
+            self._demand_of.setdefault(prefix, []).append(key)
         self.stats["decided"] += 1
         while len(self._pending) > self.cfg.max_pending:
             old = next(iter(self._pending))
-            self._record(old, *self._take(old)[:4])
+            self._record(old, self._take(old))
 
     def used(self, key: Hashable, now: float) -> None:
         """A request hit the copy (its first hit; later ones change nothing)."""
@@ -129,12 +155,34 @@ class UseCalibration:
             late.used = True
             self.stats["late_used"] += 1
 
+    def requested(self, pages, num_pages: int, now: float) -> None:
+        """A request arrived reusing the first `num_pages` of `pages` (held by some worker): it counts for every
+        pending copy of a demand kind whose prefix is one of them (the prediction was for requests on the prefix,
+        wherever they go)."""
+        demand_of = self._demand_of
+        if not demand_of:
+            return
+        pending = self._pending
+        for i in range(min(num_pages, len(pages))):
+            keys = demand_of.get(pages[i])
+            if keys is not None:
+                for key in keys:
+                    pending[key][7] += 1
+
+    def arrival(self, pages, num_pages: int, followup_worker: Hashable, now: float) -> None:
+        """A request reusing the first `num_pages` of `pages` (`requested`), the next turn of the session whose
+        history ends there routed to `followup_worker` (`arrived`; None: no session's next turn)."""
+        self.requested(pages, num_pages, now)
+        if followup_worker is not None and num_pages > 0:
+            self.arrived(pages[num_pages - 1], followup_worker, now)
+
     def arrived(self, prefix: Hashable, worker: Hashable, now: float) -> None:
         """The next turn of the session whose history is `prefix` was routed to `worker`: that session's copies
         are judged now, used where they went to `worker` (the turn a `session` copy was made for has come)."""
         for key in self._by_prefix.get(prefix, ())[:]:
             entry = self._take(key)
-            self._record(key, entry[0], entry[1], entry[2], entry[3] or entry[5] == worker)
+            entry[3] = entry[3] or entry[5] == worker
+            self._record(key, entry)
 
     def dropped(self, key: Hashable) -> None:
         """The copy never landed (it failed, was refused or cancelled): no outcome (one already judged is taken
@@ -154,11 +202,13 @@ class UseCalibration:
 
     def _take(self, key: Hashable) -> Optional[list]:
         entry = self._pending.pop(key, None)
-        if entry is not None and entry[0] == SESSION and entry[4] is not None:
-            keys = self._by_prefix[entry[4]]
-            keys.remove(key)
-            if not keys:
-                del self._by_prefix[entry[4]]
+        if entry is not None and entry[4] is not None:
+            by = self._by_prefix if entry[0] == SESSION else self._demand_of
+            keys = by.get(entry[4])
+            if keys is not None and key in keys:
+                keys.remove(key)
+                if not keys:
+                    del by[entry[4]]
         return entry
 
     def _expire(self, now: float) -> None:
@@ -168,17 +218,19 @@ class UseCalibration:
             if entry[2] > cutoff:
                 break
             self._take(key)
-            self._record(key, *entry[:4])
+            self._record(key, entry)
         horizon = now - self.cfg.outcome_window_s
         for q in self._outcomes.values():
             while q and q[0].at < horizon:
                 self._forget(q.popleft())
 
-    def _record(self, key: Hashable, kind: str, predicted: float, at: float, used: bool) -> None:
+    def _record(self, key: Hashable, entry: list) -> None:
+        kind, used = entry[0], entry[3]
         q = self._outcomes.get(kind)
         if q is None:
             q = self._outcomes[kind] = collections.deque()
-        out = _Outcome(key, kind, at, predicted, used)
+        demand = kind in self.cfg.demand_kinds
+        out = _Outcome(key, kind, entry[2], entry[1], used, entry[6] if demand else 0.0, entry[7] if demand else 0)
         q.append(out)
         if len(q) > self.cfg.window:
             self._forget(q.popleft())
@@ -190,13 +242,17 @@ class UseCalibration:
             del self._judged[out.key]
 
     def factor(self, kind: str) -> float:
-        """(uses + prior) / (predicted uses + prior) over the kind's window, at most 1 (1 with no outcomes, or for a
-        kind not in `cfg.kinds`)."""
+        """(uses + prior) / (predicted uses + prior) over the kind's window, at most 1, times, for a demand kind,
+        (requests seen + prior) / (requests predicted + prior), at most 1 (1 with no outcomes, or for a kind not
+        in `cfg.kinds`)."""
         q = self._outcomes.get(kind)
         if not q or kind not in self.cfg.kinds:
             return 1.0
         prior = self.cfg.prior
-        return min(1.0, (sum(o.used for o in q) + prior) / (sum(o.predicted for o in q) + prior))
+        use = min(1.0, (sum(o.used for o in q) + prior) / (sum(o.predicted for o in q) + prior))
+        if kind not in self.cfg.demand_kinds:
+            return use
+        return use * min(1.0, (sum(o.seen for o in q) + prior) / (sum(o.demand for o in q) + prior))
 
     def factors(self) -> dict[str, float]:
         """Every scaled kind with outcomes, and its factor."""
@@ -208,4 +264,7 @@ class UseCalibration:
             kinds[kind] = {"outcomes": len(q), "used": sum(o.used for o in q),
                            "predicted": round(sum(o.predicted for o in q), 2), "factor": round(self.factor(kind), 4),
                            "scaled": kind in self.cfg.kinds}
+            if kind in self.cfg.demand_kinds:
+                kinds[kind]["requests_predicted"] = round(sum(o.demand for o in q), 2)
+                kinds[kind]["requests_seen"] = sum(o.seen for o in q)
         return {**self.stats, "pending": len(self._pending), "kinds": kinds}

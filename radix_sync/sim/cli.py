@@ -237,7 +237,9 @@ def run(args: argparse.Namespace) -> int:
         if "copy_use" in rec:
             kinds = rec["copy_use"]["kinds"]
             print(f"copy use of {rec['policy']} (used / predicted -> factor): " + (", ".join(
-                f"{k} {v['used']} / {v['predicted']} -> {v['factor']}" for k, v in sorted(kinds.items())) or "none"))
+                f"{k} {v['used']} / {v['predicted']}" + (f" (requests {v['requests_seen']} / {v['requests_predicted']})"
+                                                         if "requests_seen" in v else "") + f" -> {v['factor']}"
+                for k, v in sorted(kinds.items())) or "none"))
     args.results = results
     if args.out:
         meta = {k: v for k, v in vars(args).items() if k not in ("func", "results")}

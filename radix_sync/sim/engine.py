@@ -182,8 +182,8 @@ class Engine:
                            req.class_key)
         views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
         route = self.policy.router.route(view, views, now)
-        if req.followup and self.calibration is not None:  # (the turn its session's copies are for)
-            self.calibration.arrived(req.pages[req.global_match_len - 1], route.worker_id, now)
+        if self.calibration is not None:  # (the turn its session's copies are for; the requests on popular prefixes)
+            self.calibration.arrival(req.pages, req.global_match_len, route.worker_id if req.followup else None, now)
         self._execute_route(req, route, now)
         if req.hint_fanout and self.policy.planner is not None:
             self._hint(req, route, now)

@@ -151,3 +151,22 @@ def test_the_planners_copies_feed_the_use_calibration_and_the_ablation_has_none(
     assert set(st["kinds"]) == {"hint"}
     _, plain = run("kvrep_uncalibrated")
     assert plain.calibration is None and plain.policy.planner.calibration is None
+
+
+def test_every_arrival_reaches_the_calibration_with_the_pages_some_worker_held():
+    """A flash crowd's popular prefix is copied; each arrival is handed to the calibration once (its pages and the
+    global match), so the popular copies' outcomes count the requests that reused their prefix."""
+    from radix_sync.sim.generators import FlashCrowdWorkload
+
+    wl = FlashCrowdWorkload(GeneratorConfig(), rate=40.0, duration_s=20.0, seed=1,
+                            max_context_len=PROFILE.max_context_len)
+    eng = Engine(PROFILE, wl, build_policy("kvrep", PROFILE, wl.page_len, 1), EngineConfig(num_workers=4,
+                                                                                           duration_s=20.0))
+    calls = []
+    real = eng.calibration.requested
+    eng.calibration.requested = lambda pages, n, now: (calls.append((tuple(pages), n)), real(pages, n, now))
+    stats = eng.run()
+    assert len(calls) == stats.num_arrived > 0
+    st = eng.calibration.status()["kinds"]["popularity"]
+    assert st["outcomes"] > 0 and 0 < st["requests_seen"] <= len(calls) * st["outcomes"]
+    assert any(n > 0 for _, n in calls) and all(0 <= n <= len(p) for p, n in calls)

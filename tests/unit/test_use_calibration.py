@@ -200,3 +200,35 @@ def test_the_coordinator_hands_what_its_planner_learned_to_the_next_one(tmp_path
     finally:
         coord._sock.close(0)
         coord._ctx.term()
+
+
+def test_a_popular_prefixs_predicted_requests_are_judged_against_the_requests_that_reuse_it():
+    """The use factor says whether a copy was used at all; a popular prefix's count (20 requests from a burst of
+    two) is judged by the requests that reused the prefix, anywhere, within `judge_after_s` of the decision."""
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0, prior=2.0))
+    cal.decided("p", "popularity", 20.0, now=0.0, prefix=5, target="w1")
+    cal.decided("s", "session", 0.5, now=0.0, prefix=5, target="w1")  # a session: one turn, not counted this way
+    cal.decided("q", "popularity", 4.0, now=0.0)  # no prefix named: no demand outcome
+    cal.requested([3, 4, 5, 6], 4, now=1.0)  # reuses pages 3..6: prefix 5 is one of them
+    cal.requested([3, 4, 5], 2, now=2.0)  # held only 3, 4: not a request on 5
+    cal.arrival([3, 4, 5], 3, None, now=3.0)  # a request, no session's turn
+    st = cal.status()
+    assert st["pending"] == 3 and st["used"] == 0  # (requests are not uses of the copy)
+    cal.tick(31.0)
+    cal.requested([3, 4, 5], 3, now=32.0)  # after the judgement: not counted
+    st = cal.status()["kinds"]["popularity"]
+    assert (st["requests_predicted"], st["requests_seen"], st["used"]) == (20.0, 2, 0)
+    use = (0 + 2.0) / (2.0 + 2.0)  # two copies, each predicted one use (min(1, count)), none used
+    demand = (2 + 2.0) / (20.0 + 2.0)
+    assert cal.factor("popularity") == pytest.approx(use * demand)
+    assert cal.factor("session") == pytest.approx((0 + 2.0) / (0.5 + 2.0))  # the use factor alone
+    assert cal.learned().factor("popularity") == pytest.approx(use * demand)
+    # requests beyond the prediction never raise the factor above the use factor
+    more = UseCalibration(UseCalibrationConfig(judge_after_s=1.0, prior=2.0))
+    more.decided("p", "popularity", 1.0, now=0.0, prefix=9, target="w1")
+    more.used("p", now=0.5)
+    for t in range(5):
+        more.requested([9], 1, now=0.1 * t)
+    more.tick(2.0)
+    assert more.factor("popularity") == 1.0
+
