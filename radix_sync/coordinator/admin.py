@@ -176,7 +176,7 @@ class AdminServer:
                 "feed": {"epoch": st.directory.feed.epoch, "seq": st.directory.feed.seq},
                 "num_protocol_errors": st.num_protocol_errors, "num_refused_facts": dict(st.num_refused_facts),
                 "num_tick_errors": coord.num_tick_errors, "num_critical_joined": coord.num_critical_joined,
-                "num_critical_preempted": coord.num_critical_preempted,
+                "num_critical_preempted": coord.num_critical_preempted, "num_decisions_held": coord.num_decisions_held,
                 "num_recent_arrivals": len(st.arrivals),
                 "num_recent_finishes": len(st.finishes), "num_live_hints": len(st.hints),
                 "replicas": [{"worker": w, "replication_id": r, **v}

@@ -155,3 +155,41 @@ def test_the_coordinators_tick_makes_the_copies_of_copied_prefixes_only(tmp_path
     finally:
         coord._sock.close(0)
         coord._ctx.term()
+
+
+def test_the_tick_sends_no_copy_the_target_would_land_nothing_of(tmp_path):
+    """A planner decision whose target holds every page already (its own cache, or an earlier partial copy that a
+    prefix's last-page holders do not show) is not sent, as the simulator starts none (`lo >= hi`); one it holds
+    part of is sent; the held ones are counted in `num_decisions_held`."""
+    from radix_sync import protocol as p
+    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
+    from radix_sync.hashing import page_hashes
+    from tests.unit.test_live_planner import PS, hello
+
+    from radix_sync.coordinator.config import StateConfig
+
+    coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy="none", mode="active",
+                                          state_dir=str(tmp_path), state=StateConfig(ledger_holdout=0.0)))
+    try:
+        import time
+
+        st, t0 = coord.state, time.monotonic()
+        st.handle(b"A", hello("a"), t0)
+        st.handle(b"B", hello("b"), t0)
+        tokens = [7 + i for i in range(4 * PS)]
+        hashes = page_hashes(tokens, PS)
+        blocks = [p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+                  for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
+        st.handle(b"A", p.PagesStored(worker_id="a", seq=1, namespace="", blocks=blocks), t0)
+        st.handle(b"B", p.PagesStored(worker_id="b", seq=1, namespace="", blocks=blocks[:2]), t0)  # half of it
+        # the node is the 4-page prefix; b holds its first 2 pages: a copy of 2 pages lands nothing, of 4 lands 2
+        coord._decisions = lambda now: [("a", "b", "", hashes[-1], 2 * PS, 30.0)]
+        coord._tick()
+        assert not st.replications and coord.num_decisions_held == 1
+        coord._decisions = lambda now: [("a", "b", "", hashes[-1], 4 * PS, 30.0)]
+        coord._tick()
+        (rep,) = st.replications.values()
+        assert (rep.target, rep.num_tokens, coord.num_decisions_held) == ("b", 4 * PS, 1)
+    finally:
+        coord._sock.close(0)
+        coord._ctx.term()
