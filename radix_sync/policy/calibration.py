@@ -241,22 +241,40 @@ class UseCalibration:
         if self._judged.get(out.key) is out:  # (a judged copy's entry goes with its outcome)
             del self._judged[out.key]
 
-    def factor(self, kind: str) -> float:
+    def factor(self, kind: str, now: Optional[float] = None) -> float:
         """(uses + prior) / (predicted uses + prior) over the kind's window, at most 1, times, for a demand kind,
-        (requests seen + prior) / (requests predicted + prior), at most 1 (1 with no outcomes, or for a kind not
-        in `cfg.kinds`)."""
-        q = self._outcomes.get(kind)
-        if not q or kind not in self.cfg.kinds:
+        (requests seen + prior) / (requests predicted + prior), at most 1 (1 with no evidence, or for a kind not
+        in `cfg.kinds`).
+
+        `now`: the demand factor also takes the copies still pending, each with the requests seen so far against
+        the part of its prediction due by `now` (the prediction is a rate over the horizon: `elapsed /
+        judge_after_s` of it), so a burst of bets on a wrong count is corrected within seconds, not after the
+        first judgement (live, stop 37: 77 popular-prefix copies in a cell's first 30 s, 2 requests seen of 309
+        predicted)."""
+        if kind not in self.cfg.kinds:
             return 1.0
+        q = self._outcomes.get(kind, ())
         prior = self.cfg.prior
-        use = min(1.0, (sum(o.used for o in q) + prior) / (sum(o.predicted for o in q) + prior))
+        use = min(1.0, (sum(o.used for o in q) + prior) / (sum(o.predicted for o in q) + prior)) if q else 1.0
         if kind not in self.cfg.demand_kinds:
             return use
-        return use * min(1.0, (sum(o.seen for o in q) + prior) / (sum(o.demand for o in q) + prior))
+        seen, demand = sum(o.seen for o in q), sum(o.demand for o in q)
+        if now is not None and self._demand_of:
+            span, pending = self.cfg.judge_after_s, self._pending
+            for keys in self._demand_of.values():
+                for key in keys:
+                    e = pending[key]
+                    if e[0] == kind:
+                        seen += e[7]
+                        demand += e[6] * min(1.0, max(0.0, now - e[2]) / span)
+        return use * min(1.0, (seen + prior) / (demand + prior))
 
-    def factors(self) -> dict[str, float]:
-        """Every scaled kind with outcomes, and its factor."""
-        return {kind: self.factor(kind) for kind in self._outcomes if kind in self.cfg.kinds}
+    def factors(self, now: Optional[float] = None) -> dict[str, float]:
+        """Every scaled kind with outcomes (or, given `now`, a pending copy of a demand kind), and its factor."""
+        kinds = set(self._outcomes)
+        if now is not None:
+            kinds.update(self._pending[keys[0]][0] for keys in self._demand_of.values() if keys)
+        return {kind: self.factor(kind, now) for kind in kinds if kind in self.cfg.kinds}
 
     def status(self) -> dict:
         kinds = {}

@@ -375,7 +375,7 @@ class KvrepPlanner:
         deferred: dict[int, int] = {}
         order = sorted(range(len(plans)), key=keys.__getitem__)
         budget_spent = False
-        factors = self.calibration.factors() if self.calibration is not None else {}
+        factors = self.calibration.factors(now) if self.calibration is not None else {}
         for n, j in enumerate(order):
             if len(out) >= cfg.max_copies_per_tick:
                 break

@@ -232,3 +232,22 @@ def test_a_popular_prefixs_predicted_requests_are_judged_against_the_requests_th
     more.tick(2.0)
     assert more.factor("popularity") == 1.0
 
+
+
+def test_pending_popular_copies_correct_the_count_before_their_judgement():
+    """Given `now`, the demand factor takes each pending copy's requests so far against the share of its
+    prediction due by then (a rate over `judge_after_s`); the judged outcomes alone without `now`."""
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0, prior=2.0))
+    cal.decided("a", "popularity", 20.0, now=0.0, prefix=5, target="w1")
+    cal.decided("b", "popularity", 20.0, now=6.0, prefix=6, target="w1")
+    cal.requested([5], 1, now=7.0)
+    # at 12 s: a is 12/30 due (8 requests), b 6/30 (4); one request seen
+    assert cal.factor("popularity", 12.0) == pytest.approx((1 + 2.0) / (8.0 + 4.0 + 2.0))
+    assert cal.factors(12.0) == {"popularity": pytest.approx(3.0 / 14.0)}
+    assert cal.factor("popularity") == 1.0 and cal.factors() == {}  # nothing judged yet
+    assert cal.factor("popularity", 0.0) == 1.0  # nothing due yet (b's elapsed time is taken as 0)
+    cal.tick(31.0)  # a judged (20 predicted, 1 seen, unused), b pending at 25/30
+    use = (0 + 2.0) / (1.0 + 2.0)
+    assert cal.factor("popularity", 31.0) == pytest.approx(use * (1 + 2.0) / (20.0 + 25.0 / 30.0 * 20.0 + 2.0))
+    assert cal.factor("popularity") == pytest.approx(use * (1 + 2.0) / (20.0 + 2.0))
+    assert cal.factor("session", 31.0) == 1.0
