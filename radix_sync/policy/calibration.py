@@ -29,8 +29,8 @@ window predicted 20 in the next 30 s, the popular prefixes' copies were used 0-4
 0.06-0.3), and 20 x 0.08 = 1.5 requests still cleared the gain bar with gains of 50-95 s on paper.
 
 The planner multiplies the kind's expected counts by the factor (`KvrepPlanner.calibration`), so a
-kind whose copies go unused stops clearing the gain bar. Outcomes age out of `outcome_window_s`, so a stopped kind
-is probed again later. The factor never goes above 1: copies used more than predicted are no reason to copy more.
+kind whose copies go unused stops clearing the gain bar. Outcomes fade (`half_life_s`), so a stopped kind is probed
+again later, more and more as its evidence ages. The factor never goes above 1: copies used more than predicted are no reason to copy more.
 What was judged outlives the planner (`learned`): a policy switch or restart of the coordinator's planner hands it
 to the next one (`Coordinator._carry_learned`), so only a coordinator's start bets cold.
 
@@ -70,13 +70,17 @@ class UseCalibrationConfig:
     """Outcomes per kind the factor is taken over (the most recent)."""
     prior: float = 2.0
     """Pseudo-copies used as predicted (a kind starts at factor 1 and one unused copy moves it only so far)."""
-    outcome_window_s: float = 600.0
-    """Outcomes older than this are forgotten (a stopped kind is probed again)."""
+    outcome_window_s: float = 3600.0
+    """Outcomes older than this are forgotten."""
+    half_life_s: float = 600.0
+    """Given `now`, an outcome weighs 0.5 ** (its age / this): a stopped kind is probed again as its evidence fades,
+    gradually, not all at once when the outcomes leave the window (with a 600 s window and no decay the benchmark's
+    `active` cells, ~6 min apart, started cold every other time: 31 bets in a cell, stop 37)."""
     max_pending: int = 100_000
     """Copies awaiting their outcome, at most (the oldest are judged unused first)."""
 
     def __post_init__(self) -> None:
-        for name in ("judge_after_s", "outcome_window_s", "prior"):
+        for name in ("judge_after_s", "outcome_window_s", "prior", "half_life_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("window", "max_pending"):
@@ -246,7 +250,8 @@ class UseCalibration:
         (requests seen + prior) / (requests predicted + prior), at most 1 (1 with no evidence, or for a kind not
         in `cfg.kinds`).
 
-        `now`: the demand factor also takes the copies still pending, each with the requests seen so far against
+        `now`: every outcome weighs 0.5 ** (age / `half_life_s`) (without it, 1), and the demand factor also takes
+        the copies still pending, each with the requests seen so far against
         the part of its prediction due by `now` (the prediction is a rate over the horizon: `elapsed /
         judge_after_s` of it), so a burst of bets on a wrong count is corrected within seconds, not after the
         first judgement (live, stop 37: 77 popular-prefix copies in a cell's first 30 s, 2 requests seen of 309
@@ -255,10 +260,19 @@ class UseCalibration:
             return 1.0
         q = self._outcomes.get(kind, ())
         prior = self.cfg.prior
-        use = min(1.0, (sum(o.used for o in q) + prior) / (sum(o.predicted for o in q) + prior)) if q else 1.0
+        if now is None:
+            weights = [1.0] * len(q)
+        else:
+            half = self.cfg.half_life_s
+            weights = [0.5 ** (max(0.0, now - o.at) / half) for o in q]
+        use = 1.0
+        if q:
+            used = sum(w for w, o in zip(weights, q) if o.used)
+            use = min(1.0, (used + prior) / (sum(w * o.predicted for w, o in zip(weights, q)) + prior))
         if kind not in self.cfg.demand_kinds:
             return use
-        seen, demand = sum(o.seen for o in q), sum(o.demand for o in q)
+        seen = sum(w * o.seen for w, o in zip(weights, q))
+        demand = sum(w * o.demand for w, o in zip(weights, q))
         if now is not None and self._demand_of:
             span, pending = self.cfg.judge_after_s, self._pending
             for keys in self._demand_of.values():

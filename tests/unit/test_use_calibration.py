@@ -237,7 +237,7 @@ def test_a_popular_prefixs_predicted_requests_are_judged_against_the_requests_th
 def test_pending_popular_copies_correct_the_count_before_their_judgement():
     """Given `now`, the demand factor takes each pending copy's requests so far against the share of its
     prediction due by then (a rate over `judge_after_s`); the judged outcomes alone without `now`."""
-    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0, prior=2.0))
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0, prior=2.0, half_life_s=1e12))  # (no fading)
     cal.decided("a", "popularity", 20.0, now=0.0, prefix=5, target="w1")
     cal.decided("b", "popularity", 20.0, now=6.0, prefix=6, target="w1")
     cal.requested([5], 1, now=7.0)
@@ -251,3 +251,20 @@ def test_pending_popular_copies_correct_the_count_before_their_judgement():
     assert cal.factor("popularity", 31.0) == pytest.approx(use * (1 + 2.0) / (20.0 + 25.0 / 30.0 * 20.0 + 2.0))
     assert cal.factor("popularity") == pytest.approx(use * (1 + 2.0) / (20.0 + 2.0))
     assert cal.factor("session", 31.0) == 1.0
+
+
+def test_outcomes_fade_with_their_age_given_now():
+    """Given `now`, each judged outcome weighs 0.5 ** (age / half_life_s): the factor drifts back towards 1 as the
+    evidence ages (a gradual re-probe), instead of jumping back when the outcomes leave the window."""
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=10.0, prior=2.0, half_life_s=100.0))
+    for i in range(4):
+        cal.decided(i, "session", 1.0, now=0.0)
+    cal.tick(10.0)
+    assert cal.factor("session") == pytest.approx(2.0 / 6.0)  # unweighted
+    assert cal.factor("session", 100.0) == pytest.approx(2.0 / (4 * 0.5 + 2.0))  # one half-life: weight 1/2
+    assert cal.factor("session", 300.0) == pytest.approx(2.0 / (4 * 0.125 + 2.0))
+    cal.decided("p", "popularity", 10.0, now=0.0, prefix=3, target="w")
+    cal.requested([3], 1, now=1.0)
+    cal.tick(20.0)
+    use, demand = (0 + 2.0) / (0.5 + 2.0), (0.5 + 2.0) / (5.0 + 2.0)  # weight 1/2 at 100 s
+    assert cal.factor("popularity", 100.0) == pytest.approx(use * demand)
