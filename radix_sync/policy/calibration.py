@@ -26,11 +26,12 @@ worker, `requested`) within `judge_after_s` of the decision is counted against t
 and the kind's factor is the product of the two. Without it the use factor, a probability of at least one use,
 scaled a count it does not measure: live on agent sessions (stop 37) two requests on a prefix within the burst
 window predicted 20 in the next 30 s, the popular prefixes' copies were used 0-4 times in 18-32 a round (use factor
-0.06-0.3), and 20 x 0.08 = 1.5 requests still cleared the gain bar with gains of 50-95 s on paper.
+0.06-0.3), and at 0.077, 20 x 0.077 = 1.5 requests still cleared the gain bar with gains of 50-95 s on paper.
 
-The planner multiplies the kind's expected counts by the factor (`KvrepPlanner.calibration`), so a
-kind whose copies go unused stops clearing the gain bar. Outcomes fade (`half_life_s`), so a stopped kind is probed
-again later, more and more as its evidence ages. The factor never goes above 1: copies used more than predicted are no reason to copy more.
+The planner multiplies the kind's expected counts by the factor (`KvrepPlanner.calibration`), so a kind whose
+copies go unused stops clearing the gain bar. Outcomes fade (`half_life_s`), so a stopped kind is probed again later,
+more and more as its evidence ages. The factor never goes above 1: copies used more than predicted are no reason to
+copy more.
 What was judged outlives the planner (`learned`): a policy switch or restart of the coordinator's planner hands it
 to the next one (`Coordinator._carry_learned`), so only a coordinator's start bets cold.
 

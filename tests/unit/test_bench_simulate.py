@@ -101,9 +101,10 @@ def test_the_committed_validation_runs_load_for_resimulate():
     files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
     assert [f.name for f in files] == ["bench-agent-ablation.json.gz", "bench-agent-cal-sessions.json.gz",
                                        "bench-agent-cal.json.gz", "bench-agent-carry-s1.json.gz",
+                                       "bench-agent-demand-s2.json.gz", "bench-agent-fade-s2.json.gz",
                                        "bench-agent-fix-s1.json.gz",
                                        "bench-agent-fix-s2.json.gz", "bench-agent-gate.json.gz",
-                                       "bench-agent-gate2.json.gz",
+                                       "bench-agent-gate2.json.gz", "bench-agent-pend-s2.json.gz",
                                        "bench-agent-room-s2.json.gz",
                                        "bench-agent-seed1.json.gz",
                                        "bench-agent-split.json.gz", "bench-agent-touch-s1.json.gz",
