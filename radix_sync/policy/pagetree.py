@@ -102,6 +102,8 @@ class PageTree:
         self._tlru = tlru_slack_pages is not None
         self._slack = tlru_slack_pages or 0
         self._radix = radix_nodes
+        self.evicting_replica = False
+        """While `evict` calls its `on_evict`: whether the page going was a replica."""
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -333,6 +335,7 @@ class PageTree:
                     self._remove(page, node)
                     done += 1
                     if on_evict is not None:
+                        self.evicting_replica = node.replica
                         on_evict(page)
                     up = node.parent
                     if not whole or up is None:

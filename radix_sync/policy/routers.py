@@ -162,7 +162,8 @@ class ExpectedTtftRouter(RouterPolicy):
     uses_cached_len = True
 
     def __init__(self, cost: CostModel, kv_bytes_per_token: int, allow_pull: bool = True,
-                 endpoint_wait: bool = False, page_len: int = 1, **_: object) -> None:
+                 endpoint_wait: bool = False, page_len: int = 1, host_load_bytes_per_s: float = 0.0,
+                 **_: object) -> None:
         self.cost = cost
         self.page_len = max(1, page_len)
         self._sent: dict[int, tuple[int, Sequence[int], float]] = {}
@@ -177,6 +178,8 @@ class ExpectedTtftRouter(RouterPolicy):
         self.endpoint_wait = endpoint_wait
         self._gated: dict[int, dict[int, tuple[float, float]]] = {}
         """Worker -> request id -> (when its copy lands, its prefill time, s): requests sent to wait for a copy."""
+        self.host_load_bytes_per_s = host_load_bytes_per_s
+        """Load-back rate of the workers' host tiers (`RequestView.host_len`), bytes/s; 0: not priced (none)."""
 
     def _own_len(self, i: int, pages: Sequence[int], prompt_len: int) -> int:
         """Tokens of a prompt with page hashes `pages` that this router's requests sent to worker `i` and not
@@ -221,6 +224,8 @@ class ExpectedTtftRouter(RouterPolicy):
         prefill: dict[int, float] = {}  # cached length -> prefill time: workers mostly share a few lengths
         out = []
         pages = req.page_hashes
+        host, host_s = req.host_len, (self.kv_bytes_per_token / self.host_load_bytes_per_s
+                                      if self.host_load_bytes_per_s else 0.0)
         for w in workers:
             i = w.worker_id
             wait = max(0.0, queue_wait_s(cost, w, now) - self._over.get(i, 0.0))
@@ -228,6 +233,9 @@ class ExpectedTtftRouter(RouterPolicy):
             p = prefill.get(local)
             if p is None:
                 p = prefill[local] = cost.prefill_s(prompt_len - local, local)
+            if host_s and host and cached[i] + host[i] > local:  # the worker loads its host tier's part back first
+                local = min(cached[i] + host[i], prompt_len - 1)
+                p = (local - cached[i]) * host_s + cost.prefill_s(prompt_len - local, local)
             t_best, kind, pull_eta = wait + p, 0, None
             gate_eta, gate_work = 0.0, 0.0
             if i in inflight and inflight[i][0] > local:

@@ -168,6 +168,9 @@ class RequestView:
     inflight: tuple[HolderView, ...] = ()
     """Copies in flight that cover a prefix of this prompt, with their arrival time."""
     class_key: str = ""
+    host_len: tuple[int, ...] = ()
+    """Per worker, tokens of the prompt past `cached_len` that the worker's host-memory tier holds (SGLang's
+    hierarchical cache loads them back before the prefill); empty when no worker has one."""
 
 
 @dataclass(frozen=True, slots=True)

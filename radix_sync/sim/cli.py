@@ -91,6 +91,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a copy starts only after the iterations in progress at its source and target (as the "
                              "live agents gather and install between scheduler iterations); the routers and the "
                              "planner price that wait")
+    parser.add_argument("--host-tier", type=float, default=EngineConfig.host_tier_ratio, metavar="RATIO",
+                        help="every worker gets a host-memory KV tier, SGLang's hierarchical cache with "
+                             "--hicache-ratio RATIO (its default when enabled: 2.0); 0: none (default)")
+    parser.add_argument("--host-gbytes-s", type=float, default=EngineConfig.host_load_bytes_per_s / 1e9, metavar="X",
+                        help="the host tier's load-back rate, GB/s (default %(default)s)")
     parser.add_argument("--planner", default="", metavar="KEY=VALUE,...",
                         help="override PlannerConfig fields of the kvrep policies (numbers and booleans), "
                              "e.g. min_gain_s=0.01,horizon_s=60")
@@ -142,7 +147,8 @@ def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
                         shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
                         tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt,
                         view_staleness_s=args.view_staleness_s, hint_jitter=args.hint_jitter,
-                        endpoint_wait=args.endpoint_wait)
+                        endpoint_wait=args.endpoint_wait, host_tier_ratio=getattr(args, "host_tier", 0.0),
+                        host_load_bytes_per_s=getattr(args, "host_gbytes_s", 25.0) * 1e9)
 
 
 def build_workload(args: argparse.Namespace, max_context_len: int) -> Workload:
@@ -234,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"demotion gate of {rec['policy']}: {'open' if g['open'] else 'closed'} at the end, moved sessions "
                   f"came back {g['returned']} of {g['returned'] + g['moved_on']} controls (rate {g['return_rate']}); "
                   f"{g['sent']} of {g['decided']} demotions sent")
+        if rec.get("host_hit_rate"):
+            print(f"host tier of {rec['policy']}: {100 * rec['host_hit_rate']:.1f}% of prompt tokens loaded back")
         if "copy_use" in rec:
             kinds = rec["copy_use"]["kinds"]
             print(f"copy use of {rec['policy']} (used / predicted -> factor): " + (", ".join(

@@ -66,6 +66,17 @@ class EngineConfig:
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
     of its speed while k workers are busy, re-timed whenever k changes."""
 
+    host_tier_ratio: float = 0.0
+    """> 1: every worker has a host-memory KV tier, SGLang's hierarchical cache with `--hicache-ratio` set to this
+    (its default when enabled: 2.0; host pool = ratio x the device pool), write-through: the pages its device pool
+    evicts stay in host memory ((ratio - 1) x the device pool of them) and are loaded back when a request's prefix
+    continues there (`radix_sync.sim.cache.HostTier`). 0: no host tier (SGLang's default)."""
+    host_load_bytes_per_s: float = 25e9
+    """Host-to-device load-back rate of the host tier, bytes/s, charged to the prefill iteration of the request
+    that loads (not overlapped with its compute: harsh to the tier, as SGLang overlaps it layer by layer). 25 GB/s
+    assumed: about half of what pinned host-to-device copies reach over PCIe Gen5 x16 (64 GB/s a direction), the
+    rest left to HiCache's page gathers and the write-through traffic the other way. Not measured here."""
+
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers={self.num_workers!r} must be >= 1")
@@ -80,5 +91,9 @@ class EngineConfig:
         if self.tlru_threshold_tokens < 0 or self.tlru_next_prompt_tokens < 0:
             raise ValueError(f"tlru_threshold_tokens={self.tlru_threshold_tokens!r}, tlru_next_prompt_tokens="
                              f"{self.tlru_next_prompt_tokens!r} must be >= 0")
+        if self.host_tier_ratio and not self.host_tier_ratio > 1.0:
+            raise ValueError(f"host_tier_ratio={self.host_tier_ratio!r} must be 0 (none) or > 1")
+        if not self.host_load_bytes_per_s > 0:
+            raise ValueError(f"host_load_bytes_per_s={self.host_load_bytes_per_s!r} must be > 0")
         if not 0.0 <= self.replica_budget_frac <= 1.0:
             raise ValueError(f"replica_budget_frac={self.replica_budget_frac!r} must be in [0, 1]")

@@ -18,12 +18,12 @@ from radix_sync.policy.demotion import DemotionGate
 from radix_sync.policy.snapshot import (REPLICA, ClusterSnapshot, HolderView, RequestView,
                                         Route, WorkerView)
 from radix_sync.policy.tracker import NodeTracker
-from radix_sync.sim.cache import Directory, WorkerCache
+from radix_sync.sim.cache import Directory, worker_cache
 from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer, reestimate_pending
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.views import LoadViews, gate_fields, hinted, prefix_views
+from radix_sync.sim.views import LoadViews, cached_lens, gate_fields, hinted, host_lens, prefix_views
 from radix_sync.sim.worker import IDLE, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload
 
@@ -44,11 +44,13 @@ class Engine:
         self.cfg = cfg
         self.page_len = workload.page_len
         self.directory = Directory()
+        self.host_directory = Directory()  # pages in the workers' host tiers (`EngineConfig.host_tier_ratio`)
         oracle_pages = set() if policy.oracle else None
-        slack = cfg.tlru_threshold_tokens - cfg.tlru_next_prompt_tokens if cfg.eviction == "tlru" else None
-        self.workers = [SimWorker(i, profile, WorkerCache(i, profile.kv_capacity_tokens, self.page_len,
-                                                          self.directory, oracle_pages, slack, cfg.radix_nodes),
-                                  self) for i in range(cfg.num_workers)]
+        self.workers = [SimWorker(i, profile, worker_cache(i, profile, cfg, self.page_len, self.directory,
+                                                           self.host_directory, oracle_pages), self)
+                        for i in range(cfg.num_workers)]
+        if cfg.host_tier_ratio and hasattr(policy.router, "host_load_bytes_per_s"):  # (routers that price it)
+            policy.router.host_load_bytes_per_s = cfg.host_load_bytes_per_s
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
         self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)
         predictor = policy.planner.predictor if policy.planner else policy.predictor
@@ -160,11 +162,7 @@ class Engine:
             reestimate_pending(self.pending, self.net, self.tracker.nodes, now)
         if self._needs_cached:
             page = self.page_len
-            if self.policy.oracle:
-                cached = tuple(min(w.cache.match_len(req.pages) * page, req.prompt_len) for w in workers)
-            else:
-                plen = req.prompt_len
-                cached = tuple(min(m * page, plen) for m in self.directory.match_lens(req.pages, len(workers)))
+            cached = cached_lens(self, req)
             if self.inflight:
                 n = len(req.pages)
                 inflight = tuple(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s) for x in self.inflight
@@ -179,7 +177,7 @@ class Engine:
                 if node is not None and self.shadow:
                     self._shadow_hit(node.node_id, now)
         view = RequestView(req.rid, req.prompt_len, req.output_len, req.namespace, req.pages, cached, inflight,
-                           req.class_key)
+                           req.class_key, host_lens(self, req, cached))
         views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
         route = self.policy.router.route(view, views, now)
         if self.calibration is not None:  # (the turn its session's copies are for; the requests on popular prefixes)

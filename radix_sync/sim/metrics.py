@@ -52,6 +52,8 @@ class RunStats:
         self.last_finish_s = 0.0
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.host_tokens = 0
+        """Prompt tokens loaded back from host tiers (a part of `cached_tokens`)."""
         self.copy_count = 0
         self.copy_bytes = 0
         self.copy_records: list = []
@@ -72,6 +74,7 @@ class RunStats:
         self.last_finish_s = max(self.last_finish_s, req.finish_s)
         self.prompt_tokens += req.prompt_len
         self.cached_tokens += req.cached_len
+        self.host_tokens += req.host_len
         if self.records is not None:
             self.records.append({"key": request_key(req), "sent_s": round(req.arrival_s, 3),
                                  "prompt_tokens": req.prompt_len, "cached_tokens": req.cached_len,
@@ -134,6 +137,7 @@ class RunStats:
             "tpot_s": summarize(self.tpot_s),
             "throughput_rps": n / span if span > 0 else 0.0,
             "prefix_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "host_hit_rate": self.host_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "replication": rep,
             **({"requests": self.records} if self.records is not None else {}),
         }

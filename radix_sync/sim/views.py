@@ -230,6 +230,31 @@ def prefix_views(eng, views: tuple[WorkerView, ...], now: float) -> tuple[Prefix
     return tuple(out)
 
 
+def cached_lens(eng, req: SimRequest) -> tuple[int, ...]:
+    """Returns: per worker, the tokens of `req`'s prompt its device pool holds (the exact directory's match; the
+    `oracle` policy's: every page ever computed)."""
+    page, plen = eng.page_len, req.prompt_len
+    if eng.policy.oracle:
+        return tuple(min(w.cache.match_len(req.pages) * page, plen) for w in eng.workers)
+    return tuple(min(m * page, plen) for m in eng.directory.match_lens(req.pages, len(eng.workers)))
+
+
+def host_lens(eng, req: SimRequest, cached: tuple[int, ...]) -> tuple[int, ...]:
+    """Returns: per worker, the tokens of `req`'s prompt past its device match (`cached`) that its host tier holds
+    (the host directory: what SGLang's hierarchical cache would load back); () without host tiers."""
+    if not eng.cfg.host_tier_ratio or not cached:
+        return ()
+    page, plen, holders, pages = eng.page_len, req.prompt_len, eng.host_directory.holders, req.pages
+    out = []
+    for i, c in enumerate(cached):
+        k, bit = c // page, 1 << i
+        j = k
+        while j < len(pages) and holders.get(pages[j], 0) & bit:
+            j += 1
+        out.append(min(j * page, plen) - c if j > k else 0)
+    return tuple(out)
+
+
 def hint_error(key: str, jitter: float) -> tuple[float, float]:
     """A hint's error, the same for a request under every policy (drawn from its content, not from run order).
 

@@ -165,15 +165,31 @@ class SimWorker:
     def _admit(self, req: SimRequest, now: float) -> bool:
         cache, page = self.cache, self.cache.page_len
         m = cache.match_len(req.pages)
-        cached = min(m * page, req.prompt_len - 1)
+        h = cache.host.match_from(req.pages, m) if cache.host is not None else 0
+        cached = min((m + h) * page, req.prompt_len - 1)
         need = req.prompt_len - cached + req.output_len
-        if need > cache.capacity_tokens:
-            return False
+        if need + h * page > cache.capacity_tokens:
+            if need > cache.capacity_tokens or not h:
+                return False
+            h, cached = 0, min(m * page, req.prompt_len - 1)  # the host pages would not fit beside it: recompute
+            need = req.prompt_len - cached + req.output_len
         lock = req.pages[m - 1] if m > 0 else None
         cache.lock(lock)
-        if not cache.make_room(need):
+        if h:  # being loaded: out of the host tier's LRU, so the pages the room evicts cannot push them out
+            cache.host.take(req.pages[m:m + h])
+        if not cache.make_room(need + h * page):
             cache.unlock(lock)
+            for p in req.pages[m:m + h]:
+                cache.host.add(p)
             return False
+        if h:  # SGLang's `init_load_back`: device pages for the host prefix, loaded before the prefill runs
+            cache.insert(req.pages, m + h, now)
+            cache.unlock(lock)
+            m += h
+            lock = req.pages[m - 1]
+            cache.lock(lock)
+            req.host_len = h * page
+            req.load_s = h * page * self.p.kv_bytes_per_token / self.engine.cfg.host_load_bytes_per_s
         cache.reserved_tokens += need
         req.reserved = need
         req.lock_page = lock
@@ -214,7 +230,8 @@ class SimWorker:
                         continue
                     break
             take = min(req.remaining_new, budget)
-            dur += p.prefill_piece_s(take, req.prompt_len - req.remaining_new)
+            dur += p.prefill_piece_s(take, req.prompt_len - req.remaining_new) + req.load_s
+            req.load_s = 0.0  # (paid once, by its first piece: the forward waits for the load)
             batch.append((req, take))
             budget -= take
         if num_rejected:
