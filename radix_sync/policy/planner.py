@@ -68,6 +68,9 @@ class PlannerConfig:
     ahead, s: a speculative copy must not queue critical-path pulls behind much more than this (2.0 before issue
     16's gate: fan-out K=32 rate 40, 12 GB/s, 3 seeds, kvrep P99 1.244 +- 0.496 at 2.0 s, 1.132 +- 0.148 at 0.5 s;
     kvrep_pull 1.143)."""
+    host_copies: bool = True
+    """Where the targets have a host-memory tier (`KvrepPlanner.host_load_bytes_per_s`), also consider copies into
+    it (False: device copies only, the ablation)."""
     max_copies_per_tick: int = 16
     """Most copies one planning pass may issue."""
     max_spread: int = 32
@@ -154,6 +157,9 @@ class KvrepPlanner:
         a kind's expected counts are scaled by its factor. The caller feeds it the copies' outcomes; None: not
         scaled."""
         self._page_len = 1
+        self.host_load_bytes_per_s = 0.0
+        """Load-back rate of the targets' host-memory tiers, bytes/s: > 0 scores copies into them too (`tier`
+        `host`; set by the simulator's engine when its workers have one); 0: device copies only (live)."""
         self.outcomes: dict[int, str] = {}
         """Node id -> what the last `plan` made of it (copies, or why none): for operators, not for decisions."""
         self.deferred: dict[int, int] = {}
@@ -432,20 +438,23 @@ class KvrepPlanner:
         while len(out) < cfg.max_copies_per_tick:
             self.num_scored += len(workers)
             best = best_candidate(cfg, self.cost, self._page_len, self._targets, np_, fc, workers, kvb, egress,
-                                  ingress, budget, free, room, now, why, waits)
+                                  ingress, budget, free, room, now, why, waits,
+                                  kvb / self.host_load_bytes_per_s if self.host_load_bytes_per_s and cfg.host_copies
+                                  else 0.0)
             if best is None:
                 break
             made += 1
-            gain, target, depth, src, land = best
+            gain, target, depth, src, land, tier = best
             egress[src] = ingress[target] = land
-            budget[target] -= depth - np_.depth.get(target, 0)
-            free[target] = max(0, free[target] - (depth - np_.depth.get(target, 0)))
-            room.add(target, depth - np_.depth.get(target, 0))
+            if not tier:  # (a copy into host memory takes none of the device's budget, memory or room)
+                budget[target] -= depth - np_.depth.get(target, 0)
+                free[target] = max(0, free[target] - (depth - np_.depth.get(target, 0)))
+                room.add(target, depth - np_.depth.get(target, 0))
             self._targets.changed(target)
             np_.depth[target] = depth
             np_.eta[target] = land
             out.append(Replicate(np_.node.node_id, src, target, depth, self._ttl_s(np_, land, now), gain,
-                                 np_.demand.source, np_.predicted))
+                                 np_.demand.source, np_.predicted, "host" if tier else "device"))
         self.outcomes[np_.node.node_id] = (f"{made} cop{'y' if made == 1 else 'ies'}; then no target: "
                                            + (", ".join(f"{k} x{v}" for k, v in sorted(why.items()))
                                               or "every compatible worker holds it or has it coming"))

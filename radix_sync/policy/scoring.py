@@ -63,13 +63,21 @@ class PassTargets:
 def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_, fc: WaitForecast,
                    workers: tuple[WorkerView, ...], kvb: int, egress: list[float], ingress: list[float],
                    budget: list[int], free: list[int], room: "LandingRoom", now: float,
-                   why: Optional[dict[str, int]] = None, waits: Optional[list[float]] = None
-                   ) -> Optional[tuple[float, int, int, int, float]]:
-    """Returns: (gain, target, depth, source, landing time) of the best copy of one prefix (`np_`, the planner's
-    plan of it) by gain per byte, or None. `cfg`: the planner's `PlannerConfig`; `page`: tokens a page; `targets`:
-    the pass's `PassTargets`; `egress`, `ingress`, `budget`, `free`, `room`: the pass's links and memory so far.
-    `why` counts the reasons candidates were turned down; `waits`: every worker's `fc.wait_at` the node's
-    predicted arrival, when the caller has them."""
+                   why: Optional[dict[str, int]] = None, waits: Optional[list[float]] = None,
+                   host_s_per_token: float = 0.0) -> Optional[tuple[float, int, int, int, float, int]]:
+    """Returns: (gain, target, depth, source, landing time, tier) of the best copy of one prefix (`np_`, the
+    planner's plan of it) by gain per byte, or None. `cfg`: the planner's `PlannerConfig`; `page`: tokens a page;
+    `targets`: the pass's `PassTargets`; `egress`, `ingress`, `budget`, `free`, `room`: the pass's links and memory
+    so far. `why` counts the reasons candidates were turned down; `waits`: every worker's `fc.wait_at` the node's
+    predicted arrival, when the caller has them.
+
+    `host_s_per_token` > 0: the targets have a host-memory tier (SGLang's hierarchical cache) that loads a page
+    back to the device in this many seconds a token before the prefill that hits it; every depth is then also
+    scored as a copy into the target's host memory (tier 1; tier 0: the device pool): the hit's prefill is
+    longer by the load, and the copy takes none of the device's replica budget or landing room and displaces no
+    device cache (no memory cost: what it displaces is the host tier's least recently used pages, which the
+    device had already given up). For one target the tier and depth with the larger gain win (the same bytes on
+    the link either way); across targets, the larger gain per byte."""
     L = np_.node.token_len
     limit = now + cfg.max_link_backlog_s
     depth_of, eta = np_.depth, np_.eta
@@ -131,11 +139,14 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
             if depth <= held:
                 continue
             tokens = depth - held
+            device = True
             if tokens > budget[t]:
                 out.append("replica budget")
-                continue
-            if tokens > room_tokens[t]:
+                device = False
+            elif tokens > room_tokens[t]:
                 out.append("would evict a wanted page")
+                device = False
+            if not (device or host_s_per_token):
                 continue
             nbytes = tokens * kvb
             # the source that lands the copy first (a holder is a source from its own arrival on)
@@ -154,15 +165,19 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
             if src < 0:
                 out.append("no source")
                 continue
-            displaced = max(0, tokens - free[t])
-            mem_cost = reuse_prob * prefill_s(displaced, 0) if displaced else 0.0
             # the delay it imposes on the critical-path pulls that want the two links meanwhile
             harm = (pull_delay_s(workers[src].egress_pull_rate_per_s, land - xfer, xfer, now)
                     + pull_delay_s(w.ingress_pull_rate_per_s, land - xfer, xfer, now))
             link_cost = link_cost_weight * xfer
-            # (the gain where the copy changes none of the spread's values: `spread.with_option` is its base)
-            flat = count * (base - base) - link_cost - mem_cost - harm
-            out.append((depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat))
+            if device:
+                displaced = max(0, tokens - free[t])
+                mem_cost = reuse_prob * prefill_s(displaced, 0) if displaced else 0.0
+                # (the gain where the copy changes none of the spread's values: `spread.with_option` is its base)
+                flat = count * (base - base) - link_cost - mem_cost - harm
+                out.append((depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat, 0))
+            if host_s_per_token:
+                out.append((depth, nbytes, src, land, svc + tokens * host_s_per_token, link_cost, 0.0, harm,
+                            -link_cost - harm, 1))
         return out
 
     # NOTE: targets alike in everything the scoring reads score alike (the idle workers, mostly): each kind is
@@ -199,7 +214,7 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
                 counts[key] = num + 1
     if why is not None and booked:
         why["target link booked"] = why.get("target link booked", 0) + booked
-    best: Optional[tuple[float, int, int, int, float]] = None
+    best: Optional[tuple[float, int, int, int, float, int]] = None
     best_ratio = 0.0
     plans: dict[int, list] = {}
     inner, last = spread.inner, spread.last
@@ -218,7 +233,7 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
                 if why is not None:
                     why[c] = why.get(c, 0) + num
                 continue
-            depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat = c
+            depth, nbytes, src, land, svc, link_cost, mem_cost, harm, flat, tier = c
             new_first = max(wait_t, land - t_a) + svc
             if new_first >= first_t:
                 slower += num
@@ -244,12 +259,12 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
             if gain < min_gain:
                 below += num
             elif target_best is None or gain > target_best[0]:
-                target_best = (gain, depth, src, land, nbytes)
+                target_best = (gain, depth, src, land, nbytes, tier)
         if target_best is not None:
-            gain, depth, src, land, nbytes = target_best
+            gain, depth, src, land, nbytes, tier = target_best
             ratio = gain / nbytes
             if ratio > best_ratio:
-                best, best_ratio = (gain, t, depth, src, land), ratio
+                best, best_ratio = (gain, t, depth, src, land, tier), ratio
     if why is not None:
         if slower:
             why["no faster there"] = why.get("no faster there", 0) + slower

@@ -189,6 +189,10 @@ class Replicate:
     """The demand it was planned for (`Demand.source`: `session`, `hint`, `popularity`)."""
     expected_count: float = 0.0
     """The requests that demand predicted, before calibration (`radix_sync.policy.calibration`)."""
+    tier: str = "device"
+    """Where the copy lands on the target: `device` (its KV pool, evict-first) or `host` (its host-memory tier,
+    SGLang's hierarchical cache, loaded back by SGLang on a hit; only when the planner was given the tier's load
+    rate, `KvrepPlanner.host_load_bytes_per_s`: the simulator's host tiers; never live yet)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,6 +101,12 @@ class HostTier:
             self.directory.remove(old, self.worker_id)
             self.num_dropped += 1
 
+    def add_chain(self, pages: Sequence[int]) -> None:
+        """A copy of `pages` (a prompt's consecutive pages, past what the device holds) landed here: added deepest
+        first, so that the first page is the most recently used and the chain loses its tail first."""
+        for p in reversed(pages):
+            self.add(p)
+
     def match_from(self, pages: Sequence[int], start: int) -> int:
         """Returns: how many pages of `pages[start:]`, from its first, this tier holds."""
         held = self.pages

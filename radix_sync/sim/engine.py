@@ -23,7 +23,8 @@ from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer, reestimate_pending
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.views import LoadViews, cached_lens, gate_fields, hinted, host_lens, prefix_views
+from radix_sync.sim.views import (LoadViews, cached_lens, gate_fields, hinted, host_lens, prefix_views,
+                                  shadow_hit)
 from radix_sync.sim.worker import IDLE, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload
 
@@ -49,8 +50,9 @@ class Engine:
         self.workers = [SimWorker(i, profile, worker_cache(i, profile, cfg, self.page_len, self.directory,
                                                            self.host_directory, oracle_pages), self)
                         for i in range(cfg.num_workers)]
-        if cfg.host_tier_ratio and hasattr(policy.router, "host_load_bytes_per_s"):  # (routers that price it)
-            policy.router.host_load_bytes_per_s = cfg.host_load_bytes_per_s
+        for priced in (policy.router, policy.planner) if cfg.host_tier_ratio else ():  # (those that price it)
+            if hasattr(priced, "host_load_bytes_per_s"):
+                priced.host_load_bytes_per_s = cfg.host_load_bytes_per_s
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
         self.stats = RunStats(policy.name, profile, self.page_len, cfg.record_requests)
         predictor = policy.planner.predictor if policy.planner else policy.predictor
@@ -175,7 +177,7 @@ class Engine:
                 node = self.tracker.on_arrival(req.pages, req.global_match_len, req.class_key, req.namespace,
                                                req.prompt_len, page, now)
                 if node is not None and self.shadow:
-                    self._shadow_hit(node.node_id, now)
+                    shadow_hit(self, node.node_id, now)
         view = RequestView(req.rid, req.prompt_len, req.output_len, req.namespace, req.pages, cached, inflight,
                            req.class_key, host_lens(self, req, cached))
         views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
@@ -252,8 +254,9 @@ class Engine:
                 if u > 0:
                     rec.num_hits += 1
                     used += u
-                    if rec.kind == "replica" and not rec.promoted and worker.cache.oracle_pages is None:
-                        worker.cache.tree.promote(pages[matched_pages - 1])
+                    if rec.kind != "pull" and not rec.promoted and worker.cache.oracle_pages is None:
+                        if rec.kind == "replica":  # (a host copy's pages came back as ordinary cache)
+                            worker.cache.tree.promote(pages[matched_pages - 1])
                         rec.promoted = True
                         if self.calibration is not None:
                             self.calibration.used(rec.copy_id, now)
@@ -354,12 +357,11 @@ class Engine:
             return True, None, max(self.now, node.owner_eta_s)
         return False, None, 0.0
 
-    def _plan_pending(self, src: int, dst: int, node, lo: int, hi: int, parent: Optional[Transfer], ready_s: float,
-                      ttl_s: float, now: float) -> Transfer:
+    def _plan_pending(self, kind: str, src: int, dst: int, node, lo: int, hi: int, parent: Optional[Transfer],
+                      ready_s: float, ttl_s: float, now: float) -> Transfer:
         nbytes = (hi - lo) * self.page_len * self.p.kv_bytes_per_token
         start, end = self.net.estimate(src, dst, nbytes, max(now, ready_s))
-        x = Transfer("replica", src, dst, node.pages, lo, hi, nbytes, start, end, node.node_id, ttl_s, None,
-                     True, parent)
+        x = Transfer(kind, src, dst, node.pages, lo, hi, nbytes, start, end, node.node_id, ttl_s, None, True, parent)
         self.inflight.append(x)
         self.pending.append(x)
         return x
@@ -399,9 +401,13 @@ class Engine:
         w = self.workers[x.dst]
         cache = w.cache
         lo = cache.match_len(x.pages[: x.hi])
-        if lo < x.hi and cache.make_room((x.hi - lo) * self.page_len):
-            cache.insert(x.pages, x.hi, now, replica=(x.kind == "replica"))
-            cache.tree.touch(x.pages[x.hi - 1], now)
+        host = x.kind == "host" and cache.host is not None  # (its LRU, not a TTL, decides how long it stays)
+        if lo < x.hi and (host or cache.make_room((x.hi - lo) * self.page_len)):
+            if host:
+                cache.host.add_chain(x.pages[lo:x.hi])
+            else:
+                cache.insert(x.pages, x.hi, now, replica=(x.kind == "replica"))
+                cache.tree.touch(x.pages[x.hi - 1], now)
             until = now + x.ttl_s if x.kind == "replica" else now + 3600.0
             rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until,
                              copy_id=x.copy_id)
@@ -481,18 +487,13 @@ class Engine:
                                         ttl_s=d.ttl_s, useful=False))
                 self.stats.on_shadow_copy(nbytes)
                 continue
+            kind = "host" if d.tier == "host" else "replica"  # (a copy into the target's host tier, or its pool)
             if ready:
-                x = self._start_transfer("replica", d.source, d.target, n.pages, lo, hi, now, d.node_id, d.ttl_s)
+                x = self._start_transfer(kind, d.source, d.target, n.pages, lo, hi, now, d.node_id, d.ttl_s)
             else:
-                x = self._plan_pending(d.source, d.target, n, lo, hi, parent, ready_s, d.ttl_s, now)
+                x = self._plan_pending(kind, d.source, d.target, n, lo, hi, parent, ready_s, d.ttl_s, now)
             if self.calibration is not None:
                 x.copy_id = next(self._copy_ids)
                 self.calibration.decided(x.copy_id, d.kind, d.expected_count, now, d.node_id, d.target)
         if self.shadow:
             self.shadow = [s for s in self.shadow if s["land_s"] + s["ttl_s"] >= now]
-
-    def _shadow_hit(self, node_id: int, now: float) -> None:
-        for s in self.shadow:
-            if s["node"] == node_id and s["land_s"] <= now <= s["land_s"] + s["ttl_s"] and not s["useful"]:
-                s["useful"] = True
-                self.stats.on_shadow_useful(s["bytes"])

@@ -197,7 +197,7 @@ def prefix_views(eng, views: tuple[WorkerView, ...], now: float) -> tuple[Prefix
     ewma = eng.tracker.new_len_ewma
     flying: dict[int, list[HolderView]] = {}
     for x in eng.inflight:
-        if x.kind == "replica":
+        if x.kind != "pull":
             flying.setdefault(x.node_id, []).append(HolderView(x.dst, REPLICA, x.hi * page, None, x.end_s))
     out = []
     for n in eng.tracker.nodes.values():
@@ -216,6 +216,12 @@ def prefix_views(eng, views: tuple[WorkerView, ...], now: float) -> tuple[Prefix
             i += 1
         if n.owner >= 0 and not (holders_of.get(last, 0) >> n.owner) & 1:
             hs.append(HolderView(n.owner, OWNER, n.num_pages * page, None, max(now, n.owner_eta_s)))
+        hbits, i = eng.host_directory.holders.get(last, 0) & ~holders_of.get(last, 0), 0
+        while hbits:  # in a host tier: a holder to the planner (not a source: the engine copies from devices)
+            if hbits & 1:
+                hs.append(HolderView(i, REPLICA, n.num_pages * page))
+            hbits >>= 1
+            i += 1
         if n.node_id in flying:
             hs.extend(flying[n.node_id])
         for sc in eng.shadow:
@@ -253,6 +259,15 @@ def host_lens(eng, req: SimRequest, cached: tuple[int, ...]) -> tuple[int, ...]:
             j += 1
         out.append(min(j * page, plen) - c if j > k else 0)
     return tuple(out)
+
+
+def shadow_hit(eng, node_id: int, now: float) -> None:
+    """A request extended node `node_id`: the shadow copies of it that would have landed and not expired were
+    useful (once each)."""
+    for s in eng.shadow:
+        if s["node"] == node_id and s["land_s"] <= now <= s["land_s"] + s["ttl_s"] and not s["useful"]:
+            s["useful"] = True
+            eng.stats.on_shadow_useful(s["bytes"])
 
 
 def hint_error(key: str, jitter: float) -> tuple[float, float]:

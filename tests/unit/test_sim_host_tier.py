@@ -130,3 +130,68 @@ def test_the_expected_ttft_router_prices_a_host_tier_hit_at_its_load_rate():
     assert slow.options(view, ws, 0.0)[0].expected_ttft_s == pytest.approx(8.0 + 0.2)
     unpriced = make_router("expected_ttft", cost=CostModel(TINY), page_len=1, kv_bytes_per_token=1)
     assert [o.expected_ttft_s for o in unpriced.options(view, ws, 0.0)] == pytest.approx([1.0, 1.0])
+
+
+# ---- the planner's tier: the device pool, the host tier, or nothing ----
+
+def hinted_snapshot(budget: int):
+    """test_policy_planner's case: holder w0 20 s busy, one request hinted at t=1 on a 100-token prefix (+10)."""
+    from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView
+    ws = tuple(WorkerView(i, free_tokens=10_000, replica_budget_tokens=budget, nic_bandwidth_bytes_per_s=1000.0)
+               for i in range(2))
+    ws = (ws[0]._replace(num_waiting=1, waiting_new_tokens=2000),) + ws[1:]
+    node = PrefixView(node_id=7, token_len=100, holders=(HolderView(0, depth_len=100),), expected_new_len=10,
+                      fanout_hint=1, hint_at_s=1.0)
+    return ClusterSnapshot(ws, (node,), (), page_len=1, kv_bytes_per_token=1)
+
+
+def tier_planner(host_rate: float, **kw):
+    from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
+    from radix_sync.policy.predictor import DemandPredictor
+    p = KvrepPlanner(CostModel(TINY_1000), DemandPredictor(), PlannerConfig(allow_pull=False, **kw))
+    p.host_load_bytes_per_s = host_rate
+    return p
+
+
+TINY_1000 = dataclasses.replace(TINY, nic_bandwidth_bytes_per_s=1000.0)
+
+
+def test_the_planner_copies_into_the_host_tier_where_the_device_budget_refuses():
+    # Without a copy w1 recomputes 110 tokens: 1.1 s. A copy lands at 0.1 s (100 B at 1000 B/s). Into the device
+    # pool the hit prefills 10 tokens: 0.1 s, gain 1.1 - 0.1 - 0.05 x 0.1 link = 0.995 s; into the host tier it
+    # also loads 100 tokens at 1000 B/s first: 0.2 s, gain 0.895 s (half depth: load 0.05 + pf(60) 0.6, less).
+    device = tier_planner(1000.0).plan(hinted_snapshot(budget=10_000), 0.0)
+    assert [(d.target, d.depth_len, d.tier) for d in device] == [(1, 100, "device")]
+    assert device[0].gain_s == pytest.approx(0.995)
+    # a device budget of 99 tokens takes only the half depth: pf(60) = 0.6 s, gain 1.1 - 0.6 - 0.0025 = 0.4975 s;
+    # the whole prefix into the host tier gains more
+    host = tier_planner(1000.0).plan(hinted_snapshot(budget=99), 0.0)
+    assert [(d.target, d.depth_len, d.tier) for d in host] == [(1, 100, "host")]
+    assert host[0].gain_s == pytest.approx(0.895)
+    for half in (tier_planner(0.0), tier_planner(1000.0, host_copies=False),  # no host tier, the ablation
+                 tier_planner(50.0)):  # a load slower than recomputing (100 tokens at 50 B/s: 2 s)
+        out = half.plan(hinted_snapshot(budget=99), 0.0)
+        assert [(d.depth_len, d.tier) for d in out] == [(50, "device")] and out[0].gain_s == pytest.approx(0.4975)
+    assert tier_planner(0.0).plan(hinted_snapshot(budget=49), 0.0) == []  # neither depth fits: nothing
+    assert [d.tier for d in tier_planner(1000.0).plan(hinted_snapshot(budget=49), 0.0)] == ["host"]
+
+
+def test_host_tier_copies_land_in_the_targets_host_memory_and_are_loaded_back_on_a_hit():
+    from radix_sync.sim.generators import FanoutWorkload
+    from radix_sync.policy.planner import PlannerConfig
+    out = {}
+    for copies in (True, False):
+        wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=6.0, duration_s=20.0, seed=1,
+                            max_context_len=H200.max_context_len)
+        cfg = EngineConfig(num_workers=4, duration_s=20.0, host_tier_ratio=2.0, replica_budget_frac=0.0)
+        eng = Engine(H200, wl, build_policy("kvrep", H200, wl.page_len, 1, PlannerConfig(host_copies=copies)), cfg)
+        rec = eng.run().to_dict()
+        for w in eng.workers:
+            w.cache.check_integrity()
+            assert w.cache.reserved_tokens == 0 and not w.waiting and not w.running
+        out[copies] = rec
+    kinds = out[True]["replication"]["by_kind"]
+    assert "replica" not in kinds  # no device budget: no device replica
+    assert kinds["host"]["landed"] > 0 and kinds["host"]["useful_bytes"] > 0
+    assert out[True]["host_hit_rate"] > 0.0
+    assert "host" not in out[False]["replication"]["by_kind"] and out[False]["host_hit_rate"] == 0.0
