@@ -94,6 +94,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-tier", type=float, default=EngineConfig.host_tier_ratio, metavar="RATIO",
                         help="every worker gets a host-memory KV tier, SGLang's hierarchical cache with "
                              "--hicache-ratio RATIO (its default when enabled: 2.0); 0: none (default)")
+    parser.add_argument("--host-tier-unpriced", action="store_true",
+                        help="the policies do not see the host tiers (the workers still use them): the ablation")
     parser.add_argument("--host-gbytes-s", type=float, default=EngineConfig.host_load_bytes_per_s / 1e9, metavar="X",
                         help="the host tier's load-back rate, GB/s (default %(default)s)")
     parser.add_argument("--planner", default="", metavar="KEY=VALUE,...",
@@ -148,7 +150,8 @@ def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
                         tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt,
                         view_staleness_s=args.view_staleness_s, hint_jitter=args.hint_jitter,
                         endpoint_wait=args.endpoint_wait, host_tier_ratio=getattr(args, "host_tier", 0.0),
-                        host_load_bytes_per_s=getattr(args, "host_gbytes_s", 25.0) * 1e9)
+                        host_load_bytes_per_s=getattr(args, "host_gbytes_s", 25.0) * 1e9,
+                        host_tier_priced=not getattr(args, "host_tier_unpriced", False))
 
 
 def build_workload(args: argparse.Namespace, max_context_len: int) -> Workload:

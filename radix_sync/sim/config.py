@@ -71,6 +71,10 @@ class EngineConfig:
     (its default when enabled: 2.0; host pool = ratio x the device pool), write-through: the pages its device pool
     evicts stay in host memory ((ratio - 1) x the device pool of them) and are loaded back when a request's prefix
     continues there (`radix_sync.sim.cache.HostTier`). 0: no host tier (SGLang's default)."""
+    host_tier_priced: bool = True
+    """The expected-TTFT router and the planner see the host tiers (`RequestView.host_len`, holders) and price a
+    hit there at the load rate (SGLang publishes host-tier pages as KV events, medium `CPU_PINNED`). False: the
+    workers use their host tiers but the policies do not know of them (the ablation)."""
     host_load_bytes_per_s: float = 25e9
     """Host-to-device load-back rate of the host tier, bytes/s, charged to the prefill iteration of the request
     that loads (not overlapped with its compute: harsh to the tier, as SGLang overlaps it layer by layer). 25 GB/s

@@ -50,7 +50,7 @@ class Engine:
         self.workers = [SimWorker(i, profile, worker_cache(i, profile, cfg, self.page_len, self.directory,
                                                            self.host_directory, oracle_pages), self)
                         for i in range(cfg.num_workers)]
-        for priced in (policy.router, policy.planner) if cfg.host_tier_ratio else ():  # (those that price it)
+        for priced in (policy.router, policy.planner) if cfg.host_tier_ratio and cfg.host_tier_priced else ():
             if hasattr(priced, "host_load_bytes_per_s"):
                 priced.host_load_bytes_per_s = cfg.host_load_bytes_per_s
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)

@@ -217,6 +217,7 @@ def prefix_views(eng, views: tuple[WorkerView, ...], now: float) -> tuple[Prefix
         if n.owner >= 0 and not (holders_of.get(last, 0) >> n.owner) & 1:
             hs.append(HolderView(n.owner, OWNER, n.num_pages * page, None, max(now, n.owner_eta_s)))
         hbits, i = eng.host_directory.holders.get(last, 0) & ~holders_of.get(last, 0), 0
+        hbits = hbits if eng.cfg.host_tier_priced else 0
         while hbits:  # in a host tier: a holder to the planner (not a source: the engine copies from devices)
             if hbits & 1:
                 hs.append(HolderView(i, REPLICA, n.num_pages * page))
@@ -248,7 +249,7 @@ def cached_lens(eng, req: SimRequest) -> tuple[int, ...]:
 def host_lens(eng, req: SimRequest, cached: tuple[int, ...]) -> tuple[int, ...]:
     """Returns: per worker, the tokens of `req`'s prompt past its device match (`cached`) that its host tier holds
     (the host directory: what SGLang's hierarchical cache would load back); () without host tiers."""
-    if not eng.cfg.host_tier_ratio or not cached:
+    if not (eng.cfg.host_tier_ratio and eng.cfg.host_tier_priced) or not cached:
         return ()
     page, plen, holders, pages = eng.page_len, req.prompt_len, eng.host_directory.holders, req.pages
     out = []

@@ -195,3 +195,17 @@ def test_host_tier_copies_land_in_the_targets_host_memory_and_are_loaded_back_on
     assert kinds["host"]["landed"] > 0 and kinds["host"]["useful_bytes"] > 0
     assert out[True]["host_hit_rate"] > 0.0
     assert "host" not in out[False]["replication"]["by_kind"] and out[False]["host_hit_rate"] == 0.0
+
+
+def test_unpriced_the_policies_see_no_host_tier_but_the_workers_still_use_it():
+    profile = dataclasses.replace(H200, kv_capacity_tokens=40_000)
+    wl = AgentWorkload(GeneratorConfig(), 30.0, 30.0, 1, profile.max_context_len, "poisson")
+    cfg = EngineConfig(num_workers=2, duration_s=30.0, host_tier_ratio=2.0, host_tier_priced=False)
+    policy = build_policy("kvrep", profile, wl.page_len, 1)
+    eng = Engine(profile, wl, policy, cfg)
+    assert policy.router.host_load_bytes_per_s == 0.0 and policy.planner.host_load_bytes_per_s == 0.0
+    rec = eng.run().to_dict()
+    assert rec["host_hit_rate"] > 0.0
+    priced = build_policy("kvrep", profile, wl.page_len, 1)
+    Engine(profile, wl, priced, dataclasses.replace(cfg, host_tier_priced=True))
+    assert priced.router.host_load_bytes_per_s == cfg.host_load_bytes_per_s == priced.planner.host_load_bytes_per_s
