@@ -269,6 +269,9 @@ class DirectoryFeed(_Answer):
     head: int
     changes: Union[list[tuple[int, str, int]], UnsetType] = UNSET
     snapshot: Union[dict[str, list[int]], UnsetType] = UNSET
+    host_snapshot: Union[dict[str, list[int]], UnsetType] = UNSET
+    """With `tiers=1`: worker -> the page hashes its host-memory tier holds (changes then also carry ops +2 / -2,
+    host-tier page stored / removed: `radix_sync.host_tier`)."""
 
 
 class DemandRecorded(_Answer):

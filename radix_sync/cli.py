@@ -122,6 +122,9 @@ def _add_router(sub) -> None:
     p.add_argument("--queue-s-per-request", type=float, default=K.queue_s_per_request)
     p.add_argument("--kv-bytes-per-token", type=int, default=K.kv_bytes_per_token)
     p.add_argument("--link-gbps", type=float, default=K.link_bytes_per_s * 8 / 1e9, help="worker-to-worker copy bandwidth, Gbit/s")
+    p.add_argument("--host-load-gbytes-s", type=float, default=C.host_load_bytes_per_s / 1e9, metavar="X",
+                   help="the workers run SGLang's hierarchical cache: price a prefix in a worker's host-memory tier "
+                        "as loaded back at X GB/s (default 0: not priced)")
     p.add_argument("--connect-timeout-s", type=float, default=C.connect_timeout_s)
     p.add_argument("--directory-feed", action=argparse.BooleanOptionalAction, default=C.directory_feed,
                    help="mirror the coordinator's directory from its change feed and match prompts locally "
@@ -185,6 +188,7 @@ def _run_router(args) -> int:
                               read_timeout_s=args.read_timeout_s,
                               max_connections_per_worker=args.max_connections_per_worker,
                               shutdown_timeout_s=args.shutdown_timeout_s, directory_feed=args.directory_feed,
+                              host_load_bytes_per_s=args.host_load_gbytes_s * 1e9,
                               state_dir=args.state_dir, admin_tokens_path=args.admin_tokens,
                               tenant_secret_path=args.tenant_secret, worker_api_key_path=args.worker_api_key,
                               coordinator_tokens_path=args.coordinator_tokens, vocab_size=args.vocab_size,

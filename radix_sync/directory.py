@@ -21,6 +21,7 @@ from typing import Callable, Collection, Iterable, Iterator, Optional, Sequence
 import msgspec
 
 from radix_sync.hashing import chain_digest_packed, digest_to_int64, namespace_seed, pack_page
+from radix_sync.host_tier import HostTierIndex
 from radix_sync.integrity import IntegrityError
 
 OWNER = "owner"
@@ -140,6 +141,8 @@ class PrefixDirectory:
         self._nodes: dict[int, PageNode] = {}
         self._by_worker: dict[str, set[int]] = {}
         self.feed = ChangeFeed(max_changes)
+        self.host = HostTierIndex(self.feed)
+        """The workers' host-memory tiers (`radix_sync.host_tier`), in the same feed."""
 
     # ------------------------------------------------------------------------------------------ mutation (facts)
     def verify_blocks(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
@@ -286,23 +289,38 @@ class PrefixDirectory:
         return self.remove_pages(worker_id, hashes)
 
     def drop_worker(self, worker_id: str) -> int:
-        """Forget everything a worker holds (it died, restarted or cleared its cache)."""
+        """Forget everything a worker holds (it died, restarted or cleared its cache), its host tier included."""
         hashes = list(self._by_worker.get(worker_id, ()))
         num = self.remove_pages(worker_id, hashes)
         self._by_worker.pop(worker_id, None)
+        self.host.drop_worker(worker_id)
         return num
 
+    def add_host_pages(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
+                       page_size: int, vocab_size: int = 0, max_new: Optional[int] = None) -> tuple[int, list[str]]:
+        """`HostTierIndex.verify_and_add` of the worker's host-tier pages against this directory's device pages."""
+        return self.host.verify_and_add(worker_id, namespace, blocks, page_size, self._nodes,
+                                        self._by_worker.get(worker_id, set()), vocab_size, max_new)
+
     # ------------------------------------------------------------------------------------------------- queries
-    def feed_since(self, epoch: str, seq: int, limit: int = 200_000) -> dict:
+    def feed_since(self, epoch: str, seq: int, limit: int = 200_000, tiers: bool = False) -> dict:
         """What a replica at (`epoch`, `seq`) needs: `{"epoch", "seq", "changes": [[op, worker, hash], ...]}`, or
         `{"epoch", "seq", "snapshot": {worker: [hash, ...]}}` when it is of another epoch or too far behind.
-        `seq` in the answer is the number of the last change included (call again while it is below `head`)."""
+        `seq` in the answer is the number of the last change included (call again while it is below `head`).
+        `tiers`: also the host-tier changes (ops +2 / -2) and, with a snapshot, `host_snapshot` (worker -> host-tier
+        page hashes); without it they are left out (`seq` still counts them)."""
         feed = self.feed
         changes = feed.since(seq, limit) if epoch == feed.epoch else None
         if changes is None:
-            return {"epoch": feed.epoch, "seq": feed.seq, "head": feed.seq,
-                    "snapshot": {w: list(hs) for w, hs in self._by_worker.items() if hs}}
-        return {"epoch": feed.epoch, "seq": seq + len(changes), "head": feed.seq, "changes": changes}
+            out = {"epoch": feed.epoch, "seq": feed.seq, "head": feed.seq,
+                   "snapshot": {w: list(hs) for w, hs in self._by_worker.items() if hs}}
+            if tiers:
+                out["host_snapshot"] = self.host.snapshot()
+            return out
+        n = len(changes)
+        if not tiers:
+            changes = [c for c in changes if c[0] in (1, -1)]
+        return {"epoch": feed.epoch, "seq": seq + n, "head": feed.seq, "changes": changes}
 
     def match(self, block_hashes: list[int]) -> dict[str, int]:
         """Pages matched from the root, per worker: the longest run of consecutive held pages."""

@@ -101,6 +101,8 @@ class PagesRemoved(_Msg, tag="PagesRemoved"):
     worker_id: WorkerId
     seq: Seq
     block_hashes: Annotated[list[PageHash], Meta(max_length=MAX_PAGES_PER_MESSAGE)]
+    medium: Annotated[str, Meta(max_length=32)] = "GPU"
+    """`GPU` (the device pool) or `CPU_PINNED` (the host-memory tier, `radix_sync.host_tier`), as `PagesStored`."""
 
 
 class AllPagesCleared(_Msg, tag="AllPagesCleared"):

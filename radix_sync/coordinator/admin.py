@@ -241,14 +241,15 @@ class AdminServer:
             wait_s = min(max(float(q.get("wait_s", "0")), 0.0), 30.0)
         except ValueError:
             raise AdminError("since must be an integer and wait_s a number") from None
+        tiers = q.get("tiers", "0") == "1"  # (host-tier holdings too: `api.DirectoryFeed.host_snapshot`)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
             self._changed.clear()
             with coord.lock:
-                out = coord.state.directory.feed_since(epoch, since)
+                out = coord.state.directory.feed_since(epoch, since, tiers=tiers)
             left = deadline - loop.time()
-            if "snapshot" in out or out["changes"] or left <= 0:
+            if "snapshot" in out or out["seq"] != since or left <= 0:
                 break
             try:  # NOTE: cleared before reading, so a change in between still wakes us
                 await asyncio.wait_for(self._changed.wait(), timeout=left)

@@ -40,6 +40,7 @@ from msgspec import Meta
 
 from radix_sync import protocol as p
 from radix_sync.coordinator.workers import PLAIN_ROUTING_PREFIX
+from radix_sync.host_tier import HOST_MEDIUM
 
 log = logging.getLogger("kvrep.coordinator.plain")
 
@@ -101,12 +102,14 @@ def decode_batch(payload: bytes) -> EventBatch:
 def batch_facts(batch: EventBatch, worker_id: str, page_size: int) -> list[p._Msg]:
     """The coordinator facts of one batch (sequence numbers 0: `PlainFeed` numbers them), in order.
 
-    Pages of another medium than the GPU are skipped (as the plugin's agent does). Raises PlainEventError for a
+    Pages of the host-memory tier (medium `CPU_PINNED`) go as facts of that medium (`radix_sync.host_tier`); of any
+    other medium than these two they are skipped (as the plugin's agent does). Raises PlainEventError for a
     stored block whose size is not the worker's page size or whose token count does not match its hashes."""
     out: list[p._Msg] = []
     for ev in batch.events:
         if isinstance(ev, BlockStored):
-            if (ev.medium or "GPU") != "GPU" or not ev.block_hashes:
+            medium = ev.medium or "GPU"
+            if medium not in ("GPU", HOST_MEDIUM) or not ev.block_hashes:
                 continue
             if ev.block_size != page_size:
                 raise PlainEventError(f"block size {ev.block_size}, the worker's page size is {page_size}")
@@ -117,10 +120,12 @@ def batch_facts(batch: EventBatch, worker_id: str, page_size: int) -> list[p._Ms
             for i, h in enumerate(ev.block_hashes):
                 blocks.append(p.BlockFact(h, parent, ev.token_ids[i * page_size:(i + 1) * page_size]))
                 parent = h
-            out.append(p.PagesStored(worker_id=worker_id, seq=0, namespace=ev.cache_salt or "", blocks=blocks))
+            out.append(p.PagesStored(worker_id=worker_id, seq=0, namespace=ev.cache_salt or "", blocks=blocks,
+                                     medium=medium))
         elif isinstance(ev, BlockRemoved):
-            if (ev.medium or "GPU") == "GPU" and ev.block_hashes:
-                out.append(p.PagesRemoved(worker_id=worker_id, seq=0, block_hashes=list(ev.block_hashes)))
+            if (ev.medium or "GPU") in ("GPU", HOST_MEDIUM) and ev.block_hashes:
+                out.append(p.PagesRemoved(worker_id=worker_id, seq=0, block_hashes=list(ev.block_hashes),
+                                          medium=ev.medium or "GPU"))
         elif isinstance(ev, AllBlocksCleared):
             out.append(p.AllPagesCleared(worker_id=worker_id, seq=0))
     return out

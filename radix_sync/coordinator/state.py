@@ -29,6 +29,7 @@ from radix_sync.coordinator.replications import (FAILED, DONE, PENDING, RUNNING,
 from radix_sync.coordinator.workers import WorkerRecord, WorkerRegistry
 from radix_sync.directory import PrefixDirectory
 from radix_sync.hashing import page_hashes
+from radix_sync.host_tier import HOST_MEDIUM
 from radix_sync.integrity import IntegrityError
 from radix_sync.policy.rules import HitRecord, RuleSnapshot, WorkerView
 
@@ -63,29 +64,13 @@ class ClusterState:
     def replications(self) -> dict[str, Replication]:
         return self._replications.records
 
-    @property
-    def hits(self):
-        return self.demand.hits
-
-    @property
-    def arrivals(self):
-        return self.demand.arrivals
-
-    @property
-    def finishes(self):
-        return self.demand.finishes
-
-    @property
-    def hints(self):
-        return self.demand.hints
-
-    @property
-    def hint_times(self) -> dict[int, dict[str, float]]:
-        return self.demand.hint_times
-
-    @property
-    def demand_events(self):
-        return self.demand.events
+    hits = property(lambda self: self.demand.hits)
+    arrivals = property(lambda self: self.demand.arrivals)
+    finishes = property(lambda self: self.demand.finishes)
+    hints = property(lambda self: self.demand.hints)
+    hint_times = property(lambda self: self.demand.hint_times)
+    """(`dict[int, dict[str, float]]`)"""
+    demand_events = property(lambda self: self.demand.events)
 
     # ------------------------------------------------------------------------------------------ worker messages
     def handle(self, routing_id: bytes, msg, now_s: float) -> list[tuple[bytes, p._Msg]]:
@@ -142,10 +127,13 @@ class ClusterState:
             if pending is not None:
                 return [pending]
         elif isinstance(msg, p.PagesStored):
-            if msg.medium == "GPU":
+            if msg.medium in ("GPU", HOST_MEDIUM):
                 self._pages_stored(record, msg, now_s)
         elif isinstance(msg, p.PagesRemoved):
-            d.remove_pages(wid, msg.block_hashes)
+            if msg.medium == HOST_MEDIUM:
+                d.host.remove(wid, msg.block_hashes)
+            elif msg.medium == "GPU":
+                d.remove_pages(wid, msg.block_hashes)
         elif isinstance(msg, p.AllPagesCleared):
             d.drop_worker(wid)
         elif isinstance(msg, p.LoadReported):
@@ -183,12 +171,17 @@ class ClusterState:
         wid, hello = record.worker_id, record.hello
         cap = min(self.config.max_pages_per_worker,
                   2 * (hello.pool_capacity_tokens // hello.page_size) + 64)
-        room = max(0, cap - self.directory.num_pages(wid))
-        accepted, errors = self.directory.verify_blocks(
-            wid, msg.namespace, ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks), hello.page_size,
-            hello.vocab_size or self._workers.vocab_size(), max_new=room)
-        self.directory.add_pages(wid, msg.namespace, accepted)
-        self.demand.pages_stored((b[0] for b in accepted), now_s)
+        blocks, vocab = ((b.block_hash, b.parent_hash, b.token_ids) for b in msg.blocks), hello.vocab_size
+        if msg.medium == HOST_MEDIUM:  # (its host tier: the same cap, the same checks, `radix_sync.host_tier`)
+            room = max(0, cap - self.directory.host.num_pages(wid))
+            errors = self.directory.add_host_pages(wid, msg.namespace, blocks, hello.page_size,
+                                                   vocab or self._workers.vocab_size(), max_new=room)[1]
+        else:
+            room = max(0, cap - self.directory.num_pages(wid))
+            accepted, errors = self.directory.verify_blocks(wid, msg.namespace, blocks, hello.page_size,
+                                                            vocab or self._workers.vocab_size(), max_new=room)
+            self.directory.add_pages(wid, msg.namespace, accepted)
+            self.demand.pages_stored((b[0] for b in accepted), now_s)
         if errors:
             raise AdminError(f"refused {len(errors)} of {len(msg.blocks)} pages: {errors[0]}")
 

@@ -86,6 +86,10 @@ class RouterConfig:
     TTFT (the coordinator does the copy; the request waits for it, bounded by `pull_policy`, then falls back)."""
     pull_policy: PullConfig = field(default_factory=PullConfig)
     """A pull's deadline bounds and replica TTL."""
+    host_load_bytes_per_s: float = 0.0
+    """The workers run SGLang's hierarchical cache (`--enable-hierarchical-cache`): a prompt prefix in a worker's
+    host-memory tier (the directory feed's host-tier holdings) is priced as loaded back at this rate, bytes/s.
+    0: not priced (no worker has a host tier)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -105,6 +109,8 @@ class RouterConfig:
             raise ValueError(f"hints_per_s={self.hints_per_s!r} must be > 0")
         if self.vocab_size is not None and not 1 <= self.vocab_size <= MAX_TOKEN_ID + 1:
             raise ValueError(f"vocab_size={self.vocab_size!r} must be in [1, {MAX_TOKEN_ID + 1}]")
+        if not self.host_load_bytes_per_s >= 0:
+            raise ValueError(f"host_load_bytes_per_s={self.host_load_bytes_per_s!r} must be >= 0")
         if self.max_wait_inflight_s < 0:
             raise ValueError(f"max_wait_inflight_s={self.max_wait_inflight_s!r} must be >= 0")
         for url in self.worker_urls:

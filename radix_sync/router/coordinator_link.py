@@ -282,7 +282,7 @@ class CoordinatorLink:
                 replica.mark_unhealthy()
                 await asyncio.sleep(max(0.05, self._down_until - time.monotonic()))
                 continue
-            params = {"epoch": replica.epoch, "since": str(replica.seq), "wait_s": str(wait_s)}
+            params = {"epoch": replica.epoch, "since": str(replica.seq), "wait_s": str(wait_s), "tiers": "1"}
             try:
                 async with self._session.get(self.cfg.url + "/directory/feed", params=params,
                                              timeout=timeout, headers=self._headers(False)) as resp:

@@ -2,7 +2,8 @@
 coordinator's change feed (`GET /directory/feed`, a long poll), so a routing decision matches a prompt's page
 hashes locally instead of asking the coordinator per request.
 
-Only holdings are mirrored (block hash -> worker ids): roles, expiry and tokens stay at the coordinator. A replica
+Only holdings are mirrored (block hash -> worker ids), the workers' host-memory tiers apart (`match_host`; feed
+ops +2 / -2, `radix_sync.host_tier`): roles, expiry and tokens stay at the coordinator. A replica
 is usable while its feed is healthy: the last long poll answered within `max_silence_s`; otherwise the router
 asks the coordinator per request (and falls back to its own view when that fails too). Owned by
 `radix_sync.router.service.Router`; runs on its event loop.
@@ -26,6 +27,8 @@ class DirectoryReplica:
         self.seq = 0
         """Number of the last change applied (of `epoch`)."""
         self._holders: dict[int, set[str]] = {}
+        self._host: dict[int, set[str]] = {}
+        """Page hash -> the workers whose host-memory tier holds it."""
         self._answered_at = -float("inf")
         self.healthy = False
         self.num_snapshots = 0
@@ -45,23 +48,27 @@ class DirectoryReplica:
                 for worker_id, hashes in msg["snapshot"].items():
                     for h in hashes:
                         holders.setdefault(int(h), set()).add(str(worker_id))
-                self._holders = holders
+                host: dict[int, set[str]] = {}
+                for worker_id, hashes in msg.get("host_snapshot", {}).items():
+                    for h in hashes:
+                        host.setdefault(int(h), set()).add(str(worker_id))
+                self._holders, self._host = holders, host
                 self.num_snapshots += 1
             else:
                 if epoch != self.epoch:
                     raise ValueError(f"changes of epoch {epoch!r} on a replica of epoch {self.epoch!r}")
-                holders = self._holders
                 for op, worker_id, h in msg["changes"]:
-                    if op == 1:
+                    if op not in (1, -1, 2, -2):
+                        raise ValueError(f"unknown change op {op!r}")
+                    holders = self._holders if op in (1, -1) else self._host
+                    if op > 0:
                         holders.setdefault(h, set()).add(worker_id)
-                    elif op == -1:
+                    else:
                         ws = holders.get(h)
                         if ws is not None:
                             ws.discard(worker_id)
                             if not ws:
                                 del holders[h]
-                    else:
-                        raise ValueError(f"unknown change op {op!r}")
                     self.num_changes += 1
         except (KeyError, TypeError, ValueError) as exc:
             self.reset()
@@ -72,7 +79,7 @@ class DirectoryReplica:
 
     def reset(self) -> None:
         """Forgets everything (the next feed call gets a snapshot)."""
-        self.epoch, self.seq, self._holders, self.healthy = "", 0, {}, False
+        self.epoch, self.seq, self._holders, self._host, self.healthy = "", 0, {}, {}, False
 
     def mark_unhealthy(self) -> None:
         self.healthy = False
@@ -87,6 +94,22 @@ class DirectoryReplica:
         self.num_matches += 1
         return match_runs(block_hashes, self._holders.get)
 
+    def match_host(self, block_hashes: list[int], matched: dict[str, int]) -> dict[str, int]:
+        """Per worker, the pages of `block_hashes` its host tier holds right after the `matched` pages its device
+        holds (`match`): what SGLang would load back before the prefill; workers with none are left out."""
+        host = self._host
+        if not host or not block_hashes:
+            return {}
+        out: dict[str, int] = {}
+        for w in {w for h in block_hashes for w in host.get(h, ())}:
+            i = start = matched.get(w, 0)
+            while i < len(block_hashes) and w in host.get(block_hashes[i], ()):
+                i += 1
+            if i > start:
+                out[w] = i - start
+        return out
+
     def status(self) -> dict:
         return {"epoch": self.epoch, "seq": self.seq, "usable": self.usable(), "pages": len(self._holders),
+                "host_pages": len(self._host),
                 "snapshots": self.num_snapshots, "changes": self.num_changes, "matches": self.num_matches}

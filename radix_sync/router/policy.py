@@ -187,7 +187,8 @@ def _own_prefill_s(model: CostModel, w: WorkerState) -> float:
 
 def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],
                  prompt_len: int, namespace: str, now: float, model: CostModel, allow_pull: bool = False,
-                 pull_cfg: PullConfig = PullConfig()) -> Decision:
+                 pull_cfg: PullConfig = PullConfig(), host_matched: Mapping[str, int] = {},
+                 host_load_bytes_per_s: float = 0.0) -> Decision:
     """Ranks workers by expected TTFT (the policy engine's `ExpectedTtftRouter`, no pull), and with `allow_pull`
     says whether a copy on the critical path beats the ranking's first (the same router with pulls).
 
@@ -208,6 +209,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
             iteration in progress at both ends (`forecast.split_iteration`: the first chunk of what this router
             sent there and has not seen start).
         pull_cfg: the deadline bounds of a pull.
+        host_matched: tokens of the prompt past `matched` that each worker's host-memory tier holds (SGLang's
+            hierarchical cache loads them back before the prefill), priced at `host_load_bytes_per_s` (0: not).
     Returns:
         every worker, best first; ties go to fewer outstanding requests, then to the lower id.
     """
@@ -237,8 +240,11 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
             continue
         eta = now + model.transfer_s(depth * model.profile.kv_bytes_per_token)
         inflight.append(HolderView(index[c.target], REPLICA, depth, eta_s=eta))
-    req = RequestView(0, prompt_len, cached_len=cached, inflight=tuple(inflight))
-    policy = ExpectedTtftRouter(model, model.profile.kv_bytes_per_token, allow_pull=False)
+    host = (tuple(max(0, min(prompt_len - c, int(host_matched.get(w.worker_id, 0)))) for w, c in zip(order, cached))
+            if host_matched and host_load_bytes_per_s else ())
+    req = RequestView(0, prompt_len, cached_len=cached, inflight=tuple(inflight), host_len=tuple(host))
+    policy = ExpectedTtftRouter(model, model.profile.kv_bytes_per_token, allow_pull=False,
+                                host_load_bytes_per_s=host_load_bytes_per_s)
     options = policy.options(req, views, now)
     # NOTE: the key ExpectedTtftRouter.route picks by, so ranked[0] is exactly its choice.
     options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views))
@@ -247,7 +253,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     if allow_pull:
         # NOTE: a live view counts the prefill in progress as queued; a copy waits for it at both ends
         iterating = tuple(split_iteration(model, v, now, _own_prefill_s(model, w)) for v, w in zip(views, order))
-        route = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True).route(req, iterating, now)
+        route = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True,
+                                   host_load_bytes_per_s=host_load_bytes_per_s).route(req, iterating, now)
         plan = plan_pull(route, first, model.prefill_s(prompt_len - route.pull_len, route.pull_len), now, pull_cfg)
         if plan is not None:
             pull = replace(plan, source=order[plan.source].worker_id, target=order[plan.target].worker_id)

@@ -165,14 +165,17 @@ class Router:
             raise NoWorker("no worker known")
         page_size = min(pool.known[u].page_size for u in cands)
         hashes = page_hashes(ids, page_size, namespace)
-        matched = None
+        matched, host = None, {}
         if state is not None and ids:
             same = all(pool.known[u].page_size == page_size for u in cands)
             replica = self.replica
             if same and replica is not None and replica.usable():
                 # NOTE: the local mirror of the directory: no call per request (the coordinator's admin API
                 # cannot answer ~1,000 lookups/s on a small machine); at most a long poll's delivery behind
-                matched = {wid: pages * page_size for wid, pages in replica.match(hashes).items()}
+                pages = replica.match(hashes)
+                matched = {wid: n * page_size for wid, n in pages.items()}
+                if self.cfg.host_load_bytes_per_s:  # (and what each worker's host tier holds past it)
+                    host = {wid: n * page_size for wid, n in replica.match_host(hashes, pages).items()}
             else:
                 matched = await self.link.lookup(ids, namespace, (hashes, page_size) if same and hashes else None)
         if matched is not None:
@@ -181,7 +184,8 @@ class Router:
             copies = list(dict.fromkeys([*state.copies, *self.puller.in_flight.values()]))
             decision = rank_by_ttft(workers, pool.by_url(matched), pool.copies_by_url(copies), len(ids),
                                     namespace, time.monotonic(), self.model, allow_pull=self.cfg.pull,
-                                    pull_cfg=self.cfg.pull_policy)
+                                    pull_cfg=self.cfg.pull_policy, host_matched=pool.by_url(host),
+                                    host_load_bytes_per_s=self.cfg.host_load_bytes_per_s)
         else:
             workers = [pool.with_local_load(pool.known[u], False) for u in cands]
             decision = self.index.rank(workers, hashes, len(ids))

@@ -19,6 +19,7 @@ import zmq
 from radix_sync import keys as k
 from radix_sync import protocol as p
 from radix_sync.hashing import page_hashes
+from radix_sync.host_tier import HOST_MEDIUM
 from radix_sync.keys import load_dir
 from sglang_kvrep import events
 from sglang_kvrep.address import advertised_endpoint, is_wildcard, routable_host
@@ -98,6 +99,8 @@ class IoSide:
         the target's key against it)."""
         self.seq = 0
         self.mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
+        self.host_mirror: dict[int, tuple[Optional[int], list[int], str]] = {}
+        """The pages SGLang's host-memory tier holds (KV events of medium `CPU_PINNED`), as `mirror`."""
         self.replica_blocks: dict[str, tuple[str, list[int]]] = {}
         """Live unpromoted replicas: namespace and page hashes (a hit on the first page promotes one: forgotten then;
         it was kept, marked, for the worker's life)."""
@@ -174,14 +177,16 @@ class IoSide:
         self.awaiting_ack_since = now
         self.last_sent_s = now
         self.stats["hellos"] += 1
-        # Resync: everything this worker holds, parents before children (dict order is insertion order).
-        by_ns: dict[str, list[p.BlockFact]] = {}
-        for h, (parent, tokens, ns) in self.mirror.items():
-            by_ns.setdefault(ns, []).append(p.BlockFact(h, parent, tokens))
-        for ns, blocks in by_ns.items():
-            for i in range(0, len(blocks), MAX_BLOCKS_PER_MESSAGE):
-                self.send_coord(p.PagesStored(worker_id=self.cfg.worker_id, seq=0, namespace=ns,
-                                              blocks=blocks[i:i + MAX_BLOCKS_PER_MESSAGE]))
+        # Resync: everything this worker holds, parents before children (dict order is insertion order), the device
+        # pool's pages before the host tier's (whose parents may be on the device).
+        for medium, mirror in (("GPU", self.mirror), (HOST_MEDIUM, self.host_mirror)):
+            by_ns: dict[str, list[p.BlockFact]] = {}
+            for h, (parent, tokens, ns) in mirror.items():
+                by_ns.setdefault(ns, []).append(p.BlockFact(h, parent, tokens))
+            for ns, blocks in by_ns.items():
+                for i in range(0, len(blocks), MAX_BLOCKS_PER_MESSAGE):
+                    self.send_coord(p.PagesStored(worker_id=self.cfg.worker_id, seq=0, namespace=ns, medium=medium,
+                                                  blocks=blocks[i:i + MAX_BLOCKS_PER_MESSAGE]))
         # NOTE: the replicas still held (an expired one left `replica_facts` with its `ReplicaExpired`), with the
         # TTL they have left, not the one they started with; one past its TTL but kept for a queued request that
         # wants it is still here, due now.
@@ -247,14 +252,21 @@ class IoSide:
             fact = sink.popleft()
             if isinstance(fact, events.KvStored):
                 ns, blocks, medium = fact.namespace, fact.blocks, fact.medium
-                if medium != "GPU":
+                if medium not in ("GPU", HOST_MEDIUM):  # (the device pool and SGLang's host tier)
                     continue
+                mirror = self.mirror if medium == "GPU" else self.host_mirror
                 for h, parent, tokens in blocks:
-                    self.mirror[h] = (parent, tokens, ns)
+                    mirror[h] = (parent, tokens, ns)
                 for i in range(0, len(blocks), MAX_BLOCKS_PER_MESSAGE):
                     self.send_coord(p.PagesStored(worker_id=wid, seq=0, namespace=ns, medium=medium, blocks=[
                         p.BlockFact(h, par, t) for h, par, t in blocks[i:i + MAX_BLOCKS_PER_MESSAGE]]))
             elif isinstance(fact, events.KvRemoved):
+                if fact.medium == HOST_MEDIUM:
+                    for h in fact.block_hashes:
+                        self.host_mirror.pop(h, None)
+                    for i in range(0, len(fact.block_hashes), 4096):
+                        self.send_coord(p.PagesRemoved(worker_id=wid, seq=0, medium=HOST_MEDIUM,
+                                                       block_hashes=fact.block_hashes[i:i + 4096]))
                 if fact.medium != "GPU":
                     continue
                 hashes = fact.block_hashes
@@ -265,6 +277,7 @@ class IoSide:
                 self.replicas_gone(set(hashes))
             elif isinstance(fact, events.KvCleared):
                 self.mirror.clear()
+                self.host_mirror.clear()
                 self.send_coord(p.AllPagesCleared(worker_id=wid, seq=0))
                 self.replicas_gone(None)
 

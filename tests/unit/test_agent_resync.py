@@ -30,6 +30,7 @@ def test_a_resync_reports_held_replicas_with_what_is_left_and_never_evicted_ones
     io.coord = ctx.socket(zmq.DEALER)
     io.coord.connect("inproc://coord")
     io.seq, io.need_resync, io.mirror, io.last_load, io.last_sent_s = 0, False, {}, None, 0.0
+    io.host_mirror = {}
     io.next_hello_s, io.awaiting_ack_since, io.coordinator_id = 0.0, None, ""
     io.stats = {"hellos": 0, "dropped_facts": 0, "coordinator_restarts": 0, "stale_resync_requests": 0}
     now = time.monotonic()
@@ -117,7 +118,7 @@ def test_a_replica_sglang_evicted_or_flushed_leaves_the_budget_at_once():
     io.cfg = SimpleNamespace(worker_id="w")
     sent, to_sched = [], []
     io.send_coord, io.to_sched = sent.append, to_sched.append
-    io.mirror = {}
+    io.mirror, io.host_mirror = {}, {}
     now = time.monotonic()
     io.replica_facts = {r: (fact(r, 60.0), now + 30.0) for r in ("a", "b", "c")}
     io.replica_blocks = {"a": ("", [1, 2]), "b": ("", [3, 4]), "c": ("", [5, 6])}

@@ -48,14 +48,18 @@ def test_sglang_batches_decode_into_our_facts():
     assert [b.parent_hash for b in f.blocks] == [None] + hashes[:-1]
     removed = msgspec.msgpack.encode(kv.KVEventBatch(ts=1.0, events=[
         kv.BlockRemoved(block_hashes=hashes[1:]), kv.AllBlocksCleared(),
-        kv.BlockRemoved(block_hashes=hashes, medium="CPU_PINNED")]))
+        kv.BlockRemoved(block_hashes=hashes, medium="CPU_PINNED"), kv.BlockRemoved(block_hashes=hashes,
+                                                                                   medium="DISK")]))
     out = batch_facts(decode_batch(removed), "p", PS)
-    assert [type(m) for m in out] == [p.PagesRemoved, p.AllPagesCleared]  # the host tier's removal is not ours
-    assert out[0].block_hashes == hashes[1:]
+    assert [type(m) for m in out] == [p.PagesRemoved, p.AllPagesCleared, p.PagesRemoved]  # (no disk tier)
+    assert out[0].block_hashes == hashes[1:] and out[0].medium == "GPU"
+    assert out[2].block_hashes == hashes and out[2].medium == "CPU_PINNED"  # the host tier's, as such
 
 
-def test_host_tier_stores_are_skipped_and_bad_batches_refused():
-    assert batch_facts(decode_batch(sglang_batch(list(range(8)), medium="CPU_PINNED")), "p", PS) == []
+def test_host_tier_stores_go_as_such_other_tiers_are_skipped_and_bad_batches_refused():
+    host = batch_facts(decode_batch(sglang_batch(list(range(8)), medium="CPU_PINNED")), "p", PS)
+    assert [(type(m), m.medium, len(m.blocks)) for m in host] == [(p.PagesStored, "CPU_PINNED", 2)]
+    assert batch_facts(decode_batch(sglang_batch(list(range(8)), medium="DISK")), "p", PS) == []
     with pytest.raises(PlainEventError, match="block size 8"):
         batch_facts(decode_batch(sglang_batch(list(range(8)), size=8)), "p", PS)
     with pytest.raises(PlainEventError, match="bad KV event batch"):
