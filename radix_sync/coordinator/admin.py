@@ -173,6 +173,7 @@ class AdminServer:
                 "integrity": integrity, "coordinator_id": st.coordinator_id, "endpoint": coord.endpoint,
                 "policy": coord.policy.name, "mode": coord.mode,
                 "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
+                "num_host_pages": st.directory.host.num_pages(),
                 "feed": {"epoch": st.directory.feed.epoch, "seq": st.directory.feed.seq},
                 "num_protocol_errors": st.num_protocol_errors, "num_refused_facts": dict(st.num_refused_facts),
                 "num_tick_errors": coord.num_tick_errors, "num_critical_joined": coord.num_critical_joined,

@@ -43,6 +43,7 @@ def test_a_router_told_of_host_tiers_sends_a_prompt_to_the_worker_that_has_it_in
         store(agents[0], prompt, ns, HOST_MEDIUM)
         store(agents[1], prompt[:PAGE], ns)
         wait_until(lambda: coord.get("/status")[1]["feed"]["seq"] >= 5, what="the coordinator has the pages")
+        assert coord.get("/status")[1]["num_host_pages"] == 4
         for r in (priced, plain):
             wait_until(lambda: mirror_synced(coord, r), what=f"{r.name}'s mirror in sync")
 
