@@ -179,8 +179,8 @@ class SimWorker:
             cache.host.take(req.pages[m:m + h])
         if not cache.make_room(need + h * page):
             cache.unlock(lock)
-            for p in req.pages[m:m + h]:
-                cache.host.add(p)
+            if h:
+                cache.host.add_chain(req.pages[m:m + h])
             return False
         if h:  # SGLang's `init_load_back`: device pages for the host prefix, loaded before the prefill runs
             cache.insert(req.pages, m + h, now)
