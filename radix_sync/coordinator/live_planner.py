@@ -492,7 +492,9 @@ class LivePlanner:
                 continue
             out.append(LiveDecision(ids[cmd.source], ids[cmd.target], node.namespace, cmd.node_id, cmd.depth_len,
                                     cmd.ttl_s, cmd.gain_s))
-            log.info("copy %s %x: %d tokens %s -> %s, gain %.3f s, %.2f requests predicted", cmd.kind, cmd.node_id,
-                     cmd.depth_len, ids[cmd.source], ids[cmd.target], cmd.gain_s, cmd.expected_count)
-            self._decided[(cmd.node_id, ids[cmd.target])] = (cmd.kind, cmd.expected_count, now_s)
+            key = (cmd.node_id, ids[cmd.target])  # (the same decision again, each tick: at debug level)
+            log.log(logging.DEBUG if key in self._decided else logging.INFO,
+                    "copy %s %x: %d tokens %s -> %s, gain %.3f s, %.2f requests predicted", cmd.kind,
+                    cmd.node_id, cmd.depth_len, ids[cmd.source], ids[cmd.target], cmd.gain_s, cmd.expected_count)
+            self._decided[key] = (cmd.kind, cmd.expected_count, now_s)
         return out
