@@ -45,19 +45,20 @@ class PredictorConfig:
     """Window for the long-run hit rate, s."""
     burst_window_s: float = 3.0
     """Window for the burst hit rate, s."""
-    burst_min_hits: int = 3
-    """The burst rate counts only from this many hits in its window (fewer: the long-window rate alone). Two hits
-    within 3 s extrapolated to 20 requests in a 30 s horizon, and on live agent sessions 19 of 342 such predicted
-    requests came (docs/bench.md, "Bets judged by the requests that came"); a crowd has three within its first
-    seconds. 1: any hit (the rule before)."""
+    min_hits: int = 3
+    """A window's hit rate counts only from this many hits in it (the burst window's and the long window's alike;
+    fewer in both: no popularity). Two hits within 3 s extrapolated to 20 requests in a 30 s horizon (live agent
+    sessions: 19 of 342 such predicted requests came), and two within 30 s made most of the live planner's first
+    bets, none used (docs/bench.md, "A burst needs three hits"); a crowd has three within its first seconds.
+    1: any hit (the rule before)."""
     abandon_p: float = 0.02
     """A silent session counts as abandoned once the posterior probability of a follow-up is below this."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gap_min_s < self.gap_max_s:
             raise ValueError(f"gap range ({self.gap_min_s!r}, {self.gap_max_s!r}) must satisfy 0 < min < max")
-        if self.burst_min_hits < 1:
-            raise ValueError(f"burst_min_hits={self.burst_min_hits!r} must be >= 1")
+        if self.min_hits < 1:
+            raise ValueError(f"min_hits={self.min_hits!r} must be >= 1")
         if self.num_gap_bins < 2:
             raise ValueError(f"num_gap_bins={self.num_gap_bins!r} must be >= 2")
         for name in ("prior_weight", "prior_median_tool_s", "prior_median_turn_s", "prior_sigma",
@@ -248,7 +249,7 @@ class DemandPredictor:
         if type(self).predict is not DemandPredictor.predict:
             return [self.predict(node, now, horizon_s) for node in nodes]
         end = now + horizon_s
-        window, burst, min_hits = self.cfg.popularity_window_s, self.cfg.burst_window_s, self.cfg.burst_min_hits
+        window, burst, min_hits = self.cfg.popularity_window_s, self.cfg.burst_window_s, self.cfg.min_hits
         since_long, since_short = now - window, now - burst
         arrival = now + 0.5 * horizon_s
         none = Demand(0.0, end, end, "none")
@@ -264,7 +265,8 @@ class DemandPredictor:
                 continue
             # (`popularity_rate`, inline)
             n = len(times)
-            rate = (n - bisect.bisect_left(times, since_long)) / window
+            k = n - bisect.bisect_left(times, since_long)
+            rate = k / window if k >= min_hits else 0.0
             k = n - bisect.bisect_left(times, since_short)
             if k >= min_hits and k / burst > rate:
                 rate = k / burst
@@ -299,28 +301,28 @@ class DemandPredictor:
                 return Demand(p, max(now, node.last_finish_s + gap), end, "session")
         if node.recent_hit_times_s:
             rate = popularity_rate(node.recent_hit_times_s, now, self.cfg.popularity_window_s,
-                                   self.cfg.burst_window_s, self.cfg.burst_min_hits)
+                                   self.cfg.burst_window_s, self.cfg.min_hits)
             if rate > 0.0:
                 return Demand(rate * horizon_s, now + 0.5 * horizon_s, end, "popularity")
         return Demand(0.0, end, end, "none")
 
 
 def popularity_rate(hit_times_s: tuple[float, ...], now: float, window_s: float, burst_window_s: float,
-                    burst_min_hits: int = 1) -> float:
-    """Hit rate of a node (requests/s): the larger of the long-window and the burst-window rates, the latter only
-    from `burst_min_hits` hits in its window.
+                    min_hits: int = 1) -> float:
+    """Hit rate of a node (requests/s): the larger of the long-window and the burst-window rates, each only from
+    `min_hits` hits in its window.
 
     Args:
         hit_times_s: hit times, oldest first.
         now: current time, s.
         window_s: long window, s.
         burst_window_s: short window, s (catches a burst before the long rate does).
-        burst_min_hits: fewest hits in the short window for its rate to count.
+        min_hits: fewest hits in a window for its rate to count.
     Returns:
         requests/s.
     """
-    i_long = bisect.bisect_left(hit_times_s, now - window_s)
-    i_short = bisect.bisect_left(hit_times_s, now - burst_window_s)
     n = len(hit_times_s)
-    k = n - i_short
-    return max((n - i_long) / window_s, k / burst_window_s if k >= burst_min_hits else 0.0)
+    k_long = n - bisect.bisect_left(hit_times_s, now - window_s)
+    k_short = n - bisect.bisect_left(hit_times_s, now - burst_window_s)
+    return max(k_long / window_s if k_long >= min_hits else 0.0,
+               k_short / burst_window_s if k_short >= min_hits else 0.0)

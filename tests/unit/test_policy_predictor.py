@@ -112,17 +112,19 @@ def test_tracker_reports_a_silent_session_for_demotion_once_per_finish():
     assert [n.node_id for n in t.prune(15.0, demote_p=0.5, demote_horizon_s=50.0)] == [2]
 
 
-def test_a_burst_rate_needs_three_hits_in_its_window():
+def test_a_popularity_rate_needs_three_hits_in_its_window():
     """Two hits within 3 s once predicted 20 requests in a 30 s horizon (2 / 3 s x 30 s); live, 19 of 342 such
-    predicted requests came. Now the burst window's rate counts from 3 hits; below, the 30 s window's rate."""
+    predicted requests came, and two hits within 30 s made most of the live planner's first bets, none used. Now a
+    window's rate counts from 3 hits in it."""
     def demand(hits, cfg=PredictorConfig()):
         node = PrefixView(node_id=1, token_len=64, holders=(), recent_hit_times_s=tuple(hits))
         one = DemandPredictor(cfg).predict(node, 100.0, 30.0)
         assert DemandPredictor(cfg).predict_all([node], 100.0, 30.0) == [one]  # (the inline copy agrees)
         return one.expected_count
-    assert demand([98.5, 99.5]) == pytest.approx(2 / 30 * 30)  # 2 in 3 s: the long window's 2 / 30 s
+    assert demand([98.5, 99.5]) == 0.0  # 2 hits: not popular
+    assert demand([75.0, 98.5, 99.5]) == pytest.approx(3 / 30 * 30)  # 3 in 30 s (2 in 3 s): the long window's
     assert demand([98.0, 99.0, 99.5]) == pytest.approx(3 / 3 * 30)  # 3 in 3 s: a burst, 1 / s
-    assert demand([98.5, 99.5], PredictorConfig(burst_min_hits=1)) == pytest.approx(2 / 3 * 30)  # the rule before
+    assert demand([98.5, 99.5], PredictorConfig(min_hits=1)) == pytest.approx(2 / 3 * 30)  # the rule before
     assert demand([80.0 + i for i in range(10)]) == pytest.approx(10 / 30 * 30)  # old hits: the long window
-    with pytest.raises(ValueError, match="burst_min_hits"):
-        PredictorConfig(burst_min_hits=0)
+    with pytest.raises(ValueError, match="min_hits"):
+        PredictorConfig(min_hits=0)
