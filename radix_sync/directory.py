@@ -146,7 +146,8 @@ class PrefixDirectory:
 
     # ------------------------------------------------------------------------------------------ mutation (facts)
     def verify_blocks(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
-                      page_size: int, vocab_size: int = 0, max_new: Optional[int] = None
+                      page_size: int, vocab_size: int = 0, max_new: Optional[int] = None,
+                      other_parents: Optional[Callable[[int], Optional[bytes]]] = None
                       ) -> tuple[list[Block], list[str]]:
         """The blocks a worker reports, each checked against its tokens before anything is recorded.
 
@@ -154,6 +155,8 @@ class PrefixDirectory:
         hash is SHA-256 of its parent's digest (or the namespace's seed at the root) and its tokens: the parent must
         be a page this worker holds (or one accepted earlier in `blocks`), in the same namespace. A refused page
         refuses its descendants in `blocks`. At most `max_new` pages the worker does not hold yet are accepted.
+        `other_parents(hash)`: the digest of a parent the worker holds verified elsewhere (its host tier: in this
+        namespace), or None.
 
         Returns:
             (the accepted blocks with their digests, for `add_pages`; one reason per refused page).
@@ -177,11 +180,12 @@ class PrefixDirectory:
                 prior = digests[parent_hash]
             else:
                 parent = self._nodes.get(parent_hash)
-                if parent is None or parent_hash not in held or not parent.digest or parent.namespace != namespace:
+                if parent is not None and parent_hash in held and parent.digest and parent.namespace == namespace:
+                    prior = parent.digest
+                elif other_parents is None or (prior := other_parents(parent_hash)) is None:
                     errors.append(f"page {block_hash}: parent {parent_hash} is not a verified page of {worker_id} "
                                   f"in this namespace")
                     continue
-                prior = parent.digest
             try:
                 packed = pack_page(token_ids)
             except ValueError as exc:
@@ -298,9 +302,13 @@ class PrefixDirectory:
 
     def add_host_pages(self, worker_id: str, namespace: str, blocks: Iterable[tuple[int, Optional[int], list[int]]],
                        page_size: int, vocab_size: int = 0, max_new: Optional[int] = None) -> tuple[int, list[str]]:
-        """`HostTierIndex.verify_and_add` of the worker's host-tier pages against this directory's device pages."""
-        return self.host.verify_and_add(worker_id, namespace, blocks, page_size, self._nodes,
-                                        self._by_worker.get(worker_id, set()), vocab_size, max_new)
+        """Records the worker's host-tier pages that check out as a device page does (`verify_blocks`, a parent on
+        its device or in its host tier), at most `max_new` it does not hold there yet (`HostTierIndex.add`).
+        Returns: (pages newly held, one reason per refused page)."""
+        accepted, errors = self.verify_blocks(worker_id, namespace, blocks, page_size, vocab_size,
+                                              other_parents=lambda h: self.host.digest(worker_id, namespace, h))
+        added, refused = self.host.add(worker_id, namespace, accepted, max_new)
+        return added, errors + refused
 
     # ------------------------------------------------------------------------------------------------- queries
     def feed_since(self, epoch: str, seq: int, limit: int = 200_000, tiers: bool = False) -> dict:

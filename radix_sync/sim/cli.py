@@ -149,9 +149,8 @@ def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
                         shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
                         tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt,
                         view_staleness_s=args.view_staleness_s, hint_jitter=args.hint_jitter,
-                        endpoint_wait=args.endpoint_wait, host_tier_ratio=getattr(args, "host_tier", 0.0),
-                        host_load_bytes_per_s=getattr(args, "host_gbytes_s", 25.0) * 1e9,
-                        host_tier_priced=not getattr(args, "host_tier_unpriced", False))
+                        endpoint_wait=args.endpoint_wait, host_tier_ratio=args.host_tier,
+                        host_load_bytes_per_s=args.host_gbytes_s * 1e9, host_tier_priced=not args.host_tier_unpriced)
 
 
 def build_workload(args: argparse.Namespace, max_context_len: int) -> Workload:

@@ -45,7 +45,7 @@ def test_host_pages_are_checked_as_device_pages_are():
                                  PS)
     assert "not a verified page of w in this namespace" in errors[0]
     _, errors = d.add_host_pages("x", "", blocks(), PS, vocab_size=12)
-    assert "vocabulary" in errors[0]
+    assert ">= vocab_size 12" in errors[0]
     added, errors = d.add_host_pages("y", "", blocks(), PS, max_new=2)  # a cap
     assert added == 2 and "cap of host pages" in errors[0]
     # the device evicts page 1 (the host tier keeps it); the host tier evicts page 3; dropping the worker takes all

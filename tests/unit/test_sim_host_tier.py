@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from radix_sync.integrity import IntegrityError
-from radix_sync.policy.cost import CostModel, CostProfile, load_profile
+from radix_sync.policy.cost import CostModel, load_profile
 from radix_sync.policy.routers import make_router
 from radix_sync.policy.snapshot import RequestView, WorkerView
 from radix_sync.sim.cache import Directory, HostTier, WorkerCache
@@ -16,6 +16,9 @@ from radix_sync.sim.engine import Engine
 from radix_sync.sim.generators import AgentWorkload, GeneratorConfig
 from radix_sync.sim.policies import build_policy
 from radix_sync.sim.workload import SimRequest, Workload
+# 10 ms per prompt token, no attention term, no overhead, 1 byte of KV per token; links 1000 and 2000 B/s
+from tests.unit.test_policy_planner import PROFILE as PLANNER_PROFILE
+from tests.unit.test_policy_routers import PROFILE as ROUTER_PROFILE
 
 H200 = load_profile("llama3.1-8b-h200")
 
@@ -108,27 +111,19 @@ def test_agent_sessions_on_a_small_pool_load_back_and_keep_every_invariant():
     assert out[2.0]["prefix_hit_rate"] > out[0.0]["prefix_hit_rate"]
 
 
-# 10 ms per prompt token, no attention term, no overhead; 1 byte of KV per token.
-TINY = CostProfile(name="t", kv_bytes_per_token=1, kv_capacity_tokens=10_000, max_context_len=10_000,
-                   chunked_prefill_len=10_000, max_running_requests=64, prefill_overhead_s=0.0,
-                   prefill_s_per_token=0.01, prefill_s_per_token_pair=0.0, decode_step_s=0.01,
-                   decode_s_per_request=0.0, decode_s_per_ctx_token=0.0, nic_bandwidth_bytes_per_s=2000.0,
-                   transfer_latency_s=0.0)
-
-
 def test_the_expected_ttft_router_prices_a_host_tier_hit_at_its_load_rate():
     ws = tuple(WorkerView(i, nic_bandwidth_bytes_per_s=2000.0, free_tokens=10_000) for i in range(2))
     view = RequestView(0, 100, 1, 0, list(range(100)), (0, 0), (), "", (80, 0))
-    priced = make_router("expected_ttft", cost=CostModel(TINY), page_len=1, kv_bytes_per_token=1,
+    priced = make_router("expected_ttft", cost=CostModel(ROUTER_PROFILE), page_len=1, kv_bytes_per_token=1,
                          host_load_bytes_per_s=100.0)
     opts = priced.options(view, ws, 0.0)
     assert opts[0].expected_ttft_s == pytest.approx(80 / 100.0 + 20 * 0.01)  # load 80 tokens, compute 20
     assert opts[1].expected_ttft_s == pytest.approx(100 * 0.01)
     assert priced.route(view, ws, 0.0).worker_id == 0
-    slow = make_router("expected_ttft", cost=CostModel(TINY), page_len=1, kv_bytes_per_token=1,
+    slow = make_router("expected_ttft", cost=CostModel(ROUTER_PROFILE), page_len=1, kv_bytes_per_token=1,
                        host_load_bytes_per_s=10.0)  # loading 80 tokens (8 s) costs more than computing them
     assert slow.options(view, ws, 0.0)[0].expected_ttft_s == pytest.approx(8.0 + 0.2)
-    unpriced = make_router("expected_ttft", cost=CostModel(TINY), page_len=1, kv_bytes_per_token=1)
+    unpriced = make_router("expected_ttft", cost=CostModel(ROUTER_PROFILE), page_len=1, kv_bytes_per_token=1)
     assert [o.expected_ttft_s for o in unpriced.options(view, ws, 0.0)] == pytest.approx([1.0, 1.0])
 
 
@@ -148,12 +143,9 @@ def hinted_snapshot(budget: int):
 def tier_planner(host_rate: float, **kw):
     from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
     from radix_sync.policy.predictor import DemandPredictor
-    p = KvrepPlanner(CostModel(TINY_1000), DemandPredictor(), PlannerConfig(allow_pull=False, **kw))
+    p = KvrepPlanner(CostModel(PLANNER_PROFILE), DemandPredictor(), PlannerConfig(allow_pull=False, **kw))
     p.host_load_bytes_per_s = host_rate
     return p
-
-
-TINY_1000 = dataclasses.replace(TINY, nic_bandwidth_bytes_per_s=1000.0)
 
 
 def test_the_planner_copies_into_the_host_tier_where_the_device_budget_refuses():
