@@ -303,6 +303,8 @@ class CoordinatorLink:
                 msg = {"epoch": feed.epoch, "seq": feed.seq, "head": feed.head}
                 if feed.snapshot is not api.UNSET:
                     msg["snapshot"] = feed.snapshot
+                    if feed.host_snapshot is not api.UNSET:
+                        msg["host_snapshot"] = feed.host_snapshot
                 else:
                     msg["changes"] = [] if feed.changes is api.UNSET else feed.changes
                 replica.apply(msg)

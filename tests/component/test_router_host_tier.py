@@ -32,7 +32,7 @@ def test_a_router_told_of_host_tiers_sends_a_prompt_to_the_worker_that_has_it_in
     priced = Router(tmp_path, keys, coordinator=coord, workers=(a.url, b.url), name="router-priced",
                     extra_args=(*common, "--host-load-gbytes-s", "25"))
     plain = Router(tmp_path, keys, coordinator=coord, workers=(a.url, b.url), name="router-plain", extra_args=common)
-    agents = []
+    agents, started = [], []
     try:
         coord.wait_ready()
         agents = [Agent(coord, "wA", a.url), Agent(coord, "wB", b.url)]
@@ -58,6 +58,15 @@ def test_a_router_told_of_host_tiers_sends_a_prompt_to_the_worker_that_has_it_in
         # which answers device matches only: unpriced, to B; so the priced router is asked until it routes to A
         wait_until(lambda: routes(priced, a.url), what="the pricing router sending the prompt to A")
         assert priced.status()["coordinator"]["directory_replica"]["host_pages"] == 4
+        # a router started after the pages were stored learns them from its first answer, a snapshot
+        late = Router(tmp_path, keys, coordinator=coord, workers=(a.url, b.url), name="router-late",
+                      extra_args=(*common, "--host-load-gbytes-s", "25"))
+        started.append(late)
+        wait_until(lambda: ready(late.url), what="router-late up")
+        wait_until(lambda: mirror_synced(coord, late), what="router-late's mirror in sync")
+        mirror = late.status()["coordinator"]["directory_replica"]
+        assert mirror["snapshots"] >= 1 and mirror["changes"] == 0 and mirror["host_pages"] == 4, mirror
+        wait_until(lambda: routes(late, a.url), what="the late router sending the prompt to A")
         directory = []  # the other router, on its decisions from the directory, never sends it to A
 
         def plain_decided():
@@ -79,5 +88,5 @@ def test_a_router_told_of_host_tiers_sends_a_prompt_to_the_worker_that_has_it_in
     finally:
         for agent in agents:
             agent.close()
-        for proc in (priced, plain, a, b, coord):
+        for proc in (*started, priced, plain, a, b, coord):
             proc.stop(5)
