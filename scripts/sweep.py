@@ -103,7 +103,8 @@ def run_cell(cell: Cell, args: argparse.Namespace, policies: list[str], seeds: l
             r = Engine(truth, wl, build_policy(name, believed, wl.page_len, seed), ecfg).run().to_dict()
             wall = time.perf_counter() - t0
             figures = {"ttft_mean_s": r["ttft_s"]["mean"], "ttft_p50_s": r["ttft_s"]["p50"],
-                       "ttft_p99_s": r["ttft_s"]["p99"], "copies": r["replication"]["count"],
+                       "ttft_p99_s": r["ttft_s"]["p99"], "ttft_floor_mean_s": r["ttft_floor_s"]["mean"],
+                       "ttft_floor_p99_s": r["ttft_floor_s"]["p99"], "copies": r["replication"]["count"],
                        "num_requests": r["num_requests"], "wall_s": wall}
             for k, v in figures.items():
                 raw[name].setdefault(k, []).append(float(v))
@@ -132,6 +133,16 @@ def never_worse(res: dict, metric: str) -> str:
     return f"{ratio:.2f}x {verdict}"
 
 
+def reachable(res: dict, target: float = 0.7) -> str:
+    """Returns: `kvrep`'s P99 floor / `kvrep_pull`'s P99, and `no` where the floor is above `target` (no policy
+    could meet issue 16's "kvrep P99 <= 0.7x kvrep_pull" on these requests), `yes` otherwise; `n/a` without them."""
+    if "kvrep" not in res or "kvrep_pull" not in res or "ttft_floor_p99_s" not in res["kvrep"]:
+        return "n/a"
+    ref = res["kvrep_pull"]["ttft_p99_s"]["mean"]
+    ratio = res["kvrep"]["ttft_floor_p99_s"]["mean"] / ref if ref > 0 else float("nan")
+    return f"{ratio:.2f}x {'no' if ratio > target else 'yes'}"
+
+
 def render(json_path: str) -> None:
     """Rewrites the markdown of a sweep from its JSON (same stem)."""
     data = json.loads(Path(json_path).read_text())
@@ -155,6 +166,16 @@ def markdown(sweep: str, command: str, rows: list[tuple[Cell, dict]], policies: 
         for cell, res in rows:
             out.append(f"| {cell.label} | " + " | ".join(fmt(res[p][metric]) for p in policies)
                        + f" | {never_worse(res, metric)} |")
+        out.append("")
+    if all("ttft_floor_p99_s" in res[p] for _, res in rows for p in policies):
+        out += ["## TTFT P99 floor", "", "`TtftFloor` (radix_sync/sim/metrics.py, proof there): no policy's P99 can be "
+                "below its own floor. `reachable 0.7x`: whether `kvrep`'s floor is <= 0.7x `kvrep_pull`'s P99 (issue 16's "
+                "target; `no`: `kvrep` could not meet it whatever it copied; every policy's floor is alike).", "",
+                "| cell | " + " | ".join(f"`{p}`" for p in policies) + " | reachable 0.7x |",
+                "|---" * (len(policies) + 2) + "|"]
+        for cell, res in rows:
+            out.append(f"| {cell.label} | " + " | ".join(fmt(res[p]["ttft_floor_p99_s"]) for p in policies)
+                       + f" | {reachable(res)} |")
         out.append("")
     out += ["## Copies per run, simulation wall time per run (s)", "",
             "| cell | " + " | ".join(f"`{p}`" for p in policies) + " |", "|---" * (len(policies) + 1) + "|"]

@@ -156,7 +156,7 @@ class Engine:
     # ---- requests ----
     def _arrive(self, req: SimRequest, now: float) -> None:
         req.arrival_s = now
-        self.stats.num_arrived += 1
+        self.stats.on_arrival(req)
         workers = self.workers
         cached: tuple = ()
         inflight: tuple = ()

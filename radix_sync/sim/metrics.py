@@ -33,6 +33,58 @@ def summarize(values: list[float]) -> dict:
     return {"mean": float(a.mean()), **{k: float(v) for (k, _), v in zip(QUANTILES, qs)}}
 
 
+class TtftFloor:
+    """A lower bound on each request's TTFT that no policy can beat in the simulator (`ttft_floor_s` of a result).
+
+    For a request r of P prompt tokens: m = the leading pages of r's prompt found among the pages of the requests
+    that arrived before it (strictly earlier: requests arriving together cannot use each other's prefill), s = min(m x page_len, P - 1) and n = P - s
+    (>= 1: the last token is always computed, as SGLang and the simulator do). With the profile's C =
+    `chunked_prefill_len`, o = `prefill_overhead_s`, a = `prefill_s_per_token`, b = `prefill_s_per_token_pair`:
+
+        TTFT(r) >= F(r) = ceil(n / C) * o + a * n + b * (n * s + n * (n + 1) / 2)
+
+    whatever the routing, copying, eviction or host tier. Proof:
+    1. When r arrives, no KV of r's positions >= s exists anywhere: a page's KV comes only from the prefill of a
+       request whose prompt contains it, no request that came before r contains page m + 1 of r's prefix, and the
+       last token is r's own to compute. So the tokens [s, P) are computed after r's arrival (by r, or by requests
+       that arrived no earlier than r).
+    2. Causal attention: position k needs the KV of every position < k, so those tokens are computed in pieces by
+       iterations one after the other (each starts after the previous one ended; a copy in between takes >= 0 s).
+       An iteration takes at most C tokens of one request, so there are >= ceil(n / C) of them, each lasting at
+       least o plus its piece (other requests' pieces and load-backs only lengthen it: `Worker._start`).
+    3. A piece of k tokens after c tokens of context costs a*k + b*(k*c + k*(k+1)/2) + a term >= 0
+       (`CostProfile.prefill_piece_s`); over consecutive pieces covering [s, P) the a and b parts sum to exactly
+       a*n + b*(n*s + n*(n+1)/2) (each new token attends to each earlier position once).
+    4. r's first token is out at the earliest when the iteration computing its last token ends.
+    Over the same requests, TTFT >= F one by one implies it for the mean and for every order statistic (and numpy's
+    interpolated percentiles): a run's TTFT mean, P50 and P99 are >= its `ttft_floor_s` ones. Counting a page as seen
+    when it was seen in another namespace or chain only lowers F, so the bound stays valid. Tested against every
+    policy: `tests/unit/test_sim_floor.py`.
+    """
+
+    def __init__(self, profile: CostProfile, page_len: int) -> None:
+        self.p = profile
+        self.page_len = page_len
+        self.seen: dict = {}
+        """Page -> the arrival time of the first request that had it."""
+        self.pending: dict[int, float] = {}
+
+    def on_arrival(self, req: "SimRequest") -> None:
+        m, pages, seen, now = 0, req.pages, self.seen, req.arrival_s
+        while m < len(pages) and seen.get(pages[m], now) < now:
+            m += 1
+        for page in pages[m:]:
+            seen.setdefault(page, now)
+        p = self.p
+        s = min(m * self.page_len, req.prompt_len - 1)
+        n = req.prompt_len - s
+        self.pending[req.rid] = (-(-n // p.chunked_prefill_len) * p.prefill_overhead_s + n * p.prefill_s_per_token
+                                 + (n * s + n * (n + 1) / 2.0) * p.prefill_s_per_token_pair)
+
+    def on_finish(self, req: "SimRequest") -> float:
+        return self.pending.pop(req.rid)
+
+
 class RunStats:
     """Accumulates one run's measurements; `to_dict` gives the result record."""
 
@@ -44,6 +96,9 @@ class RunStats:
         self.p = profile
         self.page_len = page_len
         self.ttft_s: list[float] = []
+        self.floor = TtftFloor(profile, page_len)
+        self.ttft_floor_s: list[float] = []
+        """`TtftFloor`'s bound of each request in `ttft_s`, in the same order."""
         self.tpot_s: list[float] = []
         self.num_arrived = 0
         self.num_rejected = 0
@@ -65,8 +120,13 @@ class RunStats:
         self.shadow_useful_bytes = 0
         self.num_workers = 0
 
+    def on_arrival(self, req: "SimRequest") -> None:
+        self.num_arrived += 1
+        self.floor.on_arrival(req)
+
     def on_finish(self, req: "SimRequest") -> None:
         self.ttft_s.append(req.first_token_s - req.arrival_s)
+        self.ttft_floor_s.append(self.floor.on_finish(req))
         if req.output_len > 1:
             self.tpot_s.append((req.finish_s - req.first_token_s) / (req.output_len - 1))
         if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
@@ -134,6 +194,7 @@ class RunStats:
             "num_arrived": self.num_arrived,
             "num_rejected": self.num_rejected,
             "ttft_s": summarize(self.ttft_s),
+            "ttft_floor_s": summarize(self.ttft_floor_s),
             "tpot_s": summarize(self.tpot_s),
             "throughput_rps": n / span if span > 0 else 0.0,
             "prefix_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
