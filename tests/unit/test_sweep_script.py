@@ -54,3 +54,53 @@ def test_quick_mode_writes_table_json_and_png(tmp_path):
     assert set(data["cells"][0]["results"]) == {"pull", "kvrep_pull", "kvrep"}
     assert data["cells"][0]["results"]["kvrep"]["ttft_mean_s"]["values"].__len__() == 2
     assert (tmp_path / "fanout-link.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def load_summary():
+    path = SCRIPT.parent / "sweep_summary.py"
+    spec = importlib.util.spec_from_file_location("sweep_summary", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cell(p50, p99, mean=0.5, floor=None):
+    out = {"ttft_mean_s": {"mean": mean, "ci95": 0.0}, "ttft_p50_s": {"mean": p50, "ci95": 0.0},
+           "ttft_p99_s": {"mean": p99, "ci95": 0.0}, "copies": {"mean": 3.0, "ci95": 0.0}}
+    if floor is not None:
+        out["ttft_floor_p99_s"] = {"mean": floor, "ci95": 0.0}
+    return out
+
+
+def test_summary_verdicts_pays_inert_not_asked_and_unreachable():
+    su = load_summary()
+    # best baseline: cache_aware (P99 4.0, P50 1.0: 4x, the load condition holds); kvrep_pull P99 2.0
+    res = {"pull": cell(1.0, 5.0), "cache_aware": cell(1.0, 4.0), "kvrep_pull": cell(0.5, 2.0),
+           "kvrep": cell(0.2, 1.4, floor=0.5)}
+    assert su.verdict("targets-flash-crowd-load", res, "cache_aware", 23.75) == "pays: met"  # 1.4 <= 1.4, <= 2.0
+    res["kvrep"] = cell(0.2, 1.5, floor=0.5)
+    assert su.verdict("fanout-load", res, "cache_aware", 23.75) == "pays: NOT met"
+    res["kvrep"] = cell(0.2, 1.9, floor=1.6)  # floor 1.6 > 0.7 x 2.0: no policy's copies could meet it
+    assert su.verdict("fanout-load", res, "cache_aware", 23.75) == (
+        "pays: NOT met, unreachable (floor 0.80x `kvrep_pull`, 0.40x best)")
+    assert su.verdict("fanout-link", res, "cache_aware", 6.0) == "pays: not asked (link < 12 GB/s)"
+    res["cache_aware"] = cell(2.0, 4.0)
+    assert su.verdict("fanout-load", res, "cache_aware", 23.75) == "pays: not asked (best P99 < 3x P50)"
+    # inert: within +2% of the best baseline on mean and P99
+    res = {"pull": cell(1.0, 2.0, mean=1.0), "kvrep_pull": cell(1.0, 2.0), "kvrep": cell(1.0, 2.04, mean=1.02)}
+    assert su.verdict("targets-mooncake-staleness", res, "pull", 23.75) == "inert: met"
+    res["kvrep"] = cell(1.0, 2.05, mean=1.0)
+    assert su.verdict("targets-no-sharing-load", res, "pull", 23.75) == "inert: NOT met"
+    assert su.verdict("agent-load", res, "pull", 23.75) == ""
+
+
+def test_summary_rows_from_a_sweeps_json(tmp_path):
+    su = load_summary()
+    res = {"pull": cell(1.0, 5.0), "cache_aware": cell(1.0, 4.0), "kvrep_pull": cell(0.5, 2.0),
+           "kvrep_pull_demote": cell(0.5, 2.0), "kvrep": cell(0.2, 1.4, floor=0.5)}
+    path = tmp_path / "fanout-load.json"
+    path.write_text(json.dumps({"command": "x", "sweep": "load", "seeds": [1], "cells": [
+        {"cell": {"label": "rate 40", "nic_gbytes_s": None}, "results": res}]}))
+    [row] = su.rows(str(path))
+    assert row.startswith("| fanout-load rate 40 | `cache_aware` 0.500 / 4.000 (4.0x) | - | 0.500 / 2.000 |")
+    assert "| 0.500 | 1.00x met / 0.70x met | 0.70x / 0.35x | pays: met | 3 |" in row
