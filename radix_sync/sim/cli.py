@@ -242,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"demotion gate of {rec['policy']}: {'open' if g['open'] else 'closed'} at the end, moved sessions "
                   f"came back {g['returned']} of {g['returned'] + g['moved_on']} controls (rate {g['return_rate']}); "
                   f"{g['sent']} of {g['decided']} demotions sent")
+        f = rec["ttft_floor_s"]
+        print(f"TTFT floor of {rec['policy']} (TtftFloor: no policy can go below it on these requests): mean "
+              f"{f['mean']:.3f} s, P99 {f['p99']:.3f} s")
         if rec.get("host_hit_rate"):
             print(f"host tier of {rec['policy']}: {100 * rec['host_hit_rate']:.1f}% of prompt tokens loaded back")
         if "copy_use" in rec:

@@ -15,6 +15,7 @@ METRICS: dict[str, Callable[[dict], float]] = {
     "ttft_p50_s": lambda r: r["ttft_s"]["p50"],
     "ttft_p90_s": lambda r: r["ttft_s"]["p90"],
     "ttft_p99_s": lambda r: r["ttft_s"]["p99"],
+    "ttft_floor_p99_s": lambda r: r.get("ttft_floor_s", {}).get("p99", math.nan),
     "tpot_p50_s": lambda r: r["tpot_s"]["p50"],
     "num_requests": lambda r: r["num_requests"],
     "throughput_rps": lambda r: r["throughput_rps"],
@@ -63,11 +64,12 @@ def summarize_seeds(runs: dict[int, list[dict]]) -> dict[str, dict[str, dict]]:
 def format_seed_table(summary: dict[str, dict[str, dict]], num_seeds: int) -> str:
     """Returns: a fixed-width table, one row per policy, each figure as mean +- 95% CI half-width."""
     cols = (("ttft mean", "ttft_mean_s", 1.0, 3), ("p50", "ttft_p50_s", 1.0, 3), ("p90", "ttft_p90_s", 1.0, 3),
-            ("p99", "ttft_p99_s", 1.0, 3), ("tpot p50 ms", "tpot_p50_s", 1e3, 1), ("hit%", "prefix_hit_rate", 100.0, 1),
+            ("p99", "ttft_p99_s", 1.0, 3), ("p99 floor", "ttft_floor_p99_s", 1.0, 3), ("tpot p50 ms", "tpot_p50_s", 1e3, 1), ("hit%", "prefix_hit_rate", 100.0, 1),
             ("copies", "copies", 1.0, 0), ("GB", "copy_gbytes", 1.0, 1))
     width = 16
     head = f"{'policy':<18}" + "".join(f"{c[0]:>{width}}" for c in cols)
-    lines = [f"{num_seeds} seeds: mean +- 95% CI (t-distribution)", head, "-" * len(head)]
+    lines = [f"{num_seeds} seeds: mean +- 95% CI (t-distribution); p99 floor: no policy's P99 can be below it "
+             "(TtftFloor)", head, "-" * len(head)]
     for name, m in summary.items():
         cells = []
         for _, key, scale, digits in cols:
