@@ -91,7 +91,7 @@ def test_summary_verdicts_pays_inert_not_asked_and_unreachable():
     assert su.verdict("targets-mooncake-staleness", res, "pull", 23.75) == "inert: met"
     res["kvrep"] = cell(1.0, 2.05, mean=1.0)
     assert su.verdict("targets-no-sharing-load", res, "pull", 23.75) == "inert: NOT met"
-    assert su.verdict("agent-load", res, "pull", 23.75) == ""
+    assert su.verdict("agent-load", res, "pull", 23.75) == "never worse only"
 
 
 def test_summary_rows_from_a_sweeps_json(tmp_path):
