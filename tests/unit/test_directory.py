@@ -1,7 +1,7 @@
 import pytest
 
 from radix_sync.directory import OWNER, REPLICA, PrefixDirectory
-from radix_sync.hashing import page_hashes
+from radix_sync.hashing import page_digests, page_hashes
 
 
 def chain(tokens, ps=4, ns=""):
@@ -102,6 +102,11 @@ def test_verify_blocks_accepts_only_pages_whose_hash_is_their_tokens(d):
     # ids at or over the vocabulary
     big = chain([1, 2, 3, 500])
     assert "vocab_size 500" in d.verify_blocks("a", "", big, 4, vocab_size=500)[1][0]
+    # ids outside uint32 (what SGLang hashes as uint32 cannot hold them)
+    assert "must be uint32" in d.verify_blocks("c", "", [(good[0][0], None, [0, 1, 2, 2**32])], 4)[1][0]
+    assert "must be uint32" in d.verify_blocks("c", "", [(good[0][0], None, [0, 1, -2, 3])], 4)[1][0]
+    # the kept digests are the chain's own (`page_digests`), page by page
+    assert [b[3] for b in d.verify_blocks("c", "", good, 4)[0]] == page_digests(toks, 4)
     # the cap on new pages
     accepted, errors = d.verify_blocks("b", "", good, 4, max_new=2)
     assert len(accepted) == 2 and len(errors) == 2 and "cap" in errors[0]
