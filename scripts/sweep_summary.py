@@ -4,7 +4,8 @@
 
 Per cell: the best faithful baseline (lowest mean P99 of `pull`, `cache_aware`, `precise`, `cost`, `sticky`,
 `cache_aware_v03`, `e2`, `round_robin` among those run) and its P99/P50; the ablation rows; `kvrep`'s P99 floor
-(`TtftFloor`: no policy's P99 goes below its own); never worse (`sweep.never_worse`, mean / P99); and the verdict
+(`TtftFloor`: no policy's P99 goes below its own); never worse (`sweep.never_worse`, mean / P99); the share of
+`kvrep_pull`'s P99 excess over that floor which `kvrep` removes (`closed`); and the verdict
 on the target that applies to the cell's workload:
 - `pays` (fan-out, flash-crowd, resume-burst, multi-candidate): `kvrep` P99 <= 0.7x `kvrep_pull` and <= 0.5x the
   best baseline, asked only at links >= 12 GB/s and where the best baseline's P99 >= 3x its P50 (`no load`
@@ -57,6 +58,17 @@ def verdict(workload: str, res: dict, best: str, nic_gbytes_s: float) -> str:
     return "pays: NOT met"
 
 
+def closed(res: dict) -> str:
+    """Returns: the share of the P99 gap between `kvrep_pull` and `kvrep`'s floor that `kvrep` closes, (pull - kvrep)
+    / (pull - floor): 100% is the floor reached, 0% no better than reacting, negative worse; `-` without a floor
+    or where `kvrep_pull` is within 2% of it (nothing left to close)."""
+    floor = res["kvrep"].get("ttft_floor_p99_s", {}).get("mean")
+    pull, p99 = mean(res, "kvrep_pull", "ttft_p99_s"), mean(res, "kvrep", "ttft_p99_s")
+    if floor is None or pull <= 1.02 * floor:
+        return "-"
+    return f"{100 * (pull - p99) / (pull - floor):.0f}%"
+
+
 def rows(path: str, profile_nic_gbytes_s: float = 23.75) -> list[str]:
     """Returns: the markdown rows of one sweep's JSON."""
     sw = _sweep_module()
@@ -80,12 +92,13 @@ def rows(path: str, profile_nic_gbytes_s: float = 23.75) -> list[str]:
             + f" | {sw.never_worse(res, 'ttft_mean_s')} / {sw.never_worse(res, 'ttft_p99_s')}"
             + f" | {mean(res, 'kvrep', 'ttft_p99_s') / mean(res, 'kvrep_pull', 'ttft_p99_s'):.2f}x / "
             + f"{mean(res, 'kvrep', 'ttft_p99_s') / mean(res, best, 'ttft_p99_s'):.2f}x"
-            + f" | {verdict(workload, res, best, nic)} | {res['kvrep']['copies']['mean']:.0f} |")
+            + f" | {closed(res)} | {verdict(workload, res, best, nic)} | {res['kvrep']['copies']['mean']:.0f} |")
     return out
 
 
 HEADER = ("| cell | best faithful baseline, mean / P99 (P99/P50) | `kvrep_route` | `kvrep_pull` | `kvrep_pull_demote` "
-          "| `kvrep` | `kvrep` P99 floor | never worse, mean / P99 | `kvrep` P99 vs `kvrep_pull` / vs best | target "
+          "| `kvrep` | `kvrep` P99 floor | never worse, mean / P99 | `kvrep` P99 vs `kvrep_pull` / vs best "
+          "| P99 gap to the floor closed | target "
           "| `kvrep` copies |")
 
 

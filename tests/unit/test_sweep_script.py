@@ -103,4 +103,6 @@ def test_summary_rows_from_a_sweeps_json(tmp_path):
         {"cell": {"label": "rate 40", "nic_gbytes_s": None}, "results": res}]}))
     [row] = su.rows(str(path))
     assert row.startswith("| fanout-load rate 40 | `cache_aware` 0.500 / 4.000 (4.0x) | - | 0.500 / 2.000 |")
-    assert "| 0.500 | 1.00x met / 0.70x met | 0.70x / 0.35x | pays: met | 3 |" in row
+    assert "| 0.500 | 1.00x met / 0.70x met | 0.70x / 0.35x | 40% | pays: met | 3 |" in row  # (2.0-1.4)/(2.0-0.5)
+    assert su.closed({"kvrep_pull": cell(0.5, 1.0), "kvrep": cell(0.5, 1.0, floor=0.99)}) == "-"
+    assert su.closed({"kvrep_pull": cell(0.5, 2.0), "kvrep": cell(0.5, 2.5, floor=1.0)}) == "-50%"
