@@ -1,0 +1,41 @@
+"""`scripts/live_tail.py`: a live arm's P99 tail by kind, on hand-made bench rows."""
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "live_tail.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("live_tail", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def q(session, sent, prompt, cached, ttft, error=None):
+    return {"key": f"{session}:{prompt}:x:y", "sent_s": sent, "prompt_tokens": prompt, "cached_tokens": cached,
+            "ttft_s": ttft, "error": error}
+
+
+def test_kinds_follow_each_session_in_send_order():
+    lt = load()
+    reqs = [q(2, 3.0, 1000, 0, 0.5), q(1, 1.0, 500, 0, 0.3), q(1, 2.0, 800, 448, 0.2),  # 448 >= 500 - 64: cached
+            q(1, 4.0, 1200, 100, 0.9), q(2, 5.0, 1100, 0, 1.0, error="boom")]
+    assert lt.kinds(reqs) == [(0.3, "first turn", 500), (0.2, "history cached", 352), (0.5, "first turn", 1000),
+                              (0.9, "history lost", 1100)]
+
+
+def test_report_pools_the_rounds_of_an_arm(tmp_path):
+    lt = load()
+    rows = [{"workload": "agent", "arm": "active", "requests": [q(1, 1.0, 500, 0, 2.0), q(1, 2.0, 800, 500, 0.1)]},
+            {"workload": "agent", "arm": "active", "requests": [q(1, 1.0, 500, 0, 0.1), q(1, 2.0, 800, 0, 1.9)]}]
+    [line] = lt.report({"rows": rows})
+    # TTFTs 0.1, 0.1, 1.9, 2.0: P99 = 2.0; >= 1.8: the first turn (2.0) and the lost history (1.9)
+    assert line == ("agent active: 4 requests, P99 2.000 s; 2 >= 0.9 x P99: first turn 1 (new 500 tokens), "
+                    "history lost 1 (new 800 tokens); of all: 2 first turns, 1 histories cached, 1 lost")
+    path = tmp_path / "run.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"rows": rows}, f)
+    assert lt.main([str(path)]) == 0 and lt.main([]) == 2
