@@ -34,8 +34,19 @@ def test_report_pools_the_rounds_of_an_arm(tmp_path):
     [line] = lt.report({"rows": rows})
     # TTFTs 0.1, 0.1, 1.9, 2.0: P99 = 2.0; >= 1.8: the first turn (2.0) and the lost history (1.9)
     assert line == ("agent active: 4 requests, P99 2.000 s; 2 >= 0.9 x P99: first turn 1 (new 500 tokens), "
-                    "history lost 1 (new 800 tokens); of all: 2 first turns, 1 histories cached, 1 lost")
+                    "history lost 1 (new 800 tokens); of all: first turn 2, history cached 1, history lost 1")
     path = tmp_path / "run.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"rows": rows}, f)
     assert lt.main([str(path)]) == 0 and lt.main([]) == 2
+
+
+def test_the_routers_decisions_tell_where_a_lost_history_was():
+    lt = load()
+    reqs = [q(1, 1.0, 500, 0, 0.3), q(1, 2.0, 800, 0, 0.9), q(2, 2.5, 300, 0, 0.2), q(2, 3.0, 700, 0, 0.8)]
+    decisions = [{"time_s": 10.0, "prompt_len": 500, "cached_by_worker": [0, 0]},
+                 {"time_s": 11.0, "prompt_len": 800, "cached_by_worker": [0, 480]},  # worker 1 had it: sent away
+                 {"time_s": 11.5, "prompt_len": 300, "cached_by_worker": [0, 0]},
+                 {"time_s": 12.0, "prompt_len": 700, "cached_by_worker": [200, 0]}]  # nobody had 300 - 64
+    assert [k for _, k, _ in lt.kinds(reqs, decisions)] == ["first turn", "history elsewhere", "first turn",
+                                                            "history nowhere"]
