@@ -169,8 +169,9 @@ def markdown(sweep: str, command: str, rows: list[tuple[Cell, dict]], policies: 
         out.append("")
     if all("ttft_floor_p99_s" in res[p] for _, res in rows for p in policies):
         out += ["## TTFT P99 floor", "", "`TtftFloor` (radix_sync/sim/metrics.py, proof there): no policy's P99 can be "
-                "below its own floor. `reachable 0.7x`: whether `kvrep`'s floor is <= 0.7x `kvrep_pull`'s P99 (issue 16's "
-                "target; `no`: `kvrep` could not meet it whatever it copied; every policy's floor is alike).", "",
+                "below its own floor. `reachable 0.7x`: whether `kvrep`'s floor is <= 0.7x `kvrep_pull`'s P99 "
+                "(issue 16's target; `no`: `kvrep` could not meet it whatever it copied; every policy's floor is "
+                "alike).", "",
                 "| cell | " + " | ".join(f"`{p}`" for p in policies) + " | reachable 0.7x |",
                 "|---" * (len(policies) + 2) + "|"]
         for cell, res in rows:

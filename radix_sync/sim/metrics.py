@@ -37,8 +37,9 @@ class TtftFloor:
     """A lower bound on each request's TTFT that no policy can beat in the simulator (`ttft_floor_s` of a result).
 
     For a request r of P prompt tokens: m = the leading pages of r's prompt found among the pages of the requests
-    that arrived before it (strictly earlier: requests arriving together cannot use each other's prefill), s = min(m x page_len, P - 1) and n = P - s
-    (>= 1: the last token is always computed, as SGLang and the simulator do). With the profile's C =
+    that arrived before it (strictly earlier: requests arriving together cannot use each other's prefill),
+    s = min(m x page_len, P - 1) and n = P - s (>= 1: the last token is always computed, as SGLang and the simulator
+    do). With the profile's C =
     `chunked_prefill_len`, o = `prefill_overhead_s`, a = `prefill_s_per_token`, b = `prefill_s_per_token_pair`:
 
         TTFT(r) >= F(r) = ceil(n / C) * o + a * n + b * (n * s + n * (n + 1) / 2)

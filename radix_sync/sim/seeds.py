@@ -64,7 +64,8 @@ def summarize_seeds(runs: dict[int, list[dict]]) -> dict[str, dict[str, dict]]:
 def format_seed_table(summary: dict[str, dict[str, dict]], num_seeds: int) -> str:
     """Returns: a fixed-width table, one row per policy, each figure as mean +- 95% CI half-width."""
     cols = (("ttft mean", "ttft_mean_s", 1.0, 3), ("p50", "ttft_p50_s", 1.0, 3), ("p90", "ttft_p90_s", 1.0, 3),
-            ("p99", "ttft_p99_s", 1.0, 3), ("p99 floor", "ttft_floor_p99_s", 1.0, 3), ("tpot p50 ms", "tpot_p50_s", 1e3, 1), ("hit%", "prefix_hit_rate", 100.0, 1),
+            ("p99", "ttft_p99_s", 1.0, 3), ("p99 floor", "ttft_floor_p99_s", 1.0, 3),
+            ("tpot p50 ms", "tpot_p50_s", 1e3, 1), ("hit%", "prefix_hit_rate", 100.0, 1),
             ("copies", "copies", 1.0, 0), ("GB", "copy_gbytes", 1.0, 1))
     width = 16
     head = f"{'policy':<18}" + "".join(f"{c[0]:>{width}}" for c in cols)
