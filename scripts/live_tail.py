@@ -6,7 +6,8 @@ over a cell's rounds; the live counterpart of `scripts/sim_tail.py`.
 A request is its session's first turn (the first of its session in the round: its history is new, no policy could
 have it cached unless another session shares it), a follow-up whose previous prompt was still cached where it ran
 ("history cached": cached tokens >= that prompt less one page), or a follow-up that found less (with the
-router's decisions: "history elsewhere", another worker had it when the request was routed; "history nowhere",
+router's decisions: "history missed where sent", the worker it was sent to had it by the directory when it was
+routed; "history elsewhere", only another worker had it; "history nowhere",
 none had it: evicted, or the prompt does not extend the previous one; "history lost" where no decision matches).
 The session is the first field of each request's `key`. Per arm: the tail's kinds with their mean new (uncached)
 tokens, and the kinds of all requests.
@@ -19,9 +20,16 @@ import json
 import statistics
 import sys
 
-KINDS = ("first turn", "history cached", "history elsewhere", "history nowhere", "history lost")
+KINDS = ("first turn", "history cached", "history missed where sent", "history elsewhere", "history nowhere",
+         "history lost")
 PAGE_TOKENS = 64
 """Slack for "history cached": a follow-up's cache may stop up to a page short of its previous prompt."""
+
+
+def _cached_at(decision: dict, worker) -> int:
+    """Returns: the tokens the router's directory said `worker` had cached for the request (0 if not ranked)."""
+    ranked, cached = decision.get("ranked") or [], decision.get("cached_by_worker") or []
+    return cached[ranked.index(worker)] if worker in ranked and ranked.index(worker) < len(cached) else 0
 
 
 def kinds(requests: list[dict], decisions: list[dict] = ()) -> list[tuple[float, str, int]]:
@@ -46,6 +54,8 @@ def kinds(requests: list[dict], decisions: list[dict] = ()) -> list[tuple[float,
             kind = "history cached"
         elif decision is None:
             kind = "history lost"
+        elif _cached_at(decision, decision.get("worker")) >= prev - PAGE_TOKENS:
+            kind = "history missed where sent"
         elif max(decision.get("cached_by_worker") or [0]) >= prev - PAGE_TOKENS:
             kind = "history elsewhere"
         else:

@@ -43,10 +43,13 @@ def test_report_pools_the_rounds_of_an_arm(tmp_path):
 
 def test_the_routers_decisions_tell_where_a_lost_history_was():
     lt = load()
-    reqs = [q(1, 1.0, 500, 0, 0.3), q(1, 2.0, 800, 0, 0.9), q(2, 2.5, 300, 0, 0.2), q(2, 3.0, 700, 0, 0.8)]
-    decisions = [{"time_s": 10.0, "prompt_len": 500, "cached_by_worker": [0, 0]},
-                 {"time_s": 11.0, "prompt_len": 800, "cached_by_worker": [0, 480]},  # worker 1 had it: sent away
-                 {"time_s": 11.5, "prompt_len": 300, "cached_by_worker": [0, 0]},
-                 {"time_s": 12.0, "prompt_len": 700, "cached_by_worker": [200, 0]}]  # nobody had 300 - 64
+    reqs = [q(1, 1.0, 500, 0, 0.3), q(1, 2.0, 800, 0, 0.9), q(2, 2.5, 300, 0, 0.2), q(2, 3.0, 700, 0, 0.8),
+            q(2, 4.0, 900, 0, 1.0)]
+    d = {"ranked": ["a", "b"], "worker": "a"}
+    decisions = [{**d, "time_s": 10.0, "prompt_len": 500, "cached_by_worker": [0, 0]},
+                 {**d, "time_s": 11.0, "prompt_len": 800, "cached_by_worker": [0, 480]},  # b had it: sent away
+                 {**d, "time_s": 11.5, "prompt_len": 300, "cached_by_worker": [0, 0]},
+                 {**d, "time_s": 12.0, "prompt_len": 700, "cached_by_worker": [200, 0]},  # nobody had 300 - 64
+                 {**d, "time_s": 13.0, "prompt_len": 900, "cached_by_worker": [688, 0]}]  # a had it, yet missed
     assert [k for _, k, _ in lt.kinds(reqs, decisions)] == ["first turn", "history elsewhere", "first turn",
-                                                            "history nowhere"]
+                                                            "history nowhere", "history missed where sent"]
