@@ -207,6 +207,15 @@ class SmgRouter(Proc):
             time.sleep(0.5)
 
 
+def cell_decisions(router, request_id_prefix: str) -> list[dict]:
+    """Returns: the router's decisions for the requests sent with ids `<request_id_prefix><rid>` (this cell's;
+    the router keeps its last decisions over its life, the earlier cells' among them)."""
+    from radix_sync.router.service import MAX_DECISIONS_KEPT
+
+    return [d for d in router.status(MAX_DECISIONS_KEPT).get("last_decisions") or ()
+            if str(d.get("request_id", "")).startswith(request_id_prefix)]
+
+
 def _wait_idle(coord: Coordinator, timeout_s: float = 60.0) -> None:
     """Until no replication is pending/running and every worker reports an empty queue."""
     deadline = time.monotonic() + timeout_s
@@ -956,7 +965,8 @@ def run_bench(args) -> int:
                     cfg = ReplayConfig(url=url, hints_url=hints, api_key=smg.api_key if smg is not None else None,
                                        more_urls=tuple(f.url for f in extra),
                                        hints_api_key=router.admin("write")["Authorization"].split(" ", 1)[1],
-                                       on_done=_progress(label, workload_size(wl)["requests"]))
+                                       on_done=_progress(label, workload_size(wl)["requests"]),
+                                       request_id_prefix=f"{len(rows)}-")
                     t0 = time.monotonic()
                     results = asyncio.run(replay(todo, renderer, cfg))
                     _wait_idle(coord)
@@ -968,12 +978,13 @@ def run_bench(args) -> int:
                                          "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
                                          "ttft_s": None if math.isnan(r.ttft_s) else round(r.ttft_s, 3),
                                          "e2e_s": None if math.isnan(r.e2e_s) else round(r.e2e_s, 3),
-                                         "output_tokens": r.output_tokens, "key": r.key, "error": r.error}
+                                         "output_tokens": r.output_tokens, "key": r.key, "error": r.error,
+                                         "request_id": r.request_id}
                                         for r in results]}
                     if fronts > 1:
                         row["fronts"] = fronts
                     if base not in SMG_POLICY:
-                        row["router_decisions"] = routers.get(base, router).status().get("last_decisions")
+                        row["router_decisions"] = cell_decisions(routers.get(base, router), cfg.request_id_prefix)
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
                         row["sessions"] = st.get("sessions")

@@ -486,8 +486,8 @@ class Router(Proc):
         """Returns: the `Authorization` header of the router's `level` ("read" or "write") admin token."""
         return bearer(self.keys_dir / "router-tokens.json", level)
 
-    def status(self) -> dict:
-        status, out = http_json(self.url + "/kvrep/status", headers=self.admin())
+    def status(self, num_decisions: int = 256) -> dict:
+        status, out = http_json(f"{self.url}/kvrep/status?decisions={num_decisions}", headers=self.admin())
         if status != 200:
             raise RuntimeError(f"router /kvrep/status: {status} {out}")
         return out

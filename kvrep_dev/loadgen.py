@@ -139,6 +139,8 @@ class Result:
     error: Optional[str] = None
     key: str = ""
     """`request_key` of the request (matches the simulator's record of the same request)."""
+    request_id: Optional[str] = None
+    """The `X-Request-Id` it was sent with (our router records it with its decision)."""
 
 
 @dataclass
@@ -158,6 +160,8 @@ class ReplayConfig:
     """Hints the router answered with anything but 200 (e.g. 401: no or a wrong token; 429: rate limited)."""
     on_done: Optional[object] = None
     """Called with each Result (progress)."""
+    request_id_prefix: Optional[str] = None
+    """Each request is sent with `X-Request-Id: <prefix><rid>` (None: no header)."""
     results: list = field(default_factory=list)
 
 
@@ -176,6 +180,8 @@ async def _one(session, cfg: ReplayConfig, req: SimRequest, text: str, kind: str
             "sampling_params": {"max_new_tokens": req.output_len, "temperature": 0.0, "ignore_eos": True}}
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     res = Result(req.rid, kind, time.perf_counter() - t0)
+    if cfg.request_id_prefix is not None:
+        res.request_id = headers["X-Request-Id"] = f"{cfg.request_id_prefix}{req.rid}"
     start = time.perf_counter()
     last = None
     try:

@@ -127,6 +127,8 @@ class LoadReported(_Msg, tag="LoadReported"):
     num_running_reqs: Count
     num_waiting_reqs: Count
     num_waiting_tokens: Count
+    """Prompt tokens of the waiting requests this worker's tree does not hold (what their prefills compute; the
+    policies' `waiting_new_tokens`), not their whole prompts."""
     available_tokens: Count
     evictable_tokens: Count
     replica_tokens: Count

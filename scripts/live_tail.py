@@ -32,22 +32,62 @@ def _cached_at(decision: dict, worker) -> int:
     return cached[ranked.index(worker)] if worker in ranked and ranked.index(worker) < len(cached) else 0
 
 
+def match_decisions(requests: list[dict], decisions: list[dict], slack_s: float = 0.5,
+                    wait_s: float = 5.0) -> dict[int, dict]:
+    """Returns: index into `requests` -> the router's decision for it.
+
+    A decision that names the request (`request_id`, the client's `X-Request-Id`) is joined by it. Older runs'
+    decisions name none, and a router keeps its last 256 decisions over its life, so a cell's list starts with
+    the previous cells': those are joined in time. The router's clock and the client's are offset by a constant
+    (both monotonic), found as the most common `time_s - sent_s` (0.1 s bins) over the pairs of equal prompt
+    length; each request then takes the unused decision of its prompt length whose offset is closest to it,
+    within `slack_s` before and `wait_s` after (a pull on the critical path dispatches later). Failover
+    dispatches (`attempt` > 0) are not decisions of their own."""
+    decisions = [d for d in decisions if not d.get("attempt")]
+    by_id = {d["request_id"]: d for d in decisions if d.get("request_id") is not None}
+    out: dict[int, dict] = {}
+    if by_id:
+        for i, q in enumerate(requests):
+            if q.get("request_id") in by_id:
+                out[i] = by_id[q["request_id"]]
+        return out
+    by_len: dict[int, list[dict]] = collections.defaultdict(list)
+    for d in decisions:
+        by_len[d["prompt_len"]].append(d)
+    bins = collections.Counter(round(d["time_s"] - q["sent_s"], 1) for q in requests
+                               for d in by_len.get(q["prompt_tokens"], ()))
+    if not bins:
+        return out
+    top = max(bins.values())
+    offset = min(b for b, n in bins.items() if n == top)
+    used: set[int] = set()
+    for i, q in sorted(enumerate(requests), key=lambda iq: iq[1]["sent_s"]):
+        best = None
+        for d in by_len.get(q["prompt_tokens"], ()):
+            lag = d["time_s"] - q["sent_s"] - offset
+            if id(d) not in used and -slack_s <= lag <= wait_s and (best is None or lag < best[0]):
+                best = (lag, d)
+        if best is not None:
+            used.add(id(best[1]))
+            out[i] = best[1]
+    return out
+
+
 def kinds(requests: list[dict], decisions: list[dict] = ()) -> list[tuple[float, str, int]]:
     """Returns: (TTFT s, kind, new tokens) of each answered request, in send order. With the router's `decisions`
-    (each with `prompt_len` and `cached_by_worker`, matched to requests by prompt length in time order), a lost
-    history is "history elsewhere" when another worker had it cached when the request was routed, else "history
-    nowhere" (evicted everywhere, or the prompt does not extend the session's previous one: a trace's subagent
-    turns share its session)."""
-    by_len: dict[int, list[dict]] = collections.defaultdict(list)
-    for d in sorted(decisions, key=lambda d: d["time_s"]):
-        by_len[d["prompt_len"]].append(d)
+    (each with `prompt_len`, `time_s` and `cached_by_worker`, joined to requests by `match_decisions`), a lost
+    history is "history missed where sent" when the worker it went to had it cached by the directory when the
+    request was routed, "history elsewhere" when only another worker had it, else "history nowhere" (evicted
+    everywhere, or the prompt does not extend the session's previous one: a trace's subagent turns share its
+    session)."""
+    answered = sorted((q for q in requests if q.get("error") is None and q.get("ttft_s") is not None),
+                      key=lambda q: q["sent_s"])
+    joined = match_decisions(answered, list(decisions))
     out, previous = [], {}
-    for q in sorted((q for q in requests if q.get("error") is None and q.get("ttft_s") is not None),
-                    key=lambda q: q["sent_s"]):
+    for i, q in enumerate(answered):
         session = str(q["key"]).split(":")[0]
         prev = previous.get(session)
-        seen = by_len.get(q["prompt_tokens"])
-        decision = seen.pop(0) if seen else None
+        decision = joined.get(i)
         if prev is None:
             kind = "first turn"
         elif q["cached_tokens"] >= prev - PAGE_TOKENS:

@@ -26,7 +26,7 @@ from radix_sync.router.config import RouterConfig
 from radix_sync.router.limits import TooLarge, check_request
 from radix_sync.router.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from radix_sync.router.proxy import NoWorker
-from radix_sync.router.service import Router
+from radix_sync.router.service import MAX_DECISIONS_KEPT, Router
 from radix_sync.router.tenants import Tenant, TenantTable, Unauthorized, apply_namespace
 from radix_sync.router.tokenize import BadRequest, PromptTokenizer, needs_tokenizing
 
@@ -241,7 +241,11 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.json_response(_router(request).status())
+    """`GET /kvrep/status[?decisions=N]`: N of the last routing decisions (default 256, at most the 4,096 kept)."""
+    raw = request.query.get("decisions", "256")
+    if not raw.isdigit() or int(raw) > MAX_DECISIONS_KEPT:
+        raise _error(web.HTTPBadRequest, f"decisions must be an integer in 0..{MAX_DECISIONS_KEPT}")
+    return web.json_response(_router(request).status(int(raw)))
 
 
 def _hint_tenant(r: Router, request: web.Request, body: dict) -> Tenant:

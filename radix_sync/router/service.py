@@ -41,6 +41,18 @@ log = logging.getLogger("kvrep.router")
 MAX_SESSION_ID_LEN = 256
 """A session id (the body's `session_id` or `user`) longer than this is reported as its SHA-256 (the coordinator
 refuses longer ones, and one refused item would cost the whole batch of arrivals)."""
+MAX_DECISIONS_KEPT = 4096
+"""Routing decisions a router keeps for `/kvrep/status` (a benchmark cell of a few thousand requests, whole)."""
+MAX_REQUEST_ID_LEN = 128
+
+
+def client_request_id(request: web.Request) -> Optional[str]:
+    """Returns: the client's `X-Request-Id` (the header gateways and SGLang's router pass along), when it is
+    printable ASCII of at most `MAX_REQUEST_ID_LEN` characters; None otherwise (absent, or not kept)."""
+    value = request.headers.get("X-Request-Id")
+    if value is None or not 0 < len(value) <= MAX_REQUEST_ID_LEN or not (value.isascii() and value.isprintable()):
+        return None
+    return value
 
 
 class Router:
@@ -71,7 +83,8 @@ class Router:
         self.replica: Optional[DirectoryReplica] = None
         """The coordinator's holdings, mirrored from its change feed (None: ask it per request)."""
         self._tasks: list[asyncio.Task] = []
-        self.decisions: deque = deque(maxlen=256)
+        self.decisions: deque = deque(maxlen=MAX_DECISIONS_KEPT)
+        """The last routing decisions, each with the client's `X-Request-Id` when it sent one (for the record)."""
 
     # --------------------------------------------------------------------------------------------- lifecycle
     async def start(self, app: web.Application) -> None:
@@ -212,8 +225,11 @@ class Router:
         if decision.pull is not None:  # a copy on the critical path first (radix_sync.router.pull)
             decision, pull = await self.puller.run(decision, ids, tenant.namespace)
 
+        request_id = client_request_id(request)
+
         def dispatched(url: str, attempt: int) -> None:
-            self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size, pull)
+            self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size, pull,
+                                request_id)
 
         def finished(url: str, stop: Optional[str], first_output_s: Optional[float]) -> None:
             self._on_finished(url, ids, hashes, hash_page_size, tenant, stop,
@@ -238,7 +254,7 @@ class Router:
     # ---------------------------------------------------------------------------------------------- reporting
     def _on_dispatched(self, url: str, endpoint: str, decision: Decision, ids: list[int], hashes: list[int],
                        tenant: Tenant, body: dict, attempt: int, hash_page_size: int = 0,
-                       pull: Optional[dict] = None) -> None:
+                       pull: Optional[dict] = None, request_id: Optional[str] = None) -> None:
         now = time.monotonic()
         self.index.observe(url, hashes, self.pool.page_size(url, self.cfg.page_size), now)
         self.metrics.requests.labels(url, endpoint, decision.mode).inc()
@@ -250,7 +266,8 @@ class Router:
                                "expected_ttft_s": [round(t, 6) for t in decision.expected_ttft_s],
                                "cached_by_worker": list(decision.cached_by_worker),
                                "cached_tokens": decision.cached_tokens if attempt == 0 else None,
-                               **({"pull": pull} if pull is not None else {})})
+                               **({"pull": pull} if pull is not None else {}),
+                               **({"request_id": request_id} if request_id is not None else {})})
         if self.link is not None and ids:
             item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "prompt_len": len(ids)}
             session_id = body.get("session_id") or body.get("user")
@@ -282,8 +299,9 @@ class Router:
                 item["ttft_s"] = round(ttft_s, 6)
             self.link.report_finish(item)
 
-    def status(self) -> dict:
-        """Returns: what `/kvrep/status` shows: the coordinator link, the workers, the last decisions."""
+    def status(self, num_decisions: int = 256) -> dict:
+        """Returns: what `/kvrep/status` shows: the coordinator link, the workers, the last `num_decisions`
+        decisions (at most `MAX_DECISIONS_KEPT`)."""
         link = self.link
         return {
             "coordinator": None if link is None else {
@@ -296,5 +314,5 @@ class Router:
             "vocab_size": self.bounds().vocab_size,
             "tenants": self.tenants.namespaces() if self.tenants.required else None,
             "workers": self.pool.status(time.monotonic()),
-            "last_decisions": list(self.decisions),
+            "last_decisions": list(self.decisions)[-num_decisions:] if num_decisions > 0 else [],
         }

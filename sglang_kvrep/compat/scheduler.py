@@ -143,6 +143,31 @@ class SchedulerView:
     def evictable_tokens(self) -> int:
         return int(self.tree_cache.evictable_size())
 
+    def waiting_new_tokens(self, waiting: list, limit: int = 64) -> int:
+        """Returns: the prompt tokens of the `waiting` requests that their worker's tree does not hold (what their
+        prefills will compute, as the policies' `waiting_new_tokens` means it): each prompt less its device prefix,
+        matched read-only (no recency refreshed, no node split); past the first `limit` requests, whole prompts.
+
+        NOTE: a waiting request's whole prompt counted as new made a worker holding agent sessions' histories look
+        busy with cold prefills whenever their follow-ups queued there, and routers sent the next follow-ups away
+        from the holder to recompute (the live agent tail's "history elsewhere")."""
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        core = getattr(self.tree_cache, "tree_core", None)
+        total = 0
+        for i, r in enumerate(waiting):
+            ids = getattr(r, "origin_input_ids", None) or ()
+            total += len(ids)
+            if i >= limit or core is None or not ids:
+                continue
+            try:
+                key = RadixKey(array("q", ids), extra_key=getattr(r, "extra_key", None),
+                               cache_salt=getattr(r, "cache_salt", None))
+                total -= min(len(ids), int(core.match_full_device_prefix(key)[0]))
+            except Exception:  # (a cache without this read-only match: the whole prompt, as before)
+                core = None
+        return total
+
     def load(self) -> dict[str, int]:
         s = self.scheduler
         waiting = list(getattr(s, "waiting_queue", []) or [])
@@ -150,7 +175,7 @@ class SchedulerView:
         return {
             "num_running_reqs": len(running.reqs) if running is not None else 0,
             "num_waiting_reqs": len(waiting),
-            "num_waiting_tokens": sum(len(getattr(r, "origin_input_ids", ()) or ()) for r in waiting),
+            "num_waiting_tokens": self.waiting_new_tokens(waiting),
             "available_tokens": self.available_tokens(),
             "evictable_tokens": self.evictable_tokens(),
         }

@@ -250,6 +250,19 @@ def test_a_long_session_id_does_not_cost_the_batch_of_arrivals(env):
     assert env.router.status()["coordinator"]["arrivals_dropped"] == 0
 
 
+def test_decisions_carry_the_clients_request_id_and_status_bounds_how_many(env):
+    """A benchmark joins its requests to the router's decisions by `X-Request-Id`; an id that is not short
+    printable ASCII is not kept; `/kvrep/status?decisions=N` is bounded."""
+    assert gen(env.router, {"input_ids": [1, 2, 3, 6]}, {**ACME, "X-Request-Id": "cell-7"})[0] == 200
+    assert gen(env.router, {"input_ids": [1, 2, 3, 7]}, {**ACME, "X-Request-Id": "x" * 129})[0] == 200
+    last = env.router.status()["last_decisions"]
+    assert last[-2]["request_id"] == "cell-7" and last[-2]["prompt_len"] == 4 and "request_id" not in last[-1]
+    assert len(env.router.status(1)["last_decisions"]) == 1 and env.router.status(0)["last_decisions"] == []
+    for bad in ("4097", "-1", "many"):
+        status, _, raw = call(f"{env.router.url}/kvrep/status?decisions={bad}", headers=env.router.admin("read"))
+        assert status == 400 and b"decisions must be an integer in 0..4096" in raw
+
+
 # ----------------------------------------------------------------------------------- tokenizing off the loop
 class GatedTokenizer:
     """A real tokenizer whose calls wait for `gate` (so a tokenization is "long" for exactly as long as the test

@@ -756,3 +756,38 @@ def test_no_job_left_means_no_device_polling_after_a_weight_update_or_once_disab
     agent2.on_iteration_safe()  # copies done: the lock goes, polling stops
     assert not agent2.gathers and view2.unlocked == ["lock1"]
     assert posted(agent2, m.DeviceBusy) == [m.DeviceBusy(False)]
+
+
+def test_waiting_tokens_are_what_the_waiting_prompts_will_compute():
+    """A load report's `num_waiting_tokens` is the policies' `waiting_new_tokens`: each waiting prompt less the
+    device prefix its worker's tree holds (a queued follow-up of a cached session is 10 new tokens, not 3,066),
+    matched read-only with the request's own salt and extra key; whole prompts past the limit or without the
+    read-only match."""
+    import types
+
+    asked = []
+
+    class Core:
+        def match_full_device_prefix(self, key):
+            asked.append((len(key.token_ids), key.cache_salt, key.extra_key))
+            held = 3056 if key.cache_salt == "ns-a" else 0
+            return min(held, len(key.token_ids)), 7, 0
+
+    def req(n, salt, extra=None):
+        return types.SimpleNamespace(origin_input_ids=list(range(n)), cache_salt=salt, extra_key=extra)
+
+    waiting = [req(3066, "ns-a"), req(3066, "ns-b", "lora1"), req(500, "ns-a")]
+    view = scheduler_view(tree_cache=types.SimpleNamespace(tree_core=Core(), evictable_size=lambda: 0),
+                          waiting_queue=waiting, running_batch=None)
+    view.allocator = types.SimpleNamespace(available_size=lambda: 100)
+    assert view.waiting_new_tokens(waiting) == 10 + 3066 + 0
+    assert asked == [(3066, "ns-a", None), (3066, "ns-b", "lora1"), (500, "ns-a", None)]
+    assert view.load()["num_waiting_tokens"] == 3076
+    assert view.waiting_new_tokens(waiting, limit=1) == 10 + 3066 + 500
+
+    class Broken:
+        def match_full_device_prefix(self, key):
+            raise AttributeError("no read-only match in this cache")
+
+    view = scheduler_view(tree_cache=types.SimpleNamespace(tree_core=Broken()))
+    assert view.waiting_new_tokens(waiting) == 3066 + 3066 + 500

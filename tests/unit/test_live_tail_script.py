@@ -53,3 +53,24 @@ def test_the_routers_decisions_tell_where_a_lost_history_was():
                  {**d, "time_s": 13.0, "prompt_len": 900, "cached_by_worker": [688, 0]}]  # a had it, yet missed
     assert [k for _, k, _ in lt.kinds(reqs, decisions)] == ["first turn", "history elsewhere", "first turn",
                                                             "history nowhere", "history missed where sent"]
+
+
+def test_decisions_of_earlier_cells_are_not_joined():
+    """A router keeps its last decisions over its life: a cell's list starts with the previous cell's, of the same
+    prompt lengths; the join keeps to this cell's clock offset (and by request id when the decisions carry it)."""
+    lt = load()
+    reqs = [q(1, 1.0, 500, 0, 0.3), q(1, 2.0, 800, 0, 0.9), q(2, 2.5, 300, 0, 0.2)]
+    d = {"ranked": ["a", "b"], "worker": "a"}
+    earlier = [{**d, "time_s": 3.0, "prompt_len": 800, "cached_by_worker": [800, 0]},  # the previous cell's
+               {**d, "time_s": 4.0, "prompt_len": 500, "cached_by_worker": [0, 0]}]
+    now = [{**d, "time_s": 101.0, "prompt_len": 500, "cached_by_worker": [0, 0]},
+           {**d, "time_s": 102.3, "prompt_len": 800, "cached_by_worker": [0, 480]},  # 0.3 s late: a pull's wait
+           {**d, "time_s": 102.4, "prompt_len": 800, "cached_by_worker": [0, 480], "attempt": 1},  # its failover
+           {**d, "time_s": 102.5, "prompt_len": 300, "cached_by_worker": [0, 0]}]
+    joined = lt.match_decisions(reqs, earlier + now)
+    assert [joined[i]["time_s"] for i in range(3)] == [101.0, 102.3, 102.5]
+    assert [k for _, k, _ in lt.kinds(reqs, earlier + now)] == ["first turn", "history elsewhere", "first turn"]
+    # with request ids, the ids decide, whatever the clocks say
+    tagged = [{**r, "request_id": f"c-{i}"} for i, r in enumerate(reqs)]
+    ids = [{**earlier[0], "request_id": "c-1"}, {**now[0], "request_id": "c-0"}]
+    assert lt.match_decisions(tagged, ids) == {0: ids[1], 1: ids[0]}

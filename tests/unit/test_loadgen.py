@@ -112,13 +112,14 @@ def test_replay_sends_sessions_closed_loop_with_hints_then_all_branches():
     from kvrep_dev.stub_worker import build_stub
 
     tok = WordTokenizer(WORDS)
-    seen, hints = [], []
+    seen, hints, ids = [], [], []
     stub = build_stub("s", delay_s=0.01)
     gen = next(r.handler for r in stub.router.routes() if r.resource.canonical == "/generate")
 
     async def generate(request):
         body = await request.json()
         seen.append((asyncio.get_running_loop().time(), len(body["text"].split())))
+        ids.append(request.headers.get("X-Request-Id"))
         return await gen(request)
 
     async def hint(request):
@@ -135,11 +136,13 @@ def test_replay_sends_sessions_closed_loop_with_hints_then_all_branches():
 
     async def main():
         async with serve_app(app) as url:
-            return await replay(wl, Renderer(tok, 0), ReplayConfig(url=url, hints_url=url + "/kvrep/hints"))
+            return await replay(wl, Renderer(tok, 0), ReplayConfig(url=url, hints_url=url + "/kvrep/hints",
+                                                                   request_id_prefix="c3-"))
 
     results = asyncio.run(main())
     assert len(results) == n == len(seen)
     assert all(r.error is None and r.ttft_s <= r.e2e_s and r.output_tokens == 3 for r in results)
+    assert sorted(ids) == sorted(r.request_id for r in results) == sorted(f"c3-{r.rid}" for r in results)
     trees = n // 4
     assert len(hints) == trees and all(h["kind"] == "fanout" and h["k"] == 3 for h in hints)
     # the first tree: its trunk arrives first; its 3 branches (16 more tokens each) after the trunk's answer
@@ -162,3 +165,18 @@ def test_an_arm_at_n_front_doors_and_the_client_spreading_requests_over_them():
     cfg = ReplayConfig(url="http://a", more_urls=("http://b", "http://c"))
     assert [_front(cfg, rid) for rid in range(5)] == ["http://a", "http://b", "http://c", "http://a", "http://b"]
     assert _front(ReplayConfig(url="http://a"), 7) == "http://a"
+
+
+def test_a_cell_keeps_only_its_own_requests_decisions():
+    from kvrep_dev.bench import cell_decisions
+
+    class FakeRouter:
+        asked = None
+
+        def status(self, n):
+            self.asked = n
+            return {"last_decisions": [{"request_id": "3-1"}, {"request_id": "4-1"}, {}, {"request_id": "4-12"},
+                                       {"request_id": "14-1"}]}
+
+    router = FakeRouter()
+    assert cell_decisions(router, "4-") == [{"request_id": "4-1"}, {"request_id": "4-12"}] and router.asked == 4096
