@@ -69,6 +69,10 @@ SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_p
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
               "sgl-rr": "round_robin", "sgl-ca": "cache_aware_v03"}
 SMG_POLICY = {"smg-rr": "round_robin", "smg-ca": "cache_aware"}
+WAITING_REPORTS = "uncached"
+"""What the workers' load reports count of their waiting requests, saved with each run: since stop 40 the prompt
+tokens their tree does not hold (`SchedulerView.waiting_new_tokens`); runs saved without it had whole prompts
+(`--resimulate` simulates each as it ran, `EngineConfig.prompt_token_reports`)."""
 """The smg arms -> smg's `--policy`."""
 BASELINE = "smg-ca"
 """The arm every other arm's ratios are against when it ran (else `shadow`)."""
@@ -336,7 +340,7 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
-             machine: Optional[dict] = None, prompt_reports: bool = True) -> dict:
+             machine: Optional[dict] = None, prompt_reports: bool = False) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -345,8 +349,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     running-request limit (the profile's are the calibration's). The policies (router, planner) price with
     `profile_name`, as the live ones did; the engine runs on `machine` when given (`machine_profile`: the testbed's
     measured prefill costs at this run's speed), else on the priced profile scaled by the probe (`speed`).
-    `prompt_reports`: the workers' load reports count waiting prompts whole, as the live agent's do
-    (`EngineConfig.prompt_token_reports`; False: their uncached tokens, the model before)."""
+    `prompt_reports`: the workers' load reports count waiting prompts whole, as the live agent's did before
+    stop 40 (`EngineConfig.prompt_token_reports`; False: their uncached tokens, as the live agent's do now)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
@@ -745,18 +749,20 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
 
 
 def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = True,
-               machine_name: str = testbed.MACHINE_PROFILE, prompt_reports: bool = True) -> int:
+               machine_name: str = testbed.MACHINE_PROFILE, prompt_reports: Optional[bool] = None) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
     of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups).
     `machine_name`: the profile whose prefill terms the engine runs on, at the run's drift (`measure_machine`);
     "probe": the priced profile scaled by the run's speed probe (the model before). `prompt_reports`: see
-    `simulate`."""
+    `simulate`; None: as the run's agents reported (`WAITING_REPORTS` when the run saved it, else whole prompts)."""
     import gzip
 
     path = Path(path)
     data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+    if prompt_reports is None:
+        prompt_reports = data.get("waiting_reports") != WAITING_REPORTS
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
@@ -780,7 +786,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
           + (f"{machine['profile']} at prefill x{machine['drift']:.2f} (the median over {machine['isolated_requests']}"
              f" requests that ran alone), decode x{machine['decode']:.2f} ({machine['decode_from']});"
-             f" policies priced with {profile})"
+             f" policies priced with {profile}; waiting prompts reported "
+             f"{'whole' if prompt_reports else 'uncached'})"
              if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
     print()
@@ -1030,7 +1037,8 @@ def run_bench(args) -> int:
         for row, wl, arm in to_simulate:
             row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                   args.max_total_tokens, args.max_running, speed,
-                                  endpoint_wait=getattr(args, "sim_endpoint_wait", True), machine=machine)
+                                  endpoint_wait=getattr(args, "sim_endpoint_wait", True), machine=machine,
+                                  prompt_reports=bool(getattr(args, "sim_prompt_reports", False)))
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -1058,7 +1066,7 @@ def run_bench(args) -> int:
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
-                   "front_doors": front, "speed": speed, "machine": machine},
+                   "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS},
                   f, indent=2,
                   default=str)
     try:
@@ -1162,9 +1170,10 @@ def add_arguments(p, *, demo: bool = False) -> None:
                        help="with --resimulate: the profile (name or JSON path) whose prefill terms the simulator's "
                             "engine runs on, at the run's measured speed (default: %(default)s, the testbed as "
                             "measured); 'probe': the --profile the run priced with, scaled by its speed probe")
-        p.add_argument("--sim-prompt-reports", action=argparse.BooleanOptionalAction, default=True,
-                       help="with --resimulate: the simulated workers report waiting prompts whole, as the live "
-                            "agents do (--no-sim-prompt-reports: their uncached tokens, the model before)")
+        p.add_argument("--sim-prompt-reports", action=argparse.BooleanOptionalAction, default=None,
+                       help="the simulated workers report waiting prompts whole, as the live agents did before "
+                            "stop 40 (--no-sim-prompt-reports: their uncached tokens, as they do now; default: as "
+                            "the run's agents did, saved with it)")
         p.add_argument("--sim-cores", type=int, default=None,
                        help="with --resimulate: the workers share this many cores (default: this machine's)")
         p.add_argument("--sim-endpoint-wait", action=argparse.BooleanOptionalAction, default=True,

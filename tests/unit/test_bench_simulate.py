@@ -110,8 +110,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-room-s2.json.gz",
                                        "bench-agent-seed1.json.gz",
                                        "bench-agent-split.json.gz", "bench-agent-touch-s1.json.gz",
-                                       "bench-agent-touch-s2.json.gz",
-                                       "bench-cpu-account.json.gz", "bench-fanflash-split.json.gz",
+                                       "bench-agent-touch-s2.json.gz", "bench-agent-wait-s2.json.gz",
+                                       "bench-agent-wait-s3.json.gz", "bench-cpu-account.json.gz", "bench-fanflash-split.json.gz",
                                        "bench-flash-seed1.json.gz", "bench-unique-split.json.gz", "bench-val1.json.gz",
                                        "bench-val2-agent.json.gz",
                                        "bench-val2.json.gz"]
@@ -279,3 +279,32 @@ def test_resimulate_runs_the_engine_on_the_measured_machine_by_default(tmp_path,
     path.write_text(json.dumps({"args": args, "speed": None, "rows": [row]}))
     assert resimulate(path) == 0
     assert "cpu-wide scaled by the speed probe then: not measured, x1" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_resimulate_reports_waiting_prompts_as_the_runs_agents_did(tmp_path, capsys, monkeypatch):
+    """Runs saved before stop 40 had agents reporting waiting prompts whole; later runs save `waiting_reports` =
+    "uncached" and are simulated so; the flag overrides either."""
+    import json
+
+    import kvrep_dev.bench as bench
+
+    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 2, "profile": "cpu-wide"}
+    wl = build_workload("shared", bench_args("--duration-s", "10"))
+    own = simulate(copy.deepcopy(wl), "smg-rr", 2, 0, "cpu-wide", 32768, 8)
+    live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
+    lone = [{"key": f"lone{i}", "sent_s": 1000.0 + 10 * i, "prompt_tokens": 500 + 100 * i, "cached_tokens": 0,
+             "ttft_s": 0.5, "error": None} for i in range(30)]
+    row = {"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"] + lone}
+    seen = []
+    real = bench.simulate
+    monkeypatch.setattr(bench, "simulate", lambda *a, **kw: seen.append(a[11] if len(a) > 11 else kw.get(
+        "prompt_reports")) or real(*a, **kw))
+    path = tmp_path / "results.json"
+    for saved, flag, want, said in (({}, None, True, "whole"), ({"waiting_reports": "uncached"}, None, False,
+                                                                 "uncached"),
+                                    ({"waiting_reports": "uncached"}, True, True, "whole")):
+        seen.clear()
+        path.write_text(json.dumps({"args": args, "speed": None, "rows": [row], **saved}))
+        assert bench.resimulate(path, prompt_reports=flag) == 0
+        assert seen and set(seen) == {want}
+        assert f"waiting prompts reported {said}" in capsys.readouterr().out.splitlines()[0]
