@@ -121,8 +121,9 @@ def report(data: dict) -> list[str]:
         every = collections.Counter(k for _, k, _ in out)
         parts = [f"{k} {n} (new {statistics.mean(x[2] for x in tail if x[1] == k):.0f} tokens)"
                  for k, n in count.most_common()]
-        lines.append(f"{workload} {arm}: {len(out)} requests, mean {statistics.mean(ttft):.3f} s, P99 {p99:.3f} s; {len(tail)} >= 0.9 x P99: "
-                     + ", ".join(parts) + "; of all: " + ", ".join(f"{k} {every[k]}" for k in KINDS if every[k]))
+        lines.append(f"{workload} {arm}: {len(out)} requests, mean {statistics.mean(ttft):.3f} s, P99 {p99:.3f} s; "
+                     f"{len(tail)} >= 0.9 x P99: " + ", ".join(parts) + "; of all: "
+                     + ", ".join(f"{k} {every[k]}" for k in KINDS if every[k]))
     return lines
 
 

@@ -57,10 +57,10 @@ class EngineConfig:
     router and the planner price that wait. False: copies move without the schedulers (the model before)."""
     prompt_token_reports: bool = False
     """True: a worker's load report counts its waiting (not yet scheduled) requests' whole prompts as waiting
-    tokens, cached prefix included, with no attention work, as the live agent reports SGLang's waiting queue (the
-    sum of `origin_input_ids`: SGLang matches a request's prefix only when it schedules it); the router and the
-    planner merge it with their own counts as live. Only with stale views (`view_staleness_s > 0`). False: the
-    report carries the waiting requests' uncached tokens and attention work (the model before)."""
+    tokens, cached prefix included, with no attention work, as the live agent reported SGLang's waiting queue
+    until stop 40 (the sum of `origin_input_ids`); the router and the planner merge it with their own counts as
+    live. Only with stale views (`view_staleness_s > 0`). False: the report carries the waiting requests' uncached
+    tokens and attention work (the model before, and what the live agent reports since stop 40)."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)

@@ -33,7 +33,8 @@ def test_report_pools_the_rounds_of_an_arm(tmp_path):
             {"workload": "agent", "arm": "active", "requests": [q(1, 1.0, 500, 0, 0.1), q(1, 2.0, 800, 0, 1.9)]}]
     [line] = lt.report({"rows": rows})
     # TTFTs 0.1, 0.1, 1.9, 2.0: P99 = 2.0; >= 1.8: the first turn (2.0) and the lost history (1.9)
-    assert line == ("agent active: 4 requests, mean 1.025 s, P99 2.000 s; 2 >= 0.9 x P99: first turn 1 (new 500 tokens), "
+    assert line == ("agent active: 4 requests, mean 1.025 s, P99 2.000 s; 2 >= 0.9 x P99: "
+                    "first turn 1 (new 500 tokens), "
                     "history lost 1 (new 800 tokens); of all: first turn 2, history cached 1, history lost 1")
     path = tmp_path / "run.json.gz"
     with gzip.open(path, "wt") as f:
