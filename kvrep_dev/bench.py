@@ -69,11 +69,11 @@ SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_p
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
               "sgl-rr": "round_robin", "sgl-ca": "cache_aware_v03"}
 SMG_POLICY = {"smg-rr": "round_robin", "smg-ca": "cache_aware"}
+"""The smg arms -> smg's `--policy`."""
 WAITING_REPORTS = "uncached"
 """What the workers' load reports count of their waiting requests, saved with each run: since stop 40 the prompt
 tokens their tree does not hold (`SchedulerView.waiting_new_tokens`); runs saved without it had whole prompts
 (`--resimulate` simulates each as it ran, `EngineConfig.prompt_token_reports`)."""
-"""The smg arms -> smg's `--policy`."""
 BASELINE = "smg-ca"
 """The arm every other arm's ratios are against when it ran (else `shadow`)."""
 COORDINATOR_ARM = {"pull": ("none", "active"), "demote": ("demote", "active"), "active": ("kvrep", "active")}
