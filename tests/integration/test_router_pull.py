@@ -85,13 +85,16 @@ class Busy:
         wait_until(router_sees_it, timeout_s=60, interval_s=0.05, what=f"the router seeing {worker.name}'s queue")
 
     def _stream(self, seed):
-        # NOTE: one prompt per stream, sent again and again: it stays cached, so the streams' footprint is fixed
-        # (~4 x 2,256 tokens of the worker's 16,384) and does not push the holder's prefix out by LRU (distinct
-        # prompts did: the directory then said nobody held it and no pull was decided). The queue the router
-        # prices is the same either way (a waiting request counts its whole prompt).
-        ids = prompt(seed, 2000)
+        # NOTE: one base per stream, cached, plus a fresh 800-token suffix each time: workers report a waiting
+        # request's uncached tokens (since stop 40), so the queue the router prices is the suffixes' prefill
+        # (two waiting: ~1.6 s at this profile's 1 ms/token). Wholly distinct prompts grew the footprint fast
+        # enough to push the holder's prefix out (the directory then said nobody held it); `hold_on` computes it
+        # again before the routed request.
+        base = prompt(seed, 1200)
+        n = 0
         while not self.stop.is_set():
-            generate(self.worker.url, ids, 256)
+            n += 1
+            generate(self.worker.url, base + prompt(seed * 1000 + n, 800), 256)
 
     def join(self):
         self.stop.set()
