@@ -114,7 +114,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-wait-s2.json.gz", "bench-agent-wait-s3.json.gz",
                                        "bench-cpu-account.json.gz", "bench-fanflash-split.json.gz",
                                        "bench-flash-seed1.json.gz", "bench-flash-wait-s1.json.gz",
-                                       "bench-flash-wait-s2.json.gz", "bench-unique-split.json.gz", "bench-val1.json.gz",
+                                       "bench-flash-wait-s2.json.gz", "bench-unique-split.json.gz",
+                                       "bench-val1.json.gz",
                                        "bench-val2-agent.json.gz",
                                        "bench-val2.json.gz"]
     for f in files:
@@ -257,6 +258,19 @@ def test_the_bench_simulates_copies_between_iterations_as_the_live_agents_make_t
     assert bench_args().sim_endpoint_wait and not bench_args("--no-sim-endpoint-wait").sim_endpoint_wait
 
 
+def _wide_run_with_lone_requests():
+    """A saved 2-worker `cpu-wide` run whose "live" side is the simulator's own, plus 30 lone requests after the
+    workload, 10 s apart (no simulated twin: only the machine is measured on them). Returns: (args, row, the
+    simulation, the lone requests)."""
+    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 2, "profile": "cpu-wide"}
+    wl = build_workload("shared", bench_args("--duration-s", "10"))
+    own = simulate(copy.deepcopy(wl), "smg-rr", 2, 0, "cpu-wide", 32768, 8)
+    live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
+    lone = [{"key": f"lone{i}", "sent_s": 1000.0 + 10 * i, "prompt_tokens": 500 + 100 * i, "cached_tokens": 0,
+             "ttft_s": 0.5, "error": None} for i in range(30)]
+    return args, {"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"] + lone}, own, lone
+
+
 def test_resimulate_runs_the_engine_on_the_measured_machine_by_default(tmp_path, capsys):
     """By default the engine runs on `testbed.MACHINE_PROFILE` at the run's drift (measured on its lone requests);
     with too few lone requests it falls back to the priced profile scaled by the probe."""
@@ -264,14 +278,7 @@ def test_resimulate_runs_the_engine_on_the_measured_machine_by_default(tmp_path,
 
     from kvrep_dev.bench import resimulate
 
-    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 2, "profile": "cpu-wide"}
-    wl = build_workload("shared", bench_args("--duration-s", "10"))
-    own = simulate(copy.deepcopy(wl), "smg-rr", 2, 0, "cpu-wide", 32768, 8)
-    live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
-    # and lone requests after the workload, 10 s apart (no simulated twin: only the machine is measured on them)
-    lone = [{"key": f"lone{i}", "sent_s": 1000.0 + 10 * i, "prompt_tokens": 500 + 100 * i, "cached_tokens": 0,
-             "ttft_s": 0.5, "error": None} for i in range(30)]
-    row = {"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"] + lone}
+    args, row, own, lone = _wide_run_with_lone_requests()
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"args": args, "speed": None, "rows": [row]}))
     assert resimulate(path) == 0
@@ -290,13 +297,7 @@ def test_resimulate_reports_waiting_prompts_as_the_runs_agents_did(tmp_path, cap
 
     import kvrep_dev.bench as bench
 
-    args = {"duration_s": 10.0, "shared_rate": 1.0, "workers": 2, "profile": "cpu-wide"}
-    wl = build_workload("shared", bench_args("--duration-s", "10"))
-    own = simulate(copy.deepcopy(wl), "smg-rr", 2, 0, "cpu-wide", 32768, 8)
-    live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
-    lone = [{"key": f"lone{i}", "sent_s": 1000.0 + 10 * i, "prompt_tokens": 500 + 100 * i, "cached_tokens": 0,
-             "ttft_s": 0.5, "error": None} for i in range(30)]
-    row = {"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"] + lone}
+    args, row, _, _ = _wide_run_with_lone_requests()
     seen = []
     real = bench.simulate
     monkeypatch.setattr(bench, "simulate", lambda *a, **kw: seen.append(a[11] if len(a) > 11 else kw.get(
