@@ -1,10 +1,10 @@
 """A pull on the critical path with real CPU SGLang workers (the shared `cluster`: coordinator + workers A and B)
 and a real router process started with `--pull`.
 
-A 1,024-token prompt is cached on A; A is then made busy (requests with long prompts and long answers sent to it
-directly, so two run and two queue); the router's cost profile (written here) prices a prefill at 1 ms/token and
-a copy at 4 us/token, so A's queue (~4 s of prefill) loses to a copy of the prefix to B (~4 ms) and to B's cold
-prefill (~1 s). The next request with that prefix is pulled to B, and B's own answer reports the copied prefix
+A 1,024-token prompt is cached on A; A is then made busy (requests with long answers sent to it directly, so two
+run and two queue); the router's cost profile (written here) prices a prefill at 2 s a request plus 1 ms/token and
+a copy at 4 us/token, so A's queue (two waiting: ~4 s) loses to a copy of the prefix to B (~4 ms) and to B's cold
+prefill (~1 s more than the copy). The next request with that prefix is pulled to B, and B's own answer reports the copied prefix
 as cached tokens. With the coordinator in shadow mode, the same kind of request is refused its copy and still
 answered (the fallback: the best option without a copy).
 """
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.server
 
 PROFILE = {"name": "pull-test", "provenance": "tests/integration/test_router_pull.py: prefill dear, copies cheap",
            "values": {"kv_bytes_per_token": 4096, "kv_capacity_tokens": 100000, "max_context_len": 32768,
-                      "chunked_prefill_len": 8192, "max_running_requests": 2, "prefill_overhead_s": 0.01,
+                      "chunked_prefill_len": 8192, "max_running_requests": 2, "prefill_overhead_s": 2.0,
                       "prefill_s_per_token": 0.001, "prefill_s_per_token_pair": 0.0, "decode_step_s": 0.0,
                       "decode_s_per_request": 0.0, "decode_s_per_ctx_token": 0.0,
                       "nic_bandwidth_bytes_per_s": 1e9, "transfer_latency_s": 0.0}}
@@ -58,8 +58,8 @@ def generate(url, ids, max_new_tokens=4):
 
 
 class Busy:
-    """Four streams of requests with long prompts (one per stream) and long answers sent straight to a worker (two
-    run, two queue), kept up until `join`, and waited on until the router sees the queue.
+    """Four streams of requests with long answers sent straight to a worker (two run, two queue), kept up until
+    `join`, and waited on until the router sees the queue.
 
     NOTE: each stream sends its next request as soon as one ends: on the tiny model a single request is over in
     about a second, less than the router's view of the loads may lag."""
@@ -85,16 +85,14 @@ class Busy:
         wait_until(router_sees_it, timeout_s=60, interval_s=0.05, what=f"the router seeing {worker.name}'s queue")
 
     def _stream(self, seed):
-        # NOTE: one base per stream, cached, plus a fresh 800-token suffix each time: workers report a waiting
-        # request's uncached tokens (since stop 40), so the queue the router prices is the suffixes' prefill
-        # (two waiting: ~1.6 s at this profile's 1 ms/token). Wholly distinct prompts grew the footprint fast
-        # enough to push the holder's prefix out (the directory then said nobody held it); `hold_on` computes it
-        # again before the routed request.
-        base = prompt(seed, 1200)
-        n = 0
+        # NOTE: each stream sends one prompt again and again (greedy, so the same answer too): once cached, the
+        # streams insert nothing new into A's pool, so nothing they do pushes the test's prefix out. Workers report
+        # a waiting request's uncached tokens (none here); the queue the router prices is the profile's 2 s a
+        # waiting request. (Fresh 800-token suffixes each time, the way before, churned A's 16,384-token pool fast
+        # enough on a slow CI machine that the prefix, computed again, was gone before the directory saw it.)
+        ids = prompt(seed, 1200)
         while not self.stop.is_set():
-            n += 1
-            generate(self.worker.url, base + prompt(seed * 1000 + n, 800), 256)
+            generate(self.worker.url, ids, 256)
 
     def join(self):
         self.stop.set()
@@ -108,7 +106,7 @@ def decisions(router):
 
 def hold_on(cluster, worker, head, router):
     """Until `worker` holds `head` again and the router's mirror says so. NOTE: the busy streams' first, cold
-    round inserts ~9,000 tokens into a 16,384-token pool and can push `head` out; once each stream's prompt is
+    round inserts ~6,000 tokens into a 16,384-token pool and can push `head` out; once each stream's prompt is
     cached the streams insert nothing new, so `head`, computed again here (it queues behind them), stays."""
     held = lambda: cluster.lookup(head).get(worker.worker_id, 0) >= PREFIX_LEN - PAGE_SIZE  # noqa: E731
     if not held():
