@@ -16,7 +16,7 @@ import sys
 import uuid
 from array import array
 from collections import deque
-from typing import Callable, Collection, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Optional, Sequence, Union
 
 import msgspec
 
@@ -46,14 +46,23 @@ class PageNode(msgspec.Struct, gc=False):
     block_hash: int
     parent_hash: Optional[int]
     namespace: str
-    token_ids: Sequence[int]
-    """The page's token ids (an `array("I")`: 4 bytes a token, where a tuple of ints took ~36)."""
+    tokens: Union[bytes, tuple]
+    """The page's token ids as SGLang hashes them, little-endian uint32 (`pack_page`: 4 bytes a token, where a
+    tuple of ints took ~36), or a tuple where one does not fit (pages recorded unchecked: tests, tools). Bytes,
+    not an `array("I")`: an array is tracked by the cycle collector, and at 200,000 pages the collector's full
+    passes over them stalled the coordinator's threads ~140 ms each (`token_ids` reads them as ints)."""
     depth: int
     """Number of pages from the root to this page, this one included."""
     holders: dict[str, Holding] = msgspec.field(default_factory=dict)
     digest: bytes = b""
     """The page's full SHA-256 chain digest (its int64 prefix is `block_hash`), kept so that a child page reported
     later is checked against its tokens in O(page); empty for pages recorded unchecked (tests, tools)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]:
+        """The page's token ids (a read-only view of `tokens`, no copy)."""
+        t = self.tokens
+        return memoryview(t).cast("I") if isinstance(t, bytes) else t
 
 
 Block = tuple  # (block hash, parent hash or None, token ids[, digest[, token ids packed by `pack_page`]])
@@ -62,17 +71,17 @@ _LE_U32 = array("I").itemsize == 4 and sys.byteorder == "little"
 """Whether an `array("I")` is the layout `pack_page` packs (then a verified page's packed bytes are copied in)."""
 
 
-def _compact(block: Block) -> Sequence[int]:
-    """A block's token ids as an `array("I")` (uint32: SGLang hashes pages as such), or a tuple if one does not
-    fit (pages recorded unchecked: tests, tools)."""
-    if len(block) > 4 and _LE_U32:
-        out = array("I")
-        out.frombytes(block[4])
-        return out
-    try:
-        return array("I", block[2])
-    except (OverflowError, TypeError):
-        return tuple(block[2])
+def _compact(block: Block) -> Union[bytes, tuple]:
+    """A block's token ids as `PageNode.tokens`: little-endian uint32 bytes (the packed page `verify_blocks` kept,
+    else packed here), or a tuple if one does not fit or this host's `array("I")` is not that layout."""
+    if _LE_U32:
+        if len(block) > 4:
+            return block[4]
+        try:
+            return array("I", block[2]).tobytes()
+        except (OverflowError, TypeError):
+            pass
+    return tuple(block[2])
 
 
 def match_runs(block_hashes: list[int], holders_of: Callable[[int], Optional[Collection[str]]]) -> dict[str, int]:

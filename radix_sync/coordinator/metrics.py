@@ -24,6 +24,9 @@ class LoopStats:
 
     def __init__(self, registry: CollectorRegistry, keep: int = 256) -> None:
         self.tick_s: deque[float] = deque(maxlen=keep)
+        self.tick_cpu_s: deque[float] = deque(maxlen=keep)
+        """CPU time of the loop thread in each tick: the tick's own work, without what it waited for (the GIL or
+        the state lock held by the admin thread, the cores held by other processes)."""
         self.batch_s: deque[float] = deque(maxlen=keep)
         self.num_ticks = 0
         self.num_messages = 0
@@ -33,15 +36,22 @@ class LoopStats:
         """Worker messages decoded, by type (`Hello`, `PagesStored`, ...)."""
         self._tick_hist = Histogram("kvrep_coordinator_tick_seconds", "Time of one policy and timer tick",
                                     buckets=_SECONDS_BUCKETS, registry=registry)
+        self._tick_cpu_hist = Histogram("kvrep_coordinator_tick_cpu_seconds",
+                                        "CPU time of the loop thread in one policy and timer tick (its own work; "
+                                        "the wall time less waits for the GIL, the state lock and the cores)",
+                                        buckets=_SECONDS_BUCKETS, registry=registry)
         self._batch_hist = Histogram("kvrep_coordinator_batch_seconds",
                                      "Time to handle one batch of worker messages (up to 1,000)",
                                      buckets=_SECONDS_BUCKETS, registry=registry)
 
-    def tick(self, seconds: float) -> None:
+    def tick(self, seconds: float, cpu_seconds: float) -> None:
+        """One tick: its wall time and its thread's CPU time (`time.thread_time`), s."""
         self.tick_s.append(seconds)
+        self.tick_cpu_s.append(cpu_seconds)
         self.num_ticks += 1
         self.max_tick_s = max(self.max_tick_s, seconds)
         self._tick_hist.observe(seconds)
+        self._tick_cpu_hist.observe(cpu_seconds)
 
     def batch(self, n: int, seconds: float) -> None:
         self.batch_s.append(seconds)
@@ -55,9 +65,10 @@ class LoopStats:
     def summary(self) -> dict:
         def ms(xs: list[float], q: float) -> float:
             return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 2) if xs else 0.0
-        ticks, batches = list(self.tick_s), list(self.batch_s)
+        ticks, batches, cpu = list(self.tick_s), list(self.batch_s), list(self.tick_cpu_s)
         return {"ticks": self.num_ticks, "messages": self.num_messages,
                 "tick_ms": {"p50": ms(ticks, 0.5), "p99": ms(ticks, 0.99), "max": round(self.max_tick_s * 1e3, 2)},
+                "tick_cpu_ms": {"p50": ms(cpu, 0.5), "p99": ms(cpu, 0.99)},
                 "batch_ms": {"p50": ms(batches, 0.5), "p99": ms(batches, 0.99),
                              "max": round(self.max_batch_s * 1e3, 2)}}
 

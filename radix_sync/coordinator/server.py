@@ -261,13 +261,13 @@ class Coordinator:
                 # the trunk's answer within a fraction of a second; its pages reach the directory only after its
                 # prefill (the agent flushes SGLang's KV events every scheduler iteration).
                 self._plan_now = False
-                t0 = time.monotonic()
+                t0, c0 = time.monotonic(), time.thread_time()
                 try:
                     self._tick()
                 except Exception:  # NOTE: a policy bug or a state it did not expect must not stop the coordinator
                     self.num_tick_errors += 1
                     log.exception("policy tick failed (%d so far); serving goes on", self.num_tick_errors)
-                self.loop_stats.tick(time.monotonic() - t0)
+                self.loop_stats.tick(time.monotonic() - t0, time.thread_time() - c0)
                 next_tick = time.monotonic() + self.config.tick_s
             seq = self.state.directory.feed.seq  # (an int read: no lock needed)
             if seq != notified:

@@ -225,6 +225,12 @@ def test_metrics_are_prometheus_text_from_each_coordinators_own_registry(pair):
                                                                  ("pending", "running", "done", "failed")}
         assert before["kvrep_coordinator_policy"] == {(("mode", "active"), ("policy", "none")): 1.0}
         assert before["kvrep_coordinator_tick_seconds_bucket"][(("le", "+Inf"),)] >= 1
+        # each tick's CPU time of the loop thread too, never more than its wall time (a scrape may come between
+        # the two observations of one tick)
+        wall, cpu = (before[f"kvrep_coordinator_tick{k}_seconds_count"][()] for k in ("", "_cpu"))
+        assert 0 <= wall - cpu <= 1 and cpu >= 1
+        wall, cpu = (before[f"kvrep_coordinator_tick{k}_seconds_sum"][()] for k in ("", "_cpu"))
+        assert cpu <= wall + 1e-3
         assert all(name.startswith("kvrep_") for name in before)
         # a replication shows up by state
         sock2 = connect(a, "w-metrics-2")

@@ -202,6 +202,7 @@ def test_status_shows_loop_timing_and_each_hints_timeline(coord, dealer):
     assert entry["stored_s"] >= entry["hint_s"]  # when the trunk's pages reached the directory
     loop = st["loop"]
     assert loop["ticks"] > 0 and loop["messages"] >= 2 and loop["tick_ms"]["max"] >= loop["tick_ms"]["p50"] >= 0
+    assert loop["tick_cpu_ms"]["p99"] >= loop["tick_cpu_ms"]["p50"] >= 0  # the loop thread's own CPU per tick
 
 
 def test_policy_switch_can_forget_demand(coord):
