@@ -94,7 +94,7 @@ def match_runs(block_hashes: list[int], holders_of: Callable[[int], Optional[Col
         holders = holders_of(block_hash)
         if not holders:
             break
-        alive = set(holders) if alive is None else alive & holders
+        alive = set(holders) if alive is None else alive.intersection(holders)
         if not alive:
             break
         for worker_id in alive:

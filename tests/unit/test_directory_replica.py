@@ -43,6 +43,8 @@ def test_a_malformed_answer_is_refused_and_forces_a_resync():
     sync(r, d)
     for bad in ({"seq": 1}, {"epoch": r.epoch, "seq": "x", "changes": []},
                 {"epoch": r.epoch, "seq": 2, "changes": [[7, "w1", 5]]},
+                {"epoch": r.epoch, "seq": 2, "changes": [[1, "w1", "5"]]},
+                {"epoch": r.epoch, "seq": 2, "changes": [[1, ["w1"], 5]]},
                 {"epoch": "another", "seq": 2, "changes": [[1, "w1", 5]]},
                 {"epoch": r.epoch, "seq": 2, "snapshot": {"w1": ["nan"]}}):
         sync(r, d)
@@ -51,3 +53,29 @@ def test_a_malformed_answer_is_refused_and_forces_a_resync():
         assert not r.usable(now=0.0) and r.epoch == "" and r.match([1]) == {}
     sync(r, d)
     assert r.usable(now=0.0) and r.match([1]) == {"w1": 1}
+
+
+def test_the_mirror_keeps_its_pages_out_of_the_cycle_collectors_sight():
+    import gc
+
+    d = PrefixDirectory()
+    for w in ("w1", "w2", "w3"):
+        d.add_pages(w, "", [(i, None, [i]) for i in range(1, 200)])
+    r = DirectoryReplica()
+    sync(r, d)  # a snapshot
+    d.add_pages("w4", "", [(i, None, [i]) for i in range(1, 100)])
+    d.remove_pages("w2", list(range(50, 150)))
+    sync(r, d)  # changes
+    gc.collect()
+    # NOTE: one set per page was tracked: the collector's full passes over a 200,000-page mirror took ~33 ms
+    assert not any(gc.is_tracked(ws) for ws in r._holders.values())
+    # each worker id is one string object, whether it came in a snapshot or a change
+    assert len({id(w) for ws in r._holders.values() for w in ws}) == 4
+    for prompt in ([1, 2], [60], [120], [180], [1, 60, 150]):
+        assert r.match(prompt) == d.match(prompt)
+    d.remove_pages("w1", list(range(1, 200)))
+    d.remove_pages("w3", list(range(1, 200)))
+    d.remove_pages("w4", list(range(1, 200)))
+    d.remove_pages("w2", list(range(1, 200)))
+    sync(r, d)
+    assert r.status()["pages"] == 0 and r.match([1]) == {}
