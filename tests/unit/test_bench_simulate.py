@@ -114,7 +114,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-wait-s2.json.gz", "bench-agent-wait-s3.json.gz",
                                        "bench-cpu-account.json.gz", "bench-fanflash-split.json.gz",
                                        "bench-flash-seed1.json.gz", "bench-flash-wait-s1.json.gz",
-                                       "bench-flash-wait-s2.json.gz", "bench-unique-split.json.gz",
+                                       "bench-flash-wait-s2.json.gz", "bench-routers4-s2.json.gz",
+                                       "bench-unique-split.json.gz",
                                        "bench-val1.json.gz",
                                        "bench-val2-agent.json.gz",
                                        "bench-val2.json.gz"]
