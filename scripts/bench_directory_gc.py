@@ -1,14 +1,16 @@
-"""What the cycle collector costs on the two directories a fleet keeps in Python: the coordinator's exact directory
-(`bench_plan_tick.filled_state`: 64 workers x 100,000 prefixes, 400,000 page holdings) and a router's mirror of
-it (`DirectoryReplica`, from a snapshot of 200,000 pages with 2 holders each of 64 workers). Prints, for each: the
-objects the collector tracks, a full collection's time (best of 3) and memory per page (tracemalloc); for the
-mirror also the time to apply 100,000 feed changes and to match 2,000 prompts of 64 pages.
+"""What the cycle collector costs on the page indexes a fleet keeps in Python: the coordinator's exact directory
+(`bench_plan_tick.filled_state`: 64 workers x 100,000 prefixes, 400,000 page holdings), a router's mirror of it
+(`DirectoryReplica`, from a snapshot of 200,000 pages with 2 holders each of 64 workers) and a page tree
+(`PageTree`: a router's approximate view of one worker, the simulator's cache of one; 3,200 prompts of 64 pages).
+Prints, for each: the objects the collector tracks, a full collection's time (best of 3) and memory per page
+(tracemalloc); for the mirror also the time to apply 100,000 feed changes and to match 2,000 prompts of 64 pages,
+for the tree the time to insert its prompts and to evict half of it.
 
 A full collection stops every thread of the process (the coordinator's loop and admin API, a router's event
 loop): its time is a pause that grows with the directory. Nothing here asserts a speed; results: docs/router.md
 ("The directory mirror") and docs/coordinator-scale.md ("Pages as bytes").
 
-    .venv/bin/python scripts/bench_directory_gc.py [--only coordinator|mirror] [--mirror-pages N]
+    .venv/bin/python scripts/bench_directory_gc.py [--only coordinator|mirror|tree] [--mirror-pages N]
 """
 from __future__ import annotations
 
@@ -84,14 +86,41 @@ def mirror(num_pages: int = 200_000, num_workers: int = 64) -> None:
           f"2,000 64-page prompts matched in {match_ms:.1f} ms")
 
 
+def tree(num_prompts: int = 3200, pages_per_prompt: int = 64) -> None:
+    from radix_sync.policy.pagetree import PageTree
+
+    rng = random.Random(0)
+    prompts = [[rng.getrandbits(50) * 1000 + j for j in range(pages_per_prompt)] for _ in range(num_prompts)]
+    base = len(gc.get_objects())
+    tracemalloc.start()
+    t = PageTree()
+    t0 = time.perf_counter()
+    for i, q in enumerate(prompts):
+        t.insert(q, len(q), float(i))
+    insert_ms = 1e3 * (time.perf_counter() - t0)
+    mem, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    gc.collect()
+    tracked = max(0, len(gc.get_objects()) - base - len(prompts))
+    collect_ms = full_collect_ms()
+    t0 = time.perf_counter()
+    t.evict(len(t) // 2)
+    evict_ms = 1e3 * (time.perf_counter() - t0)
+    print(f"page tree: {len(prompts) * pages_per_prompt:,} pages; {tracked:,} more objects tracked; full collection "
+          f"{collect_ms:.1f} ms; {mem / (len(prompts) * pages_per_prompt):.0f} B per page; inserted in "
+          f"{insert_ms:.0f} ms; half evicted in {evict_ms:.0f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("coordinator", "mirror"))
+    ap.add_argument("--only", choices=("coordinator", "mirror", "tree"))
     ap.add_argument("--mirror-pages", type=int, default=200_000)
     args = ap.parse_args()
     print(f"command: {' '.join(sys.argv)}")
     if args.only in (None, "mirror"):
         mirror(args.mirror_pages)
+    if args.only in (None, "tree"):
+        tree()
     if args.only in (None, "coordinator"):
         coordinator()
     return 0

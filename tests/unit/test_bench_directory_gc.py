@@ -16,3 +16,13 @@ def test_the_mirror_adds_next_to_no_tracked_objects():
     assert line.startswith("router mirror: 20,000 pages"), line
     tracked = int(re.search(r"; ([\d,]+) more objects tracked", line).group(1).replace(",", ""))
     assert tracked < 200, line  # one set per page before (20,000)
+
+
+def test_a_page_tree_adds_next_to_no_tracked_objects():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_directory_gc.py"), "--only", "tree"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.splitlines()[-1]
+    assert line.startswith("page tree: 204,800 pages"), line
+    tracked = int(re.search(r"; ([\d,]+) more objects tracked", line).group(1).replace(",", ""))
+    assert tracked < 2000, line  # one per page before (204,800)
