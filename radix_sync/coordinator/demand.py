@@ -10,6 +10,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+import msgspec
+
 from radix_sync.integrity import IntegrityError
 
 if TYPE_CHECKING:
@@ -20,8 +22,7 @@ MAX_HINT_IDS = 65_536
 """Hint ids remembered for idempotency at most (`DemandLog.hint_ids`)."""
 
 
-@dataclass(frozen=True)
-class ArrivalRecord:
+class ArrivalRecord(msgspec.Struct, frozen=True, gc=False):
     """A request the router saw (the earliest demand signal): where it went and what prefix it carried."""
 
     time_s: float
@@ -36,8 +37,7 @@ class ArrivalRecord:
     """Tenant/workload class the router put the request in (gap distributions are learned per class)."""
 
 
-@dataclass(frozen=True)
-class FinishRecord:
+class FinishRecord(msgspec.Struct, frozen=True, gc=False):
     """A response the router saw end: the session-continuation signal (the next turn of a session extends this
     prompt, after a gap that depends on how the response ended)."""
 
@@ -53,8 +53,7 @@ class FinishRecord:
     worker_id: str
 
 
-@dataclass(frozen=True)
-class HintRecord:
+class HintRecord(msgspec.Struct, frozen=True, gc=False):
     """An explicit demand hint: `fanout` (k branches will extend this prefix) or `keepalive` (a session's next
     turn is expected within ttl_s)."""
 

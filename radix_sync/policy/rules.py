@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import msgspec
+
 
 @dataclass(frozen=True)
 class RuleConfig:
@@ -38,8 +40,10 @@ class RuleConfig:
             raise ValueError(f"ttl_s must be > 0, got {self.ttl_s}")
 
 
-@dataclass(frozen=True)
-class HitRecord:
+class HitRecord(msgspec.Struct, frozen=True, gc=False):
+    """A worker's prefix hit. NOTE: a struct the cycle collector does not track (every field a scalar): the
+    coordinator keeps the hit window's records, tens of thousands at scale."""
+
     time_s: float
     worker_id: str
     namespace: str
