@@ -356,7 +356,7 @@ class PrefixDirectory:
         chunks = []
         node = self._nodes.get(block_hash)
         while node is not None:
-            if not node.token_ids:
+            if not node.tokens:
                 return None
             chunks.append(node.token_ids)
             if node.parent_hash is None:

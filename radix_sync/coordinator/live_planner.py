@@ -438,7 +438,7 @@ class LivePlanner:
         """Returns: the candidate prefix with its holders (`in_flight`: the copies of it in flight included), or
         None when nobody holds it (or its tokens are not known yet): nothing to copy."""
         node = state.directory.node(block_hash)
-        if node is None or not node.token_ids:
+        if node is None or not node.tokens:
             return None
         token_len = node.depth * page_len
         # (a landed holding's view is a value: one object for all the prefixes alike there, kept across ticks)

@@ -39,7 +39,7 @@ class _Node(msgspec.Struct, gc=False):
     replica: bool
     depth: int = 0
     """Pages from the root to this one, inclusive (T-LRU only; 0 otherwise)."""
-    hist: int = -1
+    hist: int = 0
     """T-LRU: the deepest page count its branch ever reached (never lowered by eviction); `depth` at creation."""
     num_children: int = 0
     lock_count: int = 0
@@ -50,10 +50,6 @@ class _Node(msgspec.Struct, gc=False):
     (`PageTree.num_evict_first_stale_pages`)."""
     split_below: bool = False
     """Radix nodes: a node of SGLang's tree ends at this page (its children begin other nodes)."""
-
-    def __post_init__(self) -> None:
-        if self.hist < 0:
-            self.hist = self.depth
 
 
 def chained_prefix_len(pages: Sequence[int], present: Container[int], limit: Optional[int] = None) -> int:
@@ -168,7 +164,7 @@ class PageTree:
         tlru = self._tlru
         for i in range(start, upto):
             page = pages[i]
-            node = _Node(parent, now, replica, i + 1) if tlru else _Node(parent, now, replica)
+            node = _Node(parent, now, replica, i + 1, i + 1) if tlru else _Node(parent, now, replica)
             nodes[page] = node
             if parent is not None:
                 nodes[parent].num_children += 1

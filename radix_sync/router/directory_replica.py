@@ -86,7 +86,8 @@ class DirectoryReplica:
         """Page hash -> holders from a snapshot (worker id -> its page hashes)."""
         out: dict[int, tuple[str, ...]] = {}
         for worker_id, hashes in snapshot.items():
-            w = self._ids.setdefault(str(worker_id), str(worker_id))
+            w = str(worker_id)
+            w = self._ids.setdefault(w, w)
             for h in hashes:
                 h = int(h)
                 ws = out.get(h, ())
@@ -97,6 +98,7 @@ class DirectoryReplica:
     def reset(self) -> None:
         """Forgets everything (the next feed call gets a snapshot)."""
         self.epoch, self.seq, self._holders, self._host, self.healthy = "", 0, {}, {}, False
+        self._ids = {}
 
     def mark_unhealthy(self) -> None:
         self.healthy = False
