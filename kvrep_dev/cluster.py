@@ -24,11 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("KVREP_LOCAL_CACHE", ROOT / ".cache"))
 
 
-_PORT_RANGE = (20000, 32000)
+_PORT_RANGE = (12000, 22000)
 """Ports handed to servers come from below Linux's ephemeral range (32768-60999): a server binds its port only
 after ~25 s of start-up, and a port the OS chose (`bind(0)`) is also what any process's outgoing connection or
 SGLang's own internal ports (`get_open_port`) get meanwhile. Seen in CI: a worker failed with "address already
-in use" on the port it was given."""
+in use" on the port it was given. And below 22000: SGLang 0.5.23 picks each server's torch.distributed store port
+(`nccl_port`, bound on 0.0.0.0) from 22000-29999 itself (`get_free_port_below_ephemeral` in
+`sglang/srt/utils/network.py`), at start-up, before the server binds its HTTP port: seen in the suite, a worker
+given 22577 whose own store had taken it ("error while attempting to bind on address ('0.0.0.0', 22577)")."""
 _given: set[int] = set()
 
 
@@ -41,7 +44,7 @@ def free_port() -> int:
             continue
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("", port))  # every IPv4 address: a worker may bind the wildcard (`--host 0.0.0.0`)
             except OSError:
                 continue
         _given.add(port)
