@@ -16,6 +16,7 @@ def _add_coordinator(sub) -> None:
     # every default comes from the config dataclasses (written once, there)
     from radix_sync.coordinator.server import POLICIES, CoordinatorConfig as C
     from radix_sync.coordinator.state import StateConfig as S
+    from radix_sync.gc_pacing import PROCESS_THOROUGH_EVERY_S
     from radix_sync.policy.rules import RuleConfig as R
 
     p = sub.add_parser("coordinator", help="run the coordinator (directory, policy, admin API)")
@@ -56,6 +57,10 @@ def _add_coordinator(sub) -> None:
                         "'{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}'")
     p.add_argument("--max-msg-bytes", type=int, default=C.max_msg_bytes,
                    help="largest frame a worker may send; a larger one disconnects it unread")
+    p.add_argument("--gc-thorough-every-s", type=float, default=PROCESS_THOROUGH_EVERY_S, metavar="S",
+                   help="pace Python's cycle collector: what lives after each plan tick is frozen (no full "
+                        "collection walks the directory mid-tick or mid-lookup) and the whole heap is collected "
+                        "once every S seconds (GET /status loop.gc; 0: Python's own schedule)")
     g = p.add_argument_group("rule-based policy (L, H, W, Q)")
     g.add_argument("--rule-min-prefix-len", type=int, default=R.min_prefix_len, help="L: tokens")
     g.add_argument("--rule-min-hits", type=int, default=R.min_hits, help="H: hits within the window")
@@ -78,7 +83,7 @@ def _run_coordinator(args) -> int:
             bind=args.bind, admin_host=args.admin_host, admin_port=args.admin_port, policy=args.policy,
             profile=args.profile,
             mode=args.mode, tick_s=args.tick_s, keys=args.keys, insecure=args.insecure,
-            max_msg_bytes=args.max_msg_bytes,
+            max_msg_bytes=args.max_msg_bytes, gc_thorough_every_s=args.gc_thorough_every_s,
             rules=RuleConfig(args.rule_min_prefix_len, args.rule_min_hits, args.rule_window_s, args.rule_max_queue,
                              args.rule_ttl_s),
             state=StateConfig(worker_timeout_s=args.worker_timeout_s,

@@ -413,6 +413,7 @@ def run(wl: Workload, num_ticks: int = 8, log_dir: Optional[Path] = None, quiet:
             "tick_ms": 1e3 * (s1 - s0) / max(1, c1 - c0),
             "tick_cpu_ms": 1e3 * (cpu1 - cpu0) / max(1, c1 - c0),
             "planner": status.get("planner"),
+            "collector": status["loop"]["gc"],
             "rss_after_hello_bytes": rss0, "rss_after_ingest_bytes": rss1,
             "bytes_per_holding": (rss1 - rss0) / max(1, wl.num_holdings),
             "lookup_errors": lookups.errors,
@@ -450,6 +451,13 @@ def report(r: dict) -> None:
               f"max {v['max']:8.2f} ms")
     print(f"demand: {r['num_hits']:,} hits + loads ({r['num_busy_workers']} busy workers) at "
           f"{r['demand_facts_per_s']:,.0f} facts/s; planner {r['planner']}")
+    gc_ = r["collector"]
+    if gc_.get("paced") is False:
+        print("cycle collector: Python's own schedule (--gc-thorough-every-s 0)")
+    else:
+        print(f"cycle collector: paced, {gc_['frozen']:,} objects frozen after {gc_['settles']} ticks; "
+              f"{gc_['thorough_passes']} thorough passes (every {gc_['thorough_every_s']:g} s; longest "
+              f"{gc_['thorough_ms']['max']:.1f} ms, {gc_['freed']['total']:,} objects freed)")
     print(f"ingest: {r['ingest_pages_per_s']:,.0f} facts/s ({r['num_holdings_expected']:,} pages in "
           f"{r['ingest_s']:.2f}s, {r['ingest_msgs_per_s']:,.0f} msgs/s) [target >= 200,000]")
     print(f"plan tick: {r['tick_ms']:.1f} ms (mean of {r['num_ticks_measured']} ticks, {wl['num_workers']} workers, "

@@ -40,6 +40,12 @@ class LoopStats:
                                         "CPU time of the loop thread in one policy and timer tick (its own work; "
                                         "the wall time less waits for the GIL, the state lock and the cores)",
                                         buckets=_SECONDS_BUCKETS, registry=registry)
+        self.gc_pacer = None
+        """The process's `radix_sync.gc_pacing.GcPacer` when the coordinator paces the collector (`/status` shows it)."""
+        self._gc_hist = Histogram("kvrep_coordinator_gc_thorough_seconds",
+                                  "Pause of the loop thread for one thorough collection of the whole heap (only when "
+                                  "the collector is paced: --gc-thorough-every-s)",
+                                  buckets=_SECONDS_BUCKETS, registry=registry)
         self._batch_hist = Histogram("kvrep_coordinator_batch_seconds",
                                      "Time to handle one batch of worker messages (up to 1,000)",
                                      buckets=_SECONDS_BUCKETS, registry=registry)
@@ -52,6 +58,11 @@ class LoopStats:
         self.max_tick_s = max(self.max_tick_s, seconds)
         self._tick_hist.observe(seconds)
         self._tick_cpu_hist.observe(cpu_seconds)
+
+    def gc_pause(self, seconds: float) -> None:
+        """After a tick, the collector pacer's thorough pass took `seconds` (0.0: none ran)."""
+        if seconds > 0:
+            self._gc_hist.observe(seconds)
 
     def batch(self, n: int, seconds: float) -> None:
         self.batch_s.append(seconds)
@@ -70,7 +81,8 @@ class LoopStats:
                 "tick_ms": {"p50": ms(ticks, 0.5), "p99": ms(ticks, 0.99), "max": round(self.max_tick_s * 1e3, 2)},
                 "tick_cpu_ms": {"p50": ms(cpu, 0.5), "p99": ms(cpu, 0.99)},
                 "batch_ms": {"p50": ms(batches, 0.5), "p99": ms(batches, 0.99),
-                             "max": round(self.max_batch_s * 1e3, 2)}}
+                             "max": round(self.max_batch_s * 1e3, 2)},
+                "gc": self.gc_pacer.summary() if self.gc_pacer is not None else {"paced": False}}
 
 
 class _StateCollector:

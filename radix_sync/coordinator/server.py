@@ -28,6 +28,7 @@ from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
 from radix_sync.coordinator.pull import (check_critical, critical_prefix_hash, join_critical, ledger_allows_pull,
                                          room_for_critical)
 from radix_sync.coordinator.state import ClusterState, StateConfig
+from radix_sync.gc_pacing import GcPacer
 from radix_sync.hashing import page_hashes
 from radix_sync.policy.rules import RuleConfig
 
@@ -67,6 +68,10 @@ class CoordinatorConfig:
     """Largest message frame a worker may send; a larger one disconnects it before it is buffered (ZMQ_MAXMSGSIZE)."""
     plain_workers: tuple[PlainWorkerSpec, ...] = ()
     """Workers without the plugin, followed through SGLang's own KV events (`plain.py`)."""
+    gc_thorough_every_s: float = 0.0
+    """> 0: pace the process's cycle collector (`radix_sync.gc_pacing.GcPacer`: what lives after each tick is
+    frozen, the whole heap collected once this often). 0: leave the collector alone, the default of a coordinator
+    made in a library or a test (freezing is the process's decision); `kvrep coordinator` runs with 300."""
 
     def __post_init__(self) -> None:
         if not 1 << 16 <= self.max_msg_bytes <= 1 << 30:
@@ -83,6 +88,8 @@ class CoordinatorConfig:
             raise ValueError(f"mode must be active or shadow, got {self.mode!r}")
         if not self.tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {self.tick_s}")
+        if not 0 <= self.gc_thorough_every_s < float("inf"):
+            raise ValueError(f"gc_thorough_every_s must be >= 0 and finite, got {self.gc_thorough_every_s}")
         ids = [w.worker_id for w in self.plain_workers]
         if len(set(ids)) != len(ids):
             raise ValueError(f"plain worker ids must be distinct, got {ids}")
@@ -114,6 +121,8 @@ class Coordinator:
         """Target -> {replication id: tokens} dropped for critical copies, until the directory no longer holds them."""
         self.metrics = CoordinatorMetrics(self)
         self.loop_stats = self.metrics.loop
+        self.gc_pacer = GcPacer(config.gc_thorough_every_s) if config.gc_thorough_every_s > 0 else None
+        self.loop_stats.gc_pacer = self.gc_pacer
         self._outbox: "queue.Queue[tuple[bytes, p._Msg]]" = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
@@ -207,6 +216,8 @@ class Coordinator:
             self._ctx.term()
             os.close(self._wake_r)
             os.close(self._wake_w)
+            if self.gc_pacer is not None:
+                self.gc_pacer.release()
 
     def stop(self) -> None:
         self._stop.set()
@@ -268,6 +279,8 @@ class Coordinator:
                     self.num_tick_errors += 1
                     log.exception("policy tick failed (%d so far); serving goes on", self.num_tick_errors)
                 self.loop_stats.tick(time.monotonic() - t0, time.thread_time() - c0)
+                if self.gc_pacer is not None:  # NOTE: not in the tick's time; a thorough pass is reported apart
+                    self.loop_stats.gc_pause(self.gc_pacer.settle())
                 next_tick = time.monotonic() + self.config.tick_s
             seq = self.state.directory.feed.seq  # (an int read: no lock needed)
             if seq != notified:

@@ -1,5 +1,6 @@
 """The coordinator as a real process over real sockets: bad input gets an error and the coordinator keeps serving."""
 import time
+import urllib.request
 
 import msgspec
 import pytest
@@ -219,3 +220,50 @@ def test_policy_switch_can_forget_demand(coord):
     assert st["num_recent_arrivals"] == 0 and st["num_live_hints"] == 0 and st["hints"] == []
     assert coord.post("/policy", {"policy": "kvrep", "reset_demand": "yes"})[0] == 400
     assert coord.post("/policy", {"policy": "none", "mode": "shadow"})[0] == 200
+
+
+def test_the_process_paces_its_collector_and_the_directory_survives_thorough_passes(tmp_path):
+    """`kvrep coordinator` freezes what lives after each tick and collects the whole heap every
+    `--gc-thorough-every-s`: facts stored before and between the passes are all still answered."""
+    c = Coordinator(tmp_path, extra_args=("--policy", "kvrep", "--worker-timeout-s", "30",
+                                          "--gc-thorough-every-s", "0.3"))
+    try:
+        c.wait_ready()
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(c.endpoint)
+        sock.send(p.encode(hello("w-gc")))
+        assert isinstance(reply(sock), p.HelloAck)
+        prompts = []
+        for seq in range(1, 5):
+            toks = list(range(1000 * seq, 1000 * seq + 16))
+            hashes = page_hashes(toks, 4)
+            sock.send(p.encode(p.PagesStored(worker_id="w-gc", seq=seq, namespace="", blocks=[
+                p.BlockFact(h, par, toks[i * 4:(i + 1) * 4])
+                for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))])))
+            prompts.append(toks)
+            passes = c.get("/status")[1]["loop"]["gc"]["thorough_passes"]
+            deadline = time.monotonic() + 10
+            while c.get("/status")[1]["loop"]["gc"]["thorough_passes"] == passes and time.monotonic() < deadline:
+                time.sleep(0.1)
+        gc_ = c.get("/status")[1]["loop"]["gc"]
+        assert gc_["thorough_passes"] >= 4 and gc_["frozen"] > 0 and gc_["settles"] >= gc_["thorough_passes"]
+        assert gc_["thorough_every_s"] == 0.3 and gc_["thorough_ms"]["max"] >= gc_["thorough_ms"]["last"] > 0
+        for toks in prompts:
+            assert c.post("/directory/lookup", {"input_ids": toks})[1]["matched"]["w-gc"] == 16
+        req = urllib.request.Request(c.admin + "/metrics", headers={"Authorization": f"Bearer {c.tokens.read}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert "kvrep_coordinator_gc_thorough_seconds_count" in resp.read().decode()
+        sock.close()
+    finally:
+        c.stop()
+
+
+def test_the_collector_is_left_alone_when_asked(tmp_path, coord):
+    assert coord.get("/status")[1]["loop"]["gc"]["settles"] > 0  # the CLI's default paces
+    c = Coordinator(tmp_path, extra_args=("--policy", "none", "--gc-thorough-every-s", "0"))
+    try:
+        c.wait_ready()
+        assert c.get("/status")[1]["loop"]["gc"] == {"paced": False}
+    finally:
+        c.stop()

@@ -1,0 +1,76 @@
+"""`GcPacer`: keeps CPython's cycle collector from walking a long-running process's whole heap on its hot path.
+
+Why: the coordinator holds hundreds of thousands of directory entries and demand records. Their own objects are
+out of the collector's sight already (pages are bytes, records are untracked structs), but the containers holding
+them (dicts of 200,000 pages, a deque per prefix) are walked by every full collection: 60-77 ms at 400,000 page
+holdings (`scripts/bench_directory_gc.py`), on whichever thread allocated last -- the loop thread in the middle of
+a plan tick, the admin thread in the middle of a lookup. CPython starts a full collection once ten younger ones
+have run and the objects that survived them reach a quarter of the oldest generation, so a coordinator taking
+steady demand meets one every few seconds (docs/coordinator-scale.md, "The cycle collector, paced").
+
+What: the loop thread calls `settle()` after each plan tick. `gc.freeze()` moves every object alive then into the
+permanent generation (a list splice, O(1)), which no automatic collection walks; objects made later are collected
+as before, and reference counting frees anything acyclic at once whatever its generation. What freezing defers:
+a cycle of frozen objects that becomes garbage later is freed only by a thorough pass. Every `thorough_every_s`,
+`settle()` unfreezes, collects the whole heap once (the pause a full collection always cost, now once a period
+and right after a tick, when the next one is furthest away) and freezes again; its pause, what it freed and what
+is frozen are reported (`summary()`, the coordinator's `/status` `loop.gc`).
+
+A process-wide decision: the coordinator makes a pacer only when its owner asks (`kvrep coordinator` does; a
+coordinator built in a test or a library leaves the collector alone).
+"""
+from __future__ import annotations
+
+import gc
+import time
+from typing import Callable
+
+PROCESS_THOROUGH_EVERY_S = 300.0
+"""`kvrep coordinator --gc-thorough-every-s`'s default: one whole-heap pause (~60-80 ms at 400,000 page holdings) in
+five minutes."""
+
+
+class GcPacer:
+    """Freezes what lives after each unit of work; a thorough collection every `thorough_every_s`. One thread
+    calls `settle()`; `summary()` may be read from any (plain int and float reads)."""
+
+    def __init__(self, thorough_every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not 0 < thorough_every_s < float("inf"):
+            raise ValueError(f"thorough_every_s must be > 0 and finite, got {thorough_every_s}")
+        self.thorough_every_s = thorough_every_s
+        self.clock = clock
+        self.last_thorough_s = clock()
+        self.num_settles = 0
+        self.num_thorough = 0
+        self.last_pause_s = 0.0
+        self.max_pause_s = 0.0
+        self.last_freed = 0
+        self.total_freed = 0
+
+    def settle(self) -> float:
+        """After a unit of work: freeze what lives now; every `thorough_every_s` first collect the whole heap
+        (frozen objects included). Returns the seconds a thorough pass took (0.0 when none ran)."""
+        self.num_settles += 1
+        pause = 0.0
+        now = self.clock()
+        if now - self.last_thorough_s >= self.thorough_every_s:
+            t0 = time.perf_counter()
+            gc.unfreeze()
+            freed = gc.collect()
+            pause = time.perf_counter() - t0
+            self.last_thorough_s = now
+            self.num_thorough += 1
+            self.last_pause_s, self.max_pause_s = pause, max(self.max_pause_s, pause)
+            self.last_freed, self.total_freed = freed, self.total_freed + freed
+        gc.freeze()
+        return pause
+
+    def release(self) -> None:
+        """The process stops pacing (the coordinator stopped): everything frozen is the collector's again."""
+        gc.unfreeze()
+
+    def summary(self) -> dict:
+        return {"frozen": gc.get_freeze_count(), "settles": self.num_settles,
+                "thorough_every_s": self.thorough_every_s, "thorough_passes": self.num_thorough,
+                "thorough_ms": {"last": round(self.last_pause_s * 1e3, 2), "max": round(self.max_pause_s * 1e3, 2)},
+                "freed": {"last": self.last_freed, "total": self.total_freed}}
