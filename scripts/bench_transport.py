@@ -5,8 +5,9 @@ rank (32 layers, 8 KV heads, head_dim 128, bf16, page size 16), 128 KiB per toke
 
   raw    source `sendall`s the payload; target `recv_into`s a pre-faulted buffer and acks: the loopback ceiling.
   zmq    the agent's own transport object on both ends (`ZmqTransport`, `--kvrep-transport zmq`): the source
-         gathers each chunk (a contiguous copy of its pages of every layer, as the scheduler thread does), at most
-         4 chunks ahead of the wire, and `push_chunk`s it; the transport sends it zero-copy with its xxh3
+         gathers each chunk (a contiguous copy of its pages of every layer into a reused host slot, as a CPU
+         pool's scheduler thread does: `HostSlots`, `CPU_HOST_SLOTS`), at most 4 chunks ahead of the wire, and
+         `push_chunk`s it; the transport sends it zero-copy with its xxh3
          checksum; the target verifies and stages every chunk (`StagingPool`, reused) and answers as soon as
          the transfer is whole (`TransferReceived` -> `answer`). Timed from `send` to the reply consumed.
   nixl   the same with `NixlTransport` (`--kvrep-transport nixl`): ZMQ control, each chunk WRITTEN by NIXL (UCX)
@@ -31,6 +32,7 @@ import statistics
 import sys
 import time
 import uuid
+from typing import Optional
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,10 +42,12 @@ import torch  # noqa: E402
 import zmq  # noqa: E402
 
 from radix_sync import protocol as p  # noqa: E402
+from sglang_kvrep.agent.source_side import CPU_HOST_SLOTS, MAX_AHEAD  # noqa: E402
 from sglang_kvrep.config import KvrepConfig  # noqa: E402
 from sglang_kvrep.dataplane.checks import LocalGeometry  # noqa: E402
 from sglang_kvrep.dataplane.registry import make_transport  # noqa: E402
 from sglang_kvrep.dataplane.transport import TransferFailed, TransferReceived  # noqa: E402
+from sglang_kvrep.device import HostSlots, SyncOps  # noqa: E402
 
 PAGE_SIZE, NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 16, 32, 8, 128
 GEOMETRY = LocalGeometry(fingerprint="bench", page_size=PAGE_SIZE, dtype="torch.bfloat16", layout="NHD",
@@ -136,8 +140,14 @@ class Source:
         self.events: list = []
         self.t = make_transport(name, config(), lambda h: None, self.events.append, ctx, self.poller)
         self.endpoint = endpoint
+        self.slots: Optional[HostSlots] = None
 
     def run(self, payload: torch.Tensor, chunk_bytes: int) -> float:
+        if self.slots is None or self.slots.slot_bytes != chunk_bytes // PAGE_BYTES * PAGE_BYTES:
+            self.slots = HostSlots(SyncOps(), chunk_bytes // PAGE_BYTES * PAGE_BYTES, CPU_HOST_SLOTS)
+        return self._run(payload, chunk_bytes)
+
+    def _run(self, payload: torch.Tensor, chunk_bytes: int) -> float:
         h = header_for(payload.numel(), chunk_bytes)
         whole = payload[:h.num_bytes].view(NUM_LAYERS, h.num_pages, -1)
         t0 = time.perf_counter()
@@ -146,9 +156,13 @@ class Source:
         while h.transfer_id in self.t.outgoing:
             sent = self.t.outgoing[h.transfer_id].num_sent
             pushed = False
-            while gathered < h.num_chunks and gathered - sent < 4:  # the agent's gather-ahead bound
+            while gathered < h.num_chunks and gathered - sent < MAX_AHEAD:  # the agent's gather-ahead bound
                 first = gathered * h.pages_per_chunk
-                self.t.push_chunk(h.transfer_id, gathered, whole[:, first:first + h.pages_per_chunk].contiguous(), 0)
+                part = whole[:, first:first + h.pages_per_chunk]
+                slot = self.slots.take(part.numel())
+                if slot is None:  # every slot still read by a frame libzmq has not let go of: as the agent waits
+                    break
+                self.t.push_chunk(h.transfer_id, gathered, slot.view(part.shape).copy_(part), 0)
                 gathered += 1
                 pushed = True
             # as the agent's I/O loop: a gathered chunk wakes it at once (its mailbox), else it sleeps in the poller

@@ -16,6 +16,7 @@ import torch
 from kvrep_kernels import gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
 from sglang_kvrep.agent import mailbox as m
+from sglang_kvrep.dataplane.checks import DTYPES
 from sglang_kvrep.device import HostSlots, host_copy
 
 log = logging.getLogger("kvrep.agent")
@@ -32,6 +33,14 @@ DEVICE_AHEAD_BYTES = 256 << 20
 microseconds of the scheduler thread, and 4 chunks a step would pace a 4 GiB replica by the scheduler's steps
 (~16 MiB a step) instead of the link. It is also the most pinned memory the chunks take, over all jobs
 (`HostSlots`, allocated when the agent starts and kept)."""
+
+
+CPU_HOST_SLOTS = 32
+"""With synchronous copies (a CPU pool) chunks are gathered straight into reused host slots as well: at most this
+many, allocated as needed and kept. They cover a job's gather-ahead (`MAX_AHEAD`) plus a peer's send queue
+(`SNDHWM` 16) and pyzmq's late release of frames already sent. A fresh 4 MiB buffer per chunk cost its page faults on
+the scheduler thread each time, and the source's side of a transfer ~0.05-0.1x of raw TCP's rate
+(docs/transport.md, "Gathering into reused buffers")."""
 
 
 def ahead_chunks(chunk_bytes: int, is_async: bool) -> int:
@@ -73,11 +82,12 @@ class SourceSide:
     """A chunk waits for a host slot (the scheduler must not sleep: see `_keep_polling`)."""
 
     def host_slots(self) -> HostSlots:
-        """The chunks' host memory with asynchronous copies (made when the agent starts: the geometry sizes it)."""
+        """The chunks' host memory (with asynchronous copies made when the agent starts: the geometry sizes it)."""
         if self._host_slots is None:
             page_bytes = self.geometry.num_bytes(1)
             slot_bytes = max(1, self.config.chunk_bytes // page_bytes) * page_bytes
-            self._host_slots = HostSlots(self.ops, slot_bytes, DEVICE_AHEAD_BYTES // slot_bytes)
+            self._host_slots = HostSlots(self.ops, slot_bytes,
+                                         DEVICE_AHEAD_BYTES // slot_bytes if self.ops.is_async else CPU_HOST_SLOTS)
         return self._host_slots
 
     def _replicate(self, cmd: p.ReplicatePages) -> None:
@@ -159,35 +169,39 @@ class SourceSide:
             self._hand_over(tid, job)
 
     def _issue_chunk(self, tid: str, job: "_GatherJob", room: int = 1) -> bool:
-        """Issues the job's next chunks on the copy stream: one, or with asynchronous copies up to `room` chunks
-        of at most `GATHER_BATCH_BYTES` in one gather, each chunk then copied into its own host slot with its own
-        event. False when none was issued: the job is ending (that failed), or every host slot is in use
-        (`job.ending` still None: the chunks are issued at a later step)."""
+        """Issues the job's next chunks on the copy stream: one, gathered into a host slot, or with asynchronous
+        copies up to `room` chunks of at most `GATHER_BATCH_BYTES` in one gather on the device, each chunk then
+        copied into its own host slot with its own event. False when none was issued: the job is ending (that
+        failed), or every host slot is in use (`job.ending` still None: the chunks are issued at a later step)."""
         h, ops = job.header, self.ops
         t0 = time.perf_counter()
         first = job.next_chunk * h.pages_per_chunk
         page_bytes = h.num_bytes // h.num_pages
         try:
-            slots: list = [None]
+            wanted = 1  # (a CPU pool: the gather writes straight into a reused host slot)
             if ops.is_async:
                 wanted = min(room, h.num_chunks - job.next_chunk,
                              max(1, GATHER_BATCH_BYTES // (page_bytes * h.pages_per_chunk)))
-                slots = []
-                for i in range(wanted):
-                    pages = min(h.pages_per_chunk, h.num_pages - first - i * h.pages_per_chunk)
-                    slot = self.host_slots().take(page_bytes * pages)
-                    if slot is None:  # frees when the transport lets go of a sent chunk: nothing wakes us for that
-                        self.slot_starved = True
-                        break
-                    slots.append(slot)
-                if not slots:
-                    return False
+            slots = []
+            for i in range(wanted):
+                pages = min(h.pages_per_chunk, h.num_pages - first - i * h.pages_per_chunk)
+                slot = self.host_slots().take(page_bytes * pages)
+                if slot is None:  # frees when the transport lets go of a sent chunk: nothing wakes us for that
+                    self.slot_starved = True
+                    break
+                slots.append(slot)
+            if not slots:
+                return False
             last = min(h.num_pages, first + len(slots) * h.pages_per_chunk)
             k_bufs, v_bufs, layout = self.view.kv_buffers()
             issued = []
             with ops.stream():
                 ops.fence()
-                buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:last], h.page_size, layout=layout)
+                out = None
+                if not ops.is_async:
+                    shape = (h.buffer_shape[0], last - first, *h.buffer_shape[2:])
+                    out = slots[0].view(DTYPES[h.dtype]).view(shape)
+                buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:last], h.page_size, layout=layout, out=out)
                 for i, slot in enumerate(slots):
                     part = buffer[:, i * h.pages_per_chunk:(i + 1) * h.pages_per_chunk] if len(slots) > 1 else buffer
                     host = host_copy(ops, part, slot)  # (a CPU pool's gathered buffer is the host buffer)

@@ -653,6 +653,39 @@ def test_a_source_takes_host_memory_from_slots_it_keeps_and_reuses_one_only_once
 
 
 
+def test_a_cpu_source_gathers_straight_into_host_slots_it_reuses_once_every_holder_let_go(monkeypatch):
+    """A CPU pool (`SyncOps`): each chunk is gathered into a view of a kept host slot (no fresh buffer, no page
+    faults per chunk on the scheduler thread), allocated as needed up to `CPU_HOST_SLOTS`; a slot is taken again
+    only once the I/O side and zero-copy frames let go of it, and the bytes are the pages' bytes every time."""
+    from sglang_kvrep.agent import source_side
+
+    monkeypatch.setattr(source_side, "CPU_HOST_SLOTS", 2)
+    view, agent, cmd = source(SyncOps(), monkeypatch)
+    agent._on_message(m.Replicate(cmd))
+    held = posted(agent, m.ChunkGathered)  # two chunks in the call; the other two wait for a slot
+    slots = agent._host_slots
+    assert [c.index for c in held] == [0, 1] and len(slots.slots) == 2 and slots.in_use() == 2
+    assert agent.slot_starved and agent.gathers
+    ptrs = {buf.data_ptr() for buf, _ in slots.slots}
+    assert {c.buffer.data_ptr() for c in held} == ptrs  # the chunks are the slots' memory
+    assert torch.equal(held[0].buffer, view.expected_chunk(1, 4))
+    assert torch.equal(held[1].buffer, view.expected_chunk(5, 4))
+    frame = memoryview(held[0].buffer.reshape(-1).view(torch.uint8).numpy())  # as a zero-copy frame holds it
+    del held[0]
+    agent.on_iteration()
+    assert posted(agent, m.ChunkGathered) == [] and slots.in_use() == 2  # the frame still reads slot 0
+    del frame
+    agent.on_iteration()
+    [c2] = posted(agent, m.ChunkGathered)
+    assert c2.index == 2 and c2.buffer.data_ptr() in ptrs and torch.equal(c2.buffer, view.expected_chunk(9, 4))
+    del c2
+    held.clear()
+    agent.on_iteration()
+    [c3] = posted(agent, m.ChunkGathered)
+    assert c3.index == 3 and torch.equal(c3.buffer, view.expected_chunk(13, 4)) and len(slots.slots) == 2
+    assert view.unlocked == ["lock1"] and not agent.gathers
+
+
 def test_an_asynchronous_source_gathers_several_chunks_in_one_launch_each_to_its_own_slot_and_event(monkeypatch):
     """Issuing a gather costs ~1.6 ms of the scheduler thread on an H200 (Python, not the GPU): a GPU source gathers
     up to `GATHER_BATCH_BYTES` of chunks behind one fence and one launch, then copies each chunk to its own host
