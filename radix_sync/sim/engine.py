@@ -12,11 +12,11 @@ import itertools
 from collections import deque
 from typing import Callable, Optional
 
+from radix_sync.gc_pacing import frozen_during
 from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.cost import CostProfile
 from radix_sync.policy.demotion import DemotionGate
-from radix_sync.policy.snapshot import (REPLICA, ClusterSnapshot, HolderView, RequestView,
-                                        Route, WorkerView)
+from radix_sync.policy.snapshot import REPLICA, ClusterSnapshot, HolderView, RequestView, Route, WorkerView
 from radix_sync.policy.tracker import NodeTracker
 from radix_sync.sim.cache import Directory, worker_cache
 from radix_sync.sim.config import EngineConfig
@@ -108,6 +108,7 @@ class Engine:
     def schedule_iter_end(self, worker: SimWorker, t: float) -> None:
         self._push(t, ITER, worker, worker.version)
 
+    @frozen_during  # (the workload and what the engine built from it, out of the collector's walks)
     def run(self) -> RunStats:
         """Runs to completion. Returns: the statistics."""
         for r in self.wl.open_requests:
