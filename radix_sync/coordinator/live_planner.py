@@ -312,7 +312,7 @@ class LivePlanner:
             if view is not None:
                 prefixes.append(view)
         snap = ClusterSnapshot(workers=tuple(workers), prefixes=tuple(prefixes), page_len=page_len,
-                               kv_bytes_per_token=kvb, carried=self._carried)
+                               kv_bytes_per_token=kvb, carried=self._carried, worker_keys=tuple(ids))
         if cache is not None:
             cache.end()
         return snap, ids

@@ -111,6 +111,8 @@ class UseCalibration:
         """Prefix -> the keys of its pending `session` copies (`arrived`)."""
         self._demand_of: dict[Hashable, list] = {}
         """Prefix -> the keys of its pending copies of a demand kind (`requested`)."""
+        self._to: dict[tuple, list] = {}
+        """(prefix, target) -> the keys of the copies of that prefix to that target still pending (`betting`)."""
         self._outcomes: dict[str, collections.deque] = {}
         """Kind -> its last `window` outcomes, oldest first."""
         self._judged: dict[Hashable, _Outcome] = {}
@@ -140,6 +142,8 @@ class UseCalibration:
         # (a copy named without its prefix cannot see its requests: no demand outcome)
         self._pending[key] = [kind, min(1.0, count), now, False, prefix, target, count if prefix is not None else 0.0,
                               0]
+        if prefix is not None:
+            self._to.setdefault((prefix, target), []).append(key)
         if kind == SESSION and prefix is not None:
             self._by_prefix.setdefault(prefix, []).append(key)
         elif kind in self.cfg.demand_kinds and prefix is not None:
@@ -205,9 +209,24 @@ class UseCalibration:
         """Judges the copies decided `judge_after_s` ago or more; forgets outcomes older than the window."""
         self._expire(now)
 
+    def betting(self, prefix: Hashable, target: Hashable) -> bool:
+        """Whether a copy of `prefix` to `target` is still a bet: decided less than `judge_after_s` ago and not used
+        yet. The planner makes no second one meanwhile: the first one's pages, gone from the target before any
+        request came (evicted under memory pressure), are no evidence that a second copy would be used (live, the
+        demo's agent sessions: one 384-token prefix copied to one worker five times in 19 s, each landing whole,
+        none used)."""
+        keys = self._to.get((prefix, target))
+        return bool(keys) and any(not self._pending[k][3] for k in keys)
+
     def _take(self, key: Hashable) -> Optional[list]:
         entry = self._pending.pop(key, None)
         if entry is not None and entry[4] is not None:
+            pair = (entry[4], entry[5])
+            keys = self._to.get(pair)
+            if keys is not None and key in keys:
+                keys.remove(key)
+                if not keys:
+                    del self._to[pair]
             by = self._by_prefix if entry[0] == SESSION else self._demand_of
             keys = by.get(entry[4])
             if keys is not None and key in keys:
@@ -300,4 +319,5 @@ class UseCalibration:
             if kind in self.cfg.demand_kinds:
                 kinds[kind]["requests_predicted"] = round(sum(o.demand for o in q), 2)
                 kinds[kind]["requests_seen"] = sum(o.seen for o in q)
-        return {**self.stats, "pending": len(self._pending), "kinds": kinds}
+        return {**self.stats, "pending": len(self._pending),
+                "pending_used": sum(1 for e in self._pending.values() if e[3]), "kinds": kinds}

@@ -406,6 +406,14 @@ class KvrepPlanner:
             deferred = {p[0].node_id: p[8] + 1 for p in left}
             self.outcomes.update(dict.fromkeys(deferred, "deferred (the pass's scoring budget is spent)"))
         self.deferred = deferred
+        if self.calibration is not None and out:  # one bet per prefix and target until it is judged
+            keys, kept = snap.worker_keys or range(len(workers)), []
+            for r in out:
+                if self.calibration.betting(r.node_id, keys[r.target]):
+                    self.outcomes[r.node_id] = f"a copy to worker {r.target} is still a bet (unused, not judged)"
+                else:
+                    kept.append(r)
+            out = kept
         return out
 
     def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,

@@ -150,6 +150,9 @@ class ClusterSnapshot:
     carried: Mapping[int, int] = field(default_factory=dict)
     """Prefixes (node ids) earlier passes left unscored, their scoring budget spent (`KvrepPlanner.deferred`),
     with how many passes in a row each has waited: this pass scores the longest waiting first (read-only)."""
+    worker_keys: tuple = ()
+    """What the planner's `UseCalibration` knows each worker by, by index (live: its worker id, stable across
+    ticks; empty: the index itself, as the simulator records it)."""
 
 
 @dataclass(frozen=True, slots=True)

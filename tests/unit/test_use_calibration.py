@@ -268,3 +268,45 @@ def test_outcomes_fade_with_their_age_given_now():
     cal.tick(20.0)
     use, demand = (0 + 2.0) / (0.5 + 2.0), (0.5 + 2.0) / (5.0 + 2.0)  # weight 1/2 at 100 s
     assert cal.factor("popularity", 100.0) == pytest.approx(use * demand)
+
+
+def test_one_bet_per_prefix_and_target_until_it_is_judged():
+    """A copy decided and not used is still a bet until its judgement: the planner makes no second copy of that
+    prefix to that target meanwhile (its pages gone from the target before any request came are no evidence a
+    second would be used); a use, a failure (dropped) or the judgement lets it copy again."""
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0))
+    p = planner(allow_pull=False)
+    p.calibration = cal
+    snap = snapshot()
+    (d,) = p.plan(snap, 0.0)
+    assert not cal.betting(d.node_id, d.target)
+    cal.decided("c1", d.kind, d.expected_count, 0.0, prefix=d.node_id, target=d.target)
+    assert cal.betting(d.node_id, d.target) and not cal.betting(d.node_id, d.target + 1)
+    assert not cal.betting(d.node_id + 1, d.target)
+    assert p.plan(snap, 1.0) == [] and "still a bet" in p.outcomes[d.node_id]  # the same copy again: not made
+    cal.used("c1", 2.0)  # it paid: another copy of it may
+    assert not cal.betting(d.node_id, d.target) and len(p.plan(snap, 2.0)) == 1
+    cal.decided("c2", d.kind, d.expected_count, 3.0, prefix=d.node_id, target=d.target)
+    assert p.plan(snap, 4.0) == []
+    cal.dropped("c2")  # it never landed: no bet stands
+    assert len(p.plan(snap, 4.0)) == 1
+    cal.decided("c3", d.kind, d.expected_count, 5.0, prefix=d.node_id, target=d.target)
+    assert p.plan(snap, 6.0) == []
+    cal.tick(35.0)  # judged (unused): the bet is over, its outcome now weighs on the kind's factor instead
+    assert not cal.betting(d.node_id, d.target) and cal.stats["unused"] == 1
+
+
+def test_live_the_bet_is_known_by_the_workers_id():
+    """The live planner records its copies by worker id (`ClusterSnapshot.worker_keys`): the same rule."""
+    import dataclasses
+
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0))
+    p = planner(allow_pull=False)
+    p.calibration = cal
+    snap = snapshot()
+    ids = tuple(f"w{i}" for i in range(len(snap.workers)))
+    live = dataclasses.replace(snap, worker_keys=ids)
+    (d,) = p.plan(live, 0.0)
+    cal.decided("r1", d.kind, d.expected_count, 0.0, prefix=d.node_id, target=ids[d.target])
+    assert p.plan(live, 1.0) == [] and len(planner(allow_pull=False).plan(live, 1.0)) == 1
+    assert len(p.plan(snap, 1.0)) == 1  # (known by index, the bet would be another worker's)
