@@ -430,3 +430,31 @@ def test_the_planners_copies_are_judged_by_their_use_and_scale_its_next_bets():
     # without the calibration every prediction is taken as it is
     planner.planner.calibration = None
     assert planner.session_stats()["copy_use"] is None
+
+
+def test_a_copy_whose_pages_left_the_target_unused_is_not_made_again_until_it_is_judged():
+    """Live, the copy is known by its target's worker id (`ClusterSnapshot.worker_keys`): once the coordinator made
+    it and its pages are gone from the target without a hit (evicted), the planner does not copy that prefix there
+    again while the bet is pending (the demo's agent sessions: one prefix copied to one worker 5 times in 19 s)."""
+    from radix_sync.coordinator.replications import DONE
+
+    tokens = list(range(100, 100 + 4096))
+
+    def made(planner):
+        st = state_with_prefix(tokens, waiting_on_a=20)
+        finish(st, tokens, 1.0)
+        [d] = planner.decide(st, 1.2)
+        rep, _, _ = st.request_replication(d.source, d.target, tokens[:d.depth_len], d.namespace, d.ttl_s, 1.3,
+                                           origin="kvrep", block_hash=d.block_hash)
+        rep.state = DONE  # it landed and was evicted before any request came: the directory has no page of it at b
+        return st, d
+
+    planner = LivePlanner("cpu-local")
+    st, d = made(planner)
+    assert planner.decide(st, 1.6) == []
+    assert planner.planner.calibration.betting(d.block_hash, "b")
+    assert "still a bet" in planner.planner.outcomes[d.block_hash]
+    control = LivePlanner("cpu-local")
+    control.planner.calibration = None  # (no bets kept: the same copy is made again)
+    st, d = made(control)
+    assert [(x.source, x.target) for x in control.decide(st, 1.6)] == [("a", "b")]
