@@ -57,6 +57,10 @@ class PageNode(msgspec.Struct, gc=False):
     digest: bytes = b""
     """The page's full SHA-256 chain digest (its int64 prefix is `block_hash`), kept so that a child page reported
     later is checked against its tokens in O(page); empty for pages recorded unchecked (tests, tools)."""
+    version: int = 0
+    """Bumped whenever `holders` changes (a holder added or removed, a holding's role or expiry changed): the
+    planner's kept views compare it instead of the holders themselves (`coordinator.demand.ViewCache`; reading every
+    candidate's holders and holdings each tick was ~2 of a ~12 ms tick, their memory cold between ticks)."""
 
     @property
     def token_ids(self) -> Sequence[int]:
@@ -241,10 +245,12 @@ class PrefixDirectory:
             holding = node.holders.get(worker_id)
             if holding is None:
                 node.holders[worker_id] = Holding(role, expires_at_s, replication_id)
+                node.version += 1
                 held.add(block_hash)
                 changes.append((1, worker_id, block_hash))
             elif role == REPLICA:
                 holding.role, holding.expires_at_s, holding.replication_id = REPLICA, expires_at_s, replication_id
+                node.version += 1
         self.feed.add_many(changes)
         return len(changes)
 
@@ -262,7 +268,9 @@ class PrefixDirectory:
         num = 0
         for block_hash in block_hashes[max(0, len(block_hashes) - num_written):]:
             if block_hash in held:
-                self._nodes[block_hash].holders[worker_id] = Holding(REPLICA, expires_at_s, replication_id)
+                node = self._nodes[block_hash]
+                node.holders[worker_id] = Holding(REPLICA, expires_at_s, replication_id)
+                node.version += 1
                 num += 1
         return num
 
@@ -271,9 +279,11 @@ class PrefixDirectory:
         pages promoted."""
         num = 0
         for block_hash in self._by_worker.get(worker_id, ()):
-            holding = self._nodes[block_hash].holders[worker_id]
+            node = self._nodes[block_hash]
+            holding = node.holders[worker_id]
             if holding.role == REPLICA and holding.replication_id == replication_id:
                 holding.role, holding.expires_at_s = OWNER, None
+                node.version += 1
                 num += 1
         return num
 
@@ -289,6 +299,7 @@ class PrefixDirectory:
             held.discard(block_hash)
             node = self._nodes[block_hash]
             del node.holders[worker_id]
+            node.version += 1
             self.feed.add(-1, worker_id, block_hash)
             if not node.holders:
                 del self._nodes[block_hash]

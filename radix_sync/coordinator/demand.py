@@ -404,15 +404,15 @@ class ViewCache:
     its `DemandLog.stamps` entry is the same; not for a prefix a fan-out hint names), and, for a candidate by its
     popularity alone (no hint names it, no open session, no copy of it in flight), its `PrefixView`: then a
     function of those entries and of its directory page (the same page object, depth, and holders with their
-    roles and expiries), for the same worker index and page length (`scope`). `LivePlanner.check_views`
+    roles and expiries: the page's `version`), for the same worker index and page length (`scope`). `LivePlanner.check_views`
     checks the views against fresh ones."""
 
     def __init__(self) -> None:
         self.scope: tuple = ()
         """What every kept entry depends on: (directory, demand index, worker ids, page length)."""
         self._kept: dict[int, list] = {}
-        """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders (their worker ids,
-        their (role, expiry)), view] (the last four None until a view is made)."""
+        """Prefix -> [stamp, times, namespace, log position, page node, its depth, its holders' version
+        (`PageNode.version`), view] (the last four None until a view is made)."""
         self.entries: dict[int, list] = {}
         """This tick's entries (those it used), by prefix."""
         self._stamps: dict[int, int] = {}

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import logging
 import math
-import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -65,7 +64,6 @@ if WorkerView._fields != (
         "waited_evict_first_tokens", "egress_pull_rate_per_s", "ingress_pull_rate_per_s"):
     raise ImportError("WorkerView's fields changed: LivePlanner._worker_views builds it positionally")
 
-_role_expiry = operator.attrgetter("role", "expires_at_s")
 """A holding's (role, expiry): with the holders' worker ids, what a kept view depends on of its page's holders."""
 
 
@@ -297,10 +295,8 @@ class LivePlanner:
                 if node is None:
                     continue
                 # (the kept view while its page and holders are the same: `ViewCache`)
-                holders = node.holders
-                holding = (tuple(holders), tuple(map(_role_expiry, holders.values())))
-                if kept[4] is not node or kept[5] != node.depth or kept[6] != holding:
-                    kept[4], kept[5], kept[6] = node, node.depth, holding
+                if kept[4] is not node or kept[5] != node.depth or kept[6] != node.version:
+                    kept[4], kept[5], kept[6] = node, node.depth, node.version
                     kept[7] = self._prefix_view(state, block_hash, demand, index, (), busy, page_len, now_s)
                 view = kept[7]
             else:
