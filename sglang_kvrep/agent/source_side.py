@@ -16,7 +16,6 @@ import torch
 from kvrep_kernels import gather_pages, slots_to_page_ids
 from radix_sync import protocol as p
 from sglang_kvrep.agent import mailbox as m
-from sglang_kvrep.dataplane.checks import DTYPES
 from sglang_kvrep.device import HostSlots, host_copy
 
 log = logging.getLogger("kvrep.agent")
@@ -200,7 +199,7 @@ class SourceSide:
                 out = None
                 if not ops.is_async:
                     shape = (h.buffer_shape[0], last - first, *h.buffer_shape[2:])
-                    out = slots[0].view(DTYPES[h.dtype]).view(shape)
+                    out = slots[0].view(k_bufs[0].dtype).view(shape)  # (what the gather would allocate)
                 buffer = gather_pages(k_bufs, v_bufs, job.page_ids[first:last], h.page_size, layout=layout, out=out)
                 for i, slot in enumerate(slots):
                     part = buffer[:, i * h.pages_per_chunk:(i + 1) * h.pages_per_chunk] if len(slots) > 1 else buffer
