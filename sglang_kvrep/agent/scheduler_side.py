@@ -247,8 +247,10 @@ class WorkerAgent(SourceSide):
         ends). NOTE: not our own bell at every iteration: that made an idle scheduler spin, holding the GIL, and
         the I/O thread sending the chunks starved (a 4 GiB replica took 8-80 s instead of ~3 s on an H200)."""
         self.slot_starved = self.slot_starved and bool(self.gathers)  # (no job left: nothing waits for a slot)
-        busy = bool(self.ops.is_async and (self.replicas.pending or self.slot_starved
-                                           or any(j.pending or j.page_ids is None for j in self.gathers.values())))
+        # (a CPU source starved of host slots too: a slot frees when libzmq lets go of a sent frame, which no message
+        # tells the scheduler)
+        busy = bool(self.slot_starved or (self.ops.is_async and (
+            self.replicas.pending or any(j.pending or j.page_ids is None for j in self.gathers.values()))))
         if busy != self._device_busy:
             self._device_busy = busy
             self.to_io(m.DeviceBusy(busy))

@@ -662,10 +662,14 @@ def test_a_cpu_source_gathers_straight_into_host_slots_it_reuses_once_every_hold
     monkeypatch.setattr(source_side, "CPU_HOST_SLOTS", 2)
     view, agent, cmd = source(SyncOps(), monkeypatch)
     agent._on_message(m.Replicate(cmd))
-    held = posted(agent, m.ChunkGathered)  # two chunks in the call; the other two wait for a slot
+    msgs = posted(agent, object)
+    held = [x for x in msgs if isinstance(x, m.ChunkGathered)]  # two chunks in the call; the other two wait for a slot
+    del msgs
     slots = agent._host_slots
     assert [c.index for c in held] == [0, 1] and len(slots.slots) == 2 and slots.in_use() == 2
     assert agent.slot_starved and agent.gathers
+    agent.on_iteration()  # still no slot free: the I/O side is told to ring a sleeping scheduler meanwhile
+    assert m.DeviceBusy(True) in posted(agent, object) and slots.in_use() == 2
     ptrs = {buf.data_ptr() for buf, _ in slots.slots}
     assert {c.buffer.data_ptr() for c in held} == ptrs  # the chunks are the slots' memory
     assert torch.equal(held[0].buffer, view.expected_chunk(1, 4))
