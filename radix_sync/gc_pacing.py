@@ -8,10 +8,12 @@ a plan tick, the admin thread in the middle of a lookup. CPython starts a full c
 have run and the objects that survived them reach a quarter of the oldest generation, so a coordinator taking
 steady demand meets one every few seconds (docs/coordinator-scale.md, "The cycle collector, paced").
 
-What: the loop thread calls `settle()` after each plan tick. `gc.freeze()` moves every object alive then into the
-permanent generation (a list splice, O(1)), which no automatic collection walks; objects made later are collected
-as before, and reference counting frees anything acyclic at once whatever its generation. What freezing defers:
-a cycle of frozen objects that becomes garbage later is freed only by a thorough pass. Every `thorough_every_s`,
+What: the loop thread calls `settle()` after each plan tick. It first collects what is not frozen (the objects
+made since the last settle, a few thousand: cycles made garbage during the tick are freed now, not frozen),
+then `gc.freeze()` moves every object alive into the permanent generation (a list splice, O(1)), which no
+automatic collection walks; objects made later are collected as before, and reference counting frees anything
+acyclic at once whatever its generation. What freezing defers: a cycle of frozen objects that becomes garbage
+later is freed only by a thorough pass. Every `thorough_every_s`,
 `settle()` unfreezes, collects the whole heap once (the pause a full collection always cost, now once a period
 and right after a tick, when the next one is furthest away) and freezes again; its pause, what it freed and what
 is frozen are reported (`summary()`, the coordinator's `/status` `loop.gc`).
@@ -53,6 +55,13 @@ class GcPacer:
         self.max_pause_s = 0.0
         self.last_freed = 0
         self.total_freed = 0
+        self.young_freed = 0
+        """Objects the young collections before each freeze freed (cycles made garbage during a tick)."""
+        self.young_s = self.max_young_s = 0.0
+        """The last and longest of those collections (and the freeze after it), s."""
+        self.frozen = 0
+        """Objects frozen after the last thorough pass (counted then: `gc.get_freeze_count` walks the frozen list, too
+        long a walk for every `/status`)."""
 
     def settle(self) -> float:
         """After a unit of work: freeze what lives now; every `thorough_every_s` first collect the whole heap
@@ -69,7 +78,16 @@ class GcPacer:
             self.num_thorough += 1
             self.last_pause_s, self.max_pause_s = pause, max(self.max_pause_s, pause)
             self.last_freed, self.total_freed = freed, self.total_freed + freed
+            gc.freeze()
+            self.frozen = gc.get_freeze_count()
+            return pause
+        # (what the tick made and dropped in cycles: not frozen with the rest; a collection walks only what is
+        # not frozen, what was made since the last freeze)
+        t0 = time.perf_counter()
+        self.young_freed += gc.collect()
         gc.freeze()
+        self.young_s = time.perf_counter() - t0
+        self.max_young_s = max(self.max_young_s, self.young_s)
         return pause
 
     def release(self) -> None:
@@ -77,7 +95,8 @@ class GcPacer:
         gc.unfreeze()
 
     def summary(self) -> dict:
-        return {"frozen": gc.get_freeze_count(), "settles": self.num_settles,
+        return {"frozen_at_thorough": self.frozen, "settles": self.num_settles, "young_freed": self.young_freed,
+                "young_ms": {"last": round(self.young_s * 1e3, 3), "max": round(self.max_young_s * 1e3, 3)},
                 "thorough_every_s": self.thorough_every_s, "thorough_passes": self.num_thorough,
                 "thorough_ms": {"last": round(self.last_pause_s * 1e3, 2), "max": round(self.max_pause_s * 1e3, 2)},
                 "freed": {"last": self.last_freed, "total": self.total_freed}}
@@ -85,9 +104,13 @@ class GcPacer:
 
 @contextlib.contextmanager
 def heap_frozen() -> Iterator[None]:
-    """Freezes what lives now for the duration of the block, then gives it back to the collector (`gc.unfreeze`,
-    which also gives back anything frozen before: do not nest it inside a `GcPacer`'s process). A simulation run:
-    its full collections walked the workload built before it (4 passes, 443 ms of a 6 s run); frozen, 22 ms."""
+    """Freezes what lives now for the duration of the block, then gives it back to the collector. A simulation run:
+    its full collections walked the workload built before it (4 passes, 443 ms of a 6 s run); frozen, 22 ms.
+    Where something is frozen already (a `GcPacer`'s process, an enclosing block) the block leaves the collector
+    alone: `gc.unfreeze` at its end would give back what the other froze."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

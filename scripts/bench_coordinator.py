@@ -455,7 +455,10 @@ def report(r: dict) -> None:
     if gc_.get("paced") is False:
         print("cycle collector: Python's own schedule (--gc-thorough-every-s 0)")
     else:
-        print(f"cycle collector: paced, {gc_['frozen']:,} objects frozen after {gc_['settles']} ticks; "
+        print(f"cycle collector: paced, {gc_['settles']} ticks settled ({gc_['young_freed']:,} objects of cycles "
+              f"made in them freed before freezing, longest {gc_['young_ms']['max']:.1f} ms"
+              + (f"; {gc_['frozen_at_thorough']:,} frozen at the last thorough pass" if gc_['thorough_passes'] else "")
+              + "); "
               f"{gc_['thorough_passes']} thorough passes (every {gc_['thorough_every_s']:g} s; longest "
               f"{gc_['thorough_ms']['max']:.1f} ms, {gc_['freed']['total']:,} objects freed)")
     print(f"ingest: {r['ingest_pages_per_s']:,.0f} facts/s ({r['num_holdings_expected']:,} pages in "

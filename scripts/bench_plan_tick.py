@@ -7,6 +7,7 @@ digest of the decisions (equal digests: equal decisions, to check that a speed-u
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py                      # 64 workers x 100,000 prefixes
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --workers 1000 --profile
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --opcodes      # work per tick, whatever else runs
+    nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --pause-s 0.25  # a pause between ticks, as live
 
 It also prints the steady ticks apart from the first (which builds what the later ones keep).
 """
@@ -84,6 +85,9 @@ def main() -> None:
     ap.add_argument("--policy", default="kvrep")
     ap.add_argument("--budget", type=int, default=LIVE_SCORING_BUDGET,
                     help="kvrep: the planner's max_scored_per_tick (0: no bound, every candidate scored each tick)")
+    ap.add_argument("--pause-s", type=float, default=0.0,
+                    help="sleep this long between ticks (the coordinator's period is 0.25 s, with other work in it): "
+                         "a tick after a pause finds a colder working set than one run back to back")
     ap.add_argument("--profile", action="store_true", help="cProfile the ticks, print the top 30 by own time")
     ap.add_argument("--opcodes", action="store_true",
                     help="count the Python opcodes each tick executes (a work measure that a loaded machine does not "
@@ -114,6 +118,8 @@ def main() -> None:
 
     for k in range(args.ticks):
         t = now + 0.25 * (k + 1)
+        if args.pause_s > 0:
+            time.sleep(args.pause_s)
         t0 = time.perf_counter()
         if prof:
             prof.enable()
@@ -143,7 +149,7 @@ def main() -> None:
               f"{1e3 * sum(times[1:]) / len(times[1:]):.1f} ms mean; first tick {1e3 * times[0]:.1f} ms")
     best = min(times)
     print(f"plan tick: {1e3 * best:.1f} ms best, {1e3 * sum(times) / len(times):.1f} ms mean of {len(times)} "
-          f"({wl.num_workers} workers, {wl.num_prefixes:,} prefixes, {wl.num_hot:,} candidates); "
+          + (f"({args.pause_s:g} s between ticks; " if args.pause_s > 0 else "(") + f"{wl.num_workers} workers, {wl.num_prefixes:,} prefixes, {wl.num_hot:,} candidates); "
           f"decisions digest {digests[0]}")
 
 

@@ -218,6 +218,16 @@ class UseCalibration:
         keys = self._to.get((prefix, target))
         return bool(keys) and any(not self._pending[k][3] for k in keys)
 
+    def bets(self) -> dict[Hashable, set]:
+        """Prefix -> the targets a copy of it to is still a bet (`betting`), every pair at once: what one planning
+        pass leaves out, per prefix, of the targets it scores."""
+        out: dict[Hashable, set] = {}
+        pending = self._pending
+        for (prefix, target), keys in self._to.items():
+            if any(not pending[k][3] for k in keys):
+                out.setdefault(prefix, set()).add(target)
+        return out
+
     def _take(self, key: Hashable) -> Optional[list]:
         entry = self._pending.pop(key, None)
         if entry is not None and entry[4] is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Hashable, Optional
 
 from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.cost import CostModel
@@ -173,6 +173,8 @@ class KvrepPlanner:
         self._wanted_last: tuple = ((), {}, ([], []))
         """(scope, wanted holdings by node id, the sums) of the last pass (`_wanted`)."""
         self._targets: Optional[PassTargets] = None
+        self._bets: dict[Hashable, set[int]] = {}
+        """Prefix -> the targets (indices) a copy of it to is still a bet, this pass (`UseCalibration.bets`)."""
         """What the pass's scoring reads of each target (`radix_sync.policy.scoring`)."""
 
     # ---- expected TTFT of the demand of one node, given its holders ----
@@ -382,6 +384,14 @@ class KvrepPlanner:
         order = sorted(range(len(plans)), key=keys.__getitem__)
         budget_spent = False
         factors = self.calibration.factors(now) if self.calibration is not None else {}
+        # one bet per prefix and target until it is judged (`UseCalibration.betting`): left out of the targets
+        # `best_candidate` scores for that prefix, so the pass's copy goes where it may instead
+        self._bets = {}
+        if self.calibration is not None:
+            bets = self.calibration.bets()
+            if bets:
+                index = {k: i for i, k in enumerate(snap.worker_keys or range(len(workers)))}
+                self._bets = {p: {index[k] for k in ks if k in index} for p, ks in bets.items()}
         for n, j in enumerate(order):
             if len(out) >= cfg.max_copies_per_tick:
                 break
@@ -406,14 +416,6 @@ class KvrepPlanner:
             deferred = {p[0].node_id: p[8] + 1 for p in left}
             self.outcomes.update(dict.fromkeys(deferred, "deferred (the pass's scoring budget is spent)"))
         self.deferred = deferred
-        if self.calibration is not None and out:  # one bet per prefix and target until it is judged
-            keys, kept = snap.worker_keys or range(len(workers)), []
-            for r in out:
-                if self.calibration.betting(r.node_id, keys[r.target]):
-                    self.outcomes[r.node_id] = f"a copy to worker {r.target} is still a bet (unused, not judged)"
-                else:
-                    kept.append(r)
-            out = kept
         return out
 
     def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
@@ -448,7 +450,7 @@ class KvrepPlanner:
             best = best_candidate(cfg, self.cost, self._page_len, self._targets, np_, fc, workers, kvb, egress,
                                   ingress, budget, free, room, now, why, waits,
                                   kvb / self.host_load_bytes_per_s if self.host_load_bytes_per_s and cfg.host_copies
-                                  else 0.0)
+                                  else 0.0, self._bets.get(np_.node.node_id))
             if best is None:
                 break
             made += 1

@@ -64,7 +64,8 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
                    workers: tuple[WorkerView, ...], kvb: int, egress: list[float], ingress: list[float],
                    budget: list[int], free: list[int], room: "LandingRoom", now: float,
                    why: Optional[dict[str, int]] = None, waits: Optional[list[float]] = None,
-                   host_s_per_token: float = 0.0) -> Optional[tuple[float, int, int, int, float, int]]:
+                   host_s_per_token: float = 0.0,
+                   betting: Optional[set[int]] = None) -> Optional[tuple[float, int, int, int, float, int]]:
     """Returns: (gain, target, depth, source, landing time, tier) of the best copy of one prefix (`np_`, the
     planner's plan of it) by gain per byte, or None. `cfg`: the planner's `PlannerConfig`; `page`: tokens a page;
     `targets`: the pass's `PassTargets`; `egress`, `ingress`, `budget`, `free`, `room`: the pass's links and memory
@@ -77,7 +78,9 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
     longer by the load, and the copy takes none of the device's replica budget or landing room and displaces no
     device cache (no memory cost: what it displaces is the host tier's least recently used pages, which the
     device had already given up). For one target the tier and depth with the larger gain win (the same bytes on
-    the link either way); across targets, the larger gain per byte."""
+    the link either way); across targets, the larger gain per byte.
+
+    `betting`: the targets a copy of this prefix to is still a bet (`UseCalibration.betting`): not scored."""
     L = np_.node.token_len
     limit = now + cfg.max_link_backlog_s
     depth_of, eta = np_.depth, np_.eta
@@ -189,8 +192,8 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
     # `spread.with_option` depends on `opts[t]`, not on `t` (see `radix_sync.policy.spread`).
     target_kinds = targets.kinds
     compatible = targets.compatible(fp)
-    booked = 0
-    if len(compatible) == n and max(ingress) <= limit:
+    booked = bet = 0
+    if len(compatible) == n and max(ingress) <= limit and not betting:
         # (every worker is a target and no target's link is booked: the kinds grouped by C loops)
         keys = list(zip(target_kinds, waits))
         for t in depth_of:
@@ -205,6 +208,9 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
             if ingress[t] > limit:
                 booked += 1
                 continue
+            if betting and t in betting:
+                bet += 1
+                continue
             key = (t, 0.0) if t in depth_of else (target_kinds[t], waits[t])
             num = counts.get(key)
             if num is None:
@@ -214,6 +220,8 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
                 counts[key] = num + 1
     if why is not None and booked:
         why["target link booked"] = why.get("target link booked", 0) + booked
+    if why is not None and bet:
+        why["a copy there is still a bet"] = why.get("a copy there is still a bet", 0) + bet
     best: Optional[tuple[float, int, int, int, float, int]] = None
     best_ratio = 0.0
     plans: dict[int, list] = {}

@@ -247,7 +247,7 @@ def test_the_process_paces_its_collector_and_the_directory_survives_thorough_pas
             while c.get("/status")[1]["loop"]["gc"]["thorough_passes"] == passes and time.monotonic() < deadline:
                 time.sleep(0.1)
         gc_ = c.get("/status")[1]["loop"]["gc"]
-        assert gc_["thorough_passes"] >= 4 and gc_["frozen"] > 0 and gc_["settles"] >= gc_["thorough_passes"]
+        assert gc_["thorough_passes"] >= 4 and gc_["frozen_at_thorough"] > 0 and gc_["settles"] >= gc_["thorough_passes"]
         assert gc_["thorough_every_s"] == 0.3 and gc_["thorough_ms"]["max"] >= gc_["thorough_ms"]["last"] > 0
         for toks in prompts:
             assert c.post("/directory/lookup", {"input_ids": toks})[1]["matched"]["w-gc"] == 16

@@ -25,11 +25,18 @@ def _cycle():
     return weakref.ref(a)
 
 
+def _live_cycle():
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return a, weakref.ref(a)
+
+
 def test_settle_freezes_and_a_thorough_pass_frees_frozen_cycles(clock):
     pacer = GcPacer(10.0, clock=lambda: clock[0])
-    ref = _cycle()  # garbage already, but only a collection can free a cycle
-    assert pacer.settle() == 0.0  # no thorough pass yet: the cycle is frozen
+    held, ref = _live_cycle()
+    assert pacer.settle() == 0.0  # no thorough pass yet: the cycle, alive, is frozen
     assert gc.get_freeze_count() > 0 and pacer.num_settles == 1
+    del held  # garbage now, but only a collection can free a cycle
     gc.collect()
     assert ref() is not None  # frozen: even an explicit full collection does not walk it
     clock[0] = 9.9
@@ -52,10 +59,28 @@ def test_young_objects_are_collected_as_before(clock):
     assert ref() is None and pacer.num_thorough == 0
 
 
+def test_a_cycle_dropped_before_the_settle_is_freed_not_frozen(clock):
+    """What a tick made and dropped in a cycle is garbage at the settle: collected then (only what is not frozen is
+    walked), not frozen until the next thorough pass."""
+    pacer = GcPacer(10.0, clock=lambda: clock[0])
+    pacer.settle()
+    held, ref = _live_cycle()  # (a cycle the tick made: in the collector's young generation)
+    gc.disable()  # (no automatic collection between: the settle's own frees it)
+    try:
+        del held
+        pacer.settle()
+        assert ref() is None and pacer.young_freed >= 2 and pacer.num_thorough == 0
+    finally:
+        gc.enable()
+    s = pacer.summary()
+    assert s["young_freed"] == pacer.young_freed and s["young_ms"]["max"] >= s["young_ms"]["last"] > 0
+
+
 def test_release_gives_the_heap_back(clock):
     pacer = GcPacer(10.0, clock=lambda: clock[0])
-    ref = _cycle()
+    held, ref = _live_cycle()
     pacer.settle()
+    del held
     pacer.release()
     assert gc.get_freeze_count() == 0
     gc.collect()
@@ -99,6 +124,23 @@ def test_heap_frozen_keeps_what_lived_before_out_of_collections_until_the_block_
     with pytest.raises(RuntimeError):
         boom()
     assert gc.get_freeze_count() == 0 and boom.__name__ == "boom"  # given back on the way out, whatever happened
+
+
+def test_heap_frozen_inside_a_paced_process_leaves_the_pacer_s_freeze_alone(clock):
+    """A simulation run in a process whose pacer froze the heap: the block's end does not give back what the pacer
+    froze (its next settle would not know; the frozen heap would be walked again by every full collection)."""
+    from radix_sync.gc_pacing import heap_frozen
+
+    pacer = GcPacer(10.0, clock=lambda: clock[0])
+    held, ref = _live_cycle()
+    pacer.settle()
+    frozen = gc.get_freeze_count()
+    with heap_frozen():
+        pass
+    assert gc.get_freeze_count() == frozen > 0
+    del held
+    gc.collect()
+    assert ref() is not None  # still the pacer's, out of the collection's sight
 
 
 def test_a_simulation_runs_with_the_heap_frozen_and_gives_it_back():

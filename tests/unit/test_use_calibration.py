@@ -296,6 +296,34 @@ def test_one_bet_per_prefix_and_target_until_it_is_judged():
     assert not cal.betting(d.node_id, d.target) and cal.stats["unused"] == 1
 
 
+def test_a_bet_leaves_only_its_target_out_of_the_pass():
+    """The bet is per prefix and target: the same pass scores the prefix's other targets (the target is left out of
+    `best_candidate`'s scoring, not the pass's copy dropped after it), and a bet on another prefix changes nothing."""
+    from dataclasses import replace
+
+    from radix_sync.policy.snapshot import WorkerView
+
+    cal = UseCalibration(UseCalibrationConfig(judge_after_s=30.0))
+    p = planner(allow_pull=False)
+    p.calibration = cal
+    snap = snapshot()
+    snap = replace(snap, workers=snap.workers + (WorkerView(2, free_tokens=10_000, replica_budget_tokens=10_000,
+                                                                   nic_bandwidth_bytes_per_s=1000.0),))
+    (d,) = p.plan(snap, 0.0)
+    assert d.target == 1  # (two idle targets alike: the first wins)
+    cal.decided("c1", d.kind, d.expected_count, 0.0, prefix=d.node_id, target=d.target)
+    assert cal.bets() == {d.node_id: {1}}
+    (again,) = p.plan(snap, 0.0)  # (the same pass again: the other target, the same copy and gain)
+    assert (again.node_id, again.target, again.depth_len) == (d.node_id, 2, d.depth_len)
+    assert again.gain_s == pytest.approx(d.gain_s)
+    cal.decided("c2", d.kind, d.expected_count, 1.0, prefix=d.node_id, target=2)
+    assert p.plan(snap, 2.0) == [] and "still a bet x2" in p.outcomes[d.node_id]
+    other = UseCalibration(UseCalibrationConfig(judge_after_s=30.0))
+    other.decided("c3", d.kind, d.expected_count, 0.0, prefix=d.node_id + 1, target=1)
+    p.calibration = other
+    assert [x.target for x in p.plan(snap, 1.0)] == [1]
+
+
 def test_live_the_bet_is_known_by_the_workers_id():
     """The live planner records its copies by worker id (`ClusterSnapshot.worker_keys`): the same rule."""
     import dataclasses
