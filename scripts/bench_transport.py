@@ -12,6 +12,8 @@ rank (32 layers, 8 KV heads, head_dim 128, bf16, page size 16), 128 KiB per toke
          the transfer is whole (`TransferReceived` -> `answer`). Timed from `send` to the reply consumed.
   nixl   the same with `NixlTransport` (`--kvrep-transport nixl`): ZMQ control, each chunk WRITTEN by NIXL (UCX)
          straight into the target's registered staging buffer, checksummed there in place.
+  mooncake the same with `MooncakeTransport` (`--kvrep-transport mooncake`): each chunk WRITTEN by Mooncake
+         Transfer Engine (its TCP transport here; RDMA where the host has devices).
   The scheduler-side scatter/insert is not included (see docs/kernels.md).
 
     .venv/bin/python scripts/bench_transport.py --sizes 64M,1G --repeats 5
@@ -180,7 +182,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="64M,1G")
     ap.add_argument("--chunk-bytes", default="4M")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--transports", default="zmq,nixl", help="comma-separated registered transports")
+    ap.add_argument("--transports", default="zmq,nixl,mooncake", help="comma-separated registered transports")
     ap.add_argument("--ucx-tls", default="", help="UCX_TLS for both processes (e.g. tcp); default: UCX's choice")
     args = ap.parse_args()
     if args.ucx_tls:

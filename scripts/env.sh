@@ -2,7 +2,8 @@
 # Creates (or reuses) the project's environment in .venv/ at the project root.
 #
 # The heavy part (sglang==0.5.23 and its ~11 GB of dependencies) lives in a base environment cached under
-# ${KVREP_CACHE:-~/.cache/sglang-kvrep}/base-<hash of requirements-pins.txt>, built once per pin set and
+# ${KVREP_CACHE:-~/.cache/sglang-kvrep}/base-<hash of requirements-pins.txt and requirements-native.txt>, built once
+# per pin set (with the shared libraries Mooncake's CPU wheel needs, `kvrep_dev.native_libs`) and
 # shared by every clone. .venv/ is a small real venv whose site-packages points at the base one through a .pth
 # file, with this project installed in editable mode. It also builds, once per clone, the local test models and
 # (only on hosts without an NVIDIA driver) the libcuda.so.1 stand-in the CPU SGLang server needs.
@@ -12,7 +13,8 @@ cd "$root"
 py="${PYTHON:-python3.11}"
 command -v "$py" >/dev/null || py=python3
 cache="${KVREP_CACHE:-$HOME/.cache/sglang-kvrep}"
-key="$( (cat requirements-pins.txt; "$py" -c 'import sys; print(sys.version_info[:2])') | sha256sum | cut -c1-16)"
+key="$( (cat requirements-pins.txt requirements-native.txt; "$py" -c 'import sys; print(sys.version_info[:2])') \
+  | sha256sum | cut -c1-16)"
 base="$cache/base-$key"
 mkdir -p "$cache"
 
@@ -22,6 +24,9 @@ if [ ! -f "$base/.complete" ]; then
   "$py" -m venv "$base"
   "$base/bin/pip" install -q --upgrade pip setuptools wheel
   "$base/bin/pip" install -q -r requirements-pins.txt
+  # the shared libraries Mooncake's CPU wheel links against, next to it (requirements-native.txt)
+  PYTHONPATH="$root" "$base/bin/python" -m kvrep_dev.native_libs requirements-native.txt \
+    "$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kvrep_native_libs"
   # drop base envs of older pin sets so the disk does not fill up.
   for old in "$cache"/base-*; do
     [ "$old" = "$base" ] || [ ! -d "$old" ] || { echo "[env] removing stale $old"; rm -rf "$old"; }

@@ -45,8 +45,9 @@ class KvrepConfig:
     send_rate_mbps: float = 0.0
     """Per-link cap on outgoing replication bytes, in MB/s; 0 means no cap."""
     transport: str = "zmq"
-    """Data-plane implementation: "zmq" (ZeroMQ frames) or "nixl" (NIXL/UCX writes into the target's registered
-    staging buffer, ZeroMQ control; needs the `nixl` package) (`sglang_kvrep.dataplane.registry`)."""
+    """Data-plane implementation: "zmq" (ZeroMQ frames), "nixl" (NIXL/UCX writes into the target's registered
+    staging buffer, ZeroMQ control; needs the `nixl` package) or "mooncake" (the same with Mooncake Transfer Engine;
+    needs `mooncake-transfer-engine`) (`sglang_kvrep.dataplane.registry`)."""
     load_interval_s: float = 0.2
     """How often the scheduler thread reports its load."""
     shadow: bool = False

@@ -2,10 +2,12 @@
 I/O thread. Nothing here touches SGLang.
 
     transport.py      the `Transport` interface, the facts a transport reports, the settings it reads
-    registry.py       transports by name (`--kvrep-transport`: "zmq", the default, or "nixl")
+    registry.py       transports by name (`--kvrep-transport`: "zmq", the default, "nixl" or "mooncake")
     zmq_transport.py  `ZmqTransport`, the default implementation
-    nixl_transport.py `NixlTransport` (`--kvrep-transport nixl`): ZMQ control, each chunk WRITTEN by NIXL (UCX)
-                      straight into the target's registered staging buffer (`TransferReady` gives its address)
+    written.py        `WrittenTransport`: ZMQ control, each chunk WRITTEN by a transfer engine straight into the
+                      target's registered staging buffer (`TransferReady` gives its address)
+    nixl_transport.py `NixlTransport` (`--kvrep-transport nixl`): the engine is NIXL (UCX)
+    mooncake_transport.py `MooncakeTransport` (`--kvrep-transport mooncake`): Mooncake Transfer Engine
     staging.py        transfer state on each end and the reused receive buffers
     checks.py         what a target checks before it writes anything (geometry, grant)
     wire.py           chunk framing, the per-link rate cap, a small blocking client (tests and tools)

@@ -1,6 +1,6 @@
 """Data-plane transports by name: `--kvrep-transport NAME` (checked by `KvrepConfig`) picks the implementation the
-agent's I/O thread builds. "zmq" (`ZmqTransport`) and "nixl" (`NixlTransport`, where NIXL is installed) are
-registered here; another implementation registers itself with `register_transport` before the agent starts."""
+agent's I/O thread builds. "zmq" (`ZmqTransport`), "nixl" (`NixlTransport`, where NIXL is installed) and
+"mooncake" (`MooncakeTransport`, where Mooncake Transfer Engine is installed) are registered here; another implementation registers itself with `register_transport` before the agent starts."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -67,5 +67,19 @@ def _nixl_missing() -> Optional[str]:
     return nixl_missing()
 
 
+def _mooncake(config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
+              poller: zmq.Poller) -> Transport:
+    from sglang_kvrep.dataplane.mooncake_transport import MooncakeTransport  # loads its libraries only when chosen
+
+    return MooncakeTransport(config, admit, on_event, ctx, poller)
+
+
+def _mooncake_missing() -> Optional[str]:
+    from sglang_kvrep.dataplane.mooncake_transport import mooncake_missing
+
+    return mooncake_missing()
+
+
 register_transport(ZmqTransport.name, ZmqTransport)
 register_transport("nixl", _nixl, _nixl_missing)
+register_transport("mooncake", _mooncake, _mooncake_missing)

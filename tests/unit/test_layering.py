@@ -253,8 +253,9 @@ def test_install_roles_in_pyproject():
     assert extras["worker"] == ["sglang==0.5.23"]
     assert any(d.startswith("sglang-kvrep[") and "worker" in d for d in extras["dev"]), extras["dev"]
     assert "sglang==0.5.23" in (ROOT / "requirements-pins.txt").read_text().split()
-    # `--kvrep-transport nixl`: an extra of the worker, pinned as the tests run it
-    nixl = [d for d in extras["nixl"] if d.startswith("nixl")]
-    assert nixl and all(d in (ROOT / "requirements-pins.txt").read_text().split() for d in nixl), nixl
-    assert any(d.startswith("sglang-kvrep[") and "nixl" in d for d in extras["dev"]), extras["dev"]
+    # `--kvrep-transport nixl|mooncake`: extras of the worker, pinned as the tests run them
+    for name, prefix in (("nixl", "nixl"), ("mooncake", "mooncake-")):
+        engine = [d for d in extras[name] if d.startswith(prefix)]
+        assert engine and all(d in (ROOT / "requirements-pins.txt").read_text().split() for d in engine), engine
+        assert any(d.startswith("sglang-kvrep[") and name in d for d in extras["dev"]), extras["dev"]
     assert meta["entry-points"]["kvrep.commands"] == {"dev": "kvrep_dev.cli:add_commands"}

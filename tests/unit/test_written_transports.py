@@ -1,10 +1,12 @@
-"""`NixlTransport` (`--kvrep-transport nixl`) against the same contract as the ZeroMQ one, with real NIXL agents
-(UCX backend, on this host's shared memory / loopback): a transfer lands bit-exact in the target's registered
-staging buffer with no staging copy; a chunk whose written bytes do not match its announced checksum, a wrong
-token and a silent source end as `TransferFailed`, and the staging buffer comes back to the pool (after the
-quarantine that keeps a failed transfer's late writes out of the next one); a ZeroMQ source can still send to a
-NIXL target, and a NIXL source is refused, with a clear error, by a ZeroMQ-only target; the agent's I/O side on
-top replicates through it. Another process as the target: `scripts/bench_transport.py --transports nixl`
+"""The registered-memory transports (`WrittenTransport`: `NixlTransport`, `--kvrep-transport nixl`, and
+`MooncakeTransport`, `--kvrep-transport mooncake`) against the same contract as the ZeroMQ one, each with its real
+engine (NIXL's UCX backend on this host's shared memory / loopback; Mooncake Transfer Engine's TCP transport on
+loopback): a transfer lands bit-exact in the target's registered staging buffer with no staging copy; a chunk whose
+written bytes do not match its announced checksum, a wrong token and a silent source end as `TransferFailed`, and
+the staging buffer comes back to the pool (after the quarantine that keeps a failed transfer's late writes out of
+the next one); a ZeroMQ source can still send to either target, and their sources are refused, with a clear
+error, by a ZeroMQ-only target and fall back to ZeroMQ; the agent's I/O side on top replicates through each.
+Another process as the target: `scripts/bench_transport.py --transports nixl,mooncake`
 (tests/component/test_bench_transport.py)."""
 import pytest
 import torch
@@ -13,6 +15,7 @@ import zmq
 from radix_sync import protocol as p
 from sglang_kvrep.agent import mailbox as m
 from sglang_kvrep.config import KvrepConfig
+from sglang_kvrep.dataplane.mooncake_transport import MooncakeTransport, mooncake_missing
 from sglang_kvrep.dataplane.nixl_transport import NixlTransport, nixl_missing
 from sglang_kvrep.dataplane.registry import check_transport_name, known_transports
 from sglang_kvrep.dataplane.transport import ChunkSent, TransferFailed, TransferReceived, TransferSent
@@ -30,19 +33,23 @@ def ctx():
     c.destroy(linger=0)
 
 
-def nixl_side(ctx, **kw) -> Side:
-    return Side(ctx, kind=NixlTransport, **kw)
+MISSING = {NixlTransport: nixl_missing, MooncakeTransport: mooncake_missing}
 
 
-def test_nixl_is_installed_and_selectable():
-    assert nixl_missing() is None  # pinned in requirements-pins.txt: a host without it fails here, not skips
-    assert "nixl" in known_transports()
-    check_transport_name("nixl")
-    assert KvrepConfig(transport="nixl").transport == "nixl"
+@pytest.fixture(params=[NixlTransport, MooncakeTransport], ids=["nixl", "mooncake"])
+def kind(request):
+    return request.param
 
 
-def test_transfer_lands_bit_exact_in_the_registered_staging_without_a_copy(ctx):
-    src, dst = nixl_side(ctx), nixl_side(ctx)
+def test_each_engine_is_installed_and_selectable(kind):
+    assert MISSING[kind]() is None  # pinned in requirements-pins.txt: a host without it fails here, not skips
+    assert kind.name in known_transports()
+    check_transport_name(kind.name)
+    assert KvrepConfig(transport=kind.name).transport == kind.name
+
+
+def test_transfer_lands_bit_exact_in_the_registered_staging_without_a_copy(ctx, kind):
+    src, dst = Side(ctx, kind=kind), Side(ctx, kind=kind)
     h = header(num_pages=5, pages_per_chunk=2)
     payload = payload_of(h)
     src.t.send(h, dst.t.endpoint)
@@ -54,38 +61,39 @@ def test_transfer_lands_bit_exact_in_the_registered_staging_without_a_copy(ctx):
     pump([src, dst], lambda: dst.of(TransferReceived))
     assert src.of(ChunkSent) == [ChunkSent("t1", 1), ChunkSent("t1", 2), ChunkSent("t1", 3)]
     [sent] = src.of(TransferSent)
-    assert sent.header.transport == "nixl" and sent.gather_s == 0.75
+    assert sent.header.transport == kind.name and sent.gather_s == 0.75
     inc = dst.of(TransferReceived)[0].incoming
-    assert inc.header.transport == "nixl" and inc.chunks == {0, 1, 2} and inc.received_bytes == h.num_bytes
+    assert inc.header.transport == kind.name and inc.chunks == {0, 1, 2} and inc.received_bytes == h.num_bytes
     assert torch.equal(inc.buffer, payload)  # every byte, written in place in the buffer layout
-    assert inc.storage.data_ptr() in dst.t._registered  # the buffer NIXL wrote into is the one handed over
+    assert inc.storage.data_ptr() in dst.t._registered  # the buffer the engine wrote into is the one handed over
     dst.t.answer(inc, inserted_len=20)
     pump([src, dst], lambda: not src.t.outgoing)
     assert not src.t.writes.get("t1") and not src.t.orphans and not src.t.ready  # every WRITE released
     assert dst.t.staging.cached_bytes() == h.num_bytes
-    # the next transfer reuses the registered buffer (the source adds the target's metadata once)
+    # the next transfer reuses the registered buffer (a NIXL source adds the target's metadata once)
     h2 = header(tid="t2", num_pages=2)
     src.t.send(h2, dst.t.endpoint)
     src.t.push_chunk("t2", 0, chunk(h2, payload_of(h2, 1), 0), 0.0)
     pump([src, dst], lambda: len(dst.of(TransferReceived)) == 2)
     inc2 = dst.of(TransferReceived)[1].incoming
     assert inc2.storage.data_ptr() == inc.storage.data_ptr() and torch.equal(inc2.buffer, payload_of(h2, 1))
-    assert list(src.t.remote) == [dst.t.agent_name]
+    if kind is NixlTransport:
+        assert list(src.t.remote) == [dst.t.agent_name]
     assert not src.of(TransferFailed) and not dst.of(TransferFailed)
     src.t.close()
     dst.t.close()
 
 
-def test_written_bytes_that_do_not_match_their_checksum_are_refused_and_quarantined(ctx):
-    src, dst = nixl_side(ctx), nixl_side(ctx, clock=True, transfer_timeout_s=5.0)
+def test_written_bytes_that_do_not_match_their_checksum_are_refused_and_quarantined(ctx, kind):
+    src, dst = Side(ctx, kind=kind), Side(ctx, kind=kind, clock=True, transfer_timeout_s=5.0)
     h = header()
     payload = payload_of(h)
     src.t.send(h, dst.t.endpoint)
     pump([src, dst], lambda: "t1" in src.t.ready)
     src.t.push_chunk("t1", 0, chunk(h, payload, 0), 0.0)
-    # written and announced; the target's UCX progresses (as its I/O loop drives it) but it has not read the
+    # written and announced; the target's engine progresses (as its I/O loop drives it) but it has not read the
     # announcement yet
-    pump([src], lambda: (dst.t.agent.get_new_notifs(), src.of(ChunkSent))[1])
+    pump([src], lambda: (dst.t._engine_progress(True), src.of(ChunkSent))[1])
     staged = dst.t.incoming["t1"].storage
     staged[7] ^= 0xFF  # what a forged write on the fabric would do
     pump([src, dst], lambda: dst.of(TransferFailed))
@@ -100,19 +108,19 @@ def test_written_bytes_that_do_not_match_their_checksum_are_refused_and_quaranti
     dst.t.close()
 
 
-def test_wrong_token_is_refused_before_any_registration_is_offered(ctx):
-    src, dst = nixl_side(ctx), nixl_side(ctx)
+def test_wrong_token_is_refused_before_any_registration_is_offered(ctx, kind):
+    src, dst = Side(ctx, kind=kind), Side(ctx, kind=kind)
     src.t.send(header(token="forged"), dst.t.endpoint)
     pump([src, dst], lambda: src.of(TransferFailed))
     assert dst.of(TransferFailed) == [TransferFailed("t1", "r1", "target", "bad token", tell_coordinator=False)]
-    assert not src.t.ready and not src.t.remote  # no TransferReady: the address was never given out
+    assert not src.t.ready and not getattr(src.t, "remote", None)  # no TransferReady: no address given out
     assert not dst.t.incoming and dst.t.staging.cached_bytes() == 0 and not dst.t._registered
     src.t.close()
     dst.t.close()
 
 
-def test_silent_source_times_out_and_its_staging_comes_back_after_the_quarantine(ctx):
-    src, dst = nixl_side(ctx), nixl_side(ctx, clock=True, transfer_timeout_s=5.0)
+def test_silent_source_times_out_and_its_staging_comes_back_after_the_quarantine(ctx, kind):
+    src, dst = Side(ctx, kind=kind), Side(ctx, kind=kind, clock=True, transfer_timeout_s=5.0)
     h = header()
     src.t.send(h, dst.t.endpoint)
     pump([src, dst], lambda: "t1" in src.t.ready)  # then the source never gathers a chunk
@@ -128,8 +136,8 @@ def test_silent_source_times_out_and_its_staging_comes_back_after_the_quarantine
     dst.t.close()
 
 
-def test_mixed_fleets_a_zmq_source_sends_to_a_nixl_target_and_a_nixl_source_falls_back_to_zmq(ctx):
-    dst = nixl_side(ctx)
+def test_mixed_fleets_a_zmq_source_sends_to_a_written_target_and_a_written_source_falls_back_to_zmq(ctx, kind):
+    dst = Side(ctx, kind=kind)
     h = header()
     payload = payload_of(h)
     import threading
@@ -144,7 +152,7 @@ def test_mixed_fleets_a_zmq_source_sends_to_a_nixl_target_and_a_nixl_source_fall
     dst.t.answer(inc, inserted_len=12)
     sender.join(20)
     assert isinstance(replies[0], p.TransferAccepted)
-    src, zdst = nixl_side(ctx), Side(ctx)
+    src, zdst = Side(ctx, kind=kind), Side(ctx)
     h2 = header(tid="t2")
     src.t.send(h2, zdst.t.endpoint)
     src.t.push_chunk("t2", 0, chunk(h2, payload, 0), 0.0)  # queued while the target answers the header
@@ -165,11 +173,11 @@ def test_mixed_fleets_a_zmq_source_sends_to_a_nixl_target_and_a_nixl_source_fall
         t.close()
 
 
-def test_io_sides_replicate_through_nixl():
+def test_io_sides_replicate_through_each_engine(kind):
     ctx = zmq.Context()
     coord = FakeCoordinator(ctx)
-    a = StubAgent("a", coord.endpoint, transport="nixl")
-    b = StubAgent("b", coord.endpoint, transport="nixl")
+    a = StubAgent("a", coord.endpoint, transport=kind.name)
+    b = StubAgent("b", coord.endpoint, transport=kind.name)
     try:
         coord.wait_for(p.Hello, 2)
         h = header()
@@ -180,7 +188,7 @@ def test_io_sides_replicate_through_nixl():
         for i in range(h.num_chunks):
             a.to_io(m.ChunkGathered(h.transfer_id, i, chunk(h, payload, i), 0.0))
         [install] = b.wait_for(m.Install)
-        assert install.incoming.header.transport == "nixl" and torch.equal(install.incoming.buffer, payload)
+        assert install.incoming.header.transport == kind.name and torch.equal(install.incoming.buffer, payload)
         b.to_io(m.Installed(install.incoming, install.block_hashes, inserted_len=12, scatter_s=0.0, insert_s=0.0))
         [stored] = coord.wait_for(p.ReplicaStored)
         [sent] = coord.wait_for(p.SourceSent)
@@ -192,8 +200,8 @@ def test_io_sides_replicate_through_nixl():
         ctx.destroy(linger=0)
 
 
-def test_a_target_that_registers_a_new_buffer_mid_flight_is_still_written_correctly(ctx):
-    src, dst = nixl_side(ctx), nixl_side(ctx)
+def test_a_target_that_registers_a_new_buffer_mid_flight_is_still_written_correctly(ctx, kind):
+    src, dst = Side(ctx, kind=kind), Side(ctx, kind=kind)
     small, big = header(tid="s", num_pages=2), header(tid="b", num_pages=6, pages_per_chunk=2)
     src.t.send(small, dst.t.endpoint)
     src.t.push_chunk("s", 0, chunk(small, payload_of(small), 0), 0.0)
@@ -210,8 +218,8 @@ def test_a_target_that_registers_a_new_buffer_mid_flight_is_still_written_correc
     dst.t.close()
 
 
-def test_garbage_in_a_targets_transfer_ready_fails_that_transfer_only(ctx):
-    src = nixl_side(ctx)
+def test_garbage_in_a_targets_transfer_ready_fails_that_transfer_only(ctx, kind):
+    src = Side(ctx, kind=kind)
     fake = ctx.socket(zmq.ROUTER)
     fake.setsockopt(zmq.LINGER, 0)
     endpoint = f"tcp://127.0.0.1:{fake.bind_to_random_port('tcp://127.0.0.1')}"
@@ -219,13 +227,15 @@ def test_garbage_in_a_targets_transfer_ready_fails_that_transfer_only(ctx):
     src.t.send(h, endpoint)
     pump([src], lambda: fake.poll(0))
     peer, raw = fake.recv_multipart()
-    assert p.decode_data_plane(raw).transport == "nixl"
+    assert p.decode_data_plane(raw).transport == kind.name
     fake.send_multipart([peer, p.encode(p.TransferReady(transfer_id="t1", agent_name="x", agent_metadata=b"\x00junk",
                                                         address=4096, num_bytes=h.num_bytes))])
     pump([src], lambda: src.of(TransferFailed))
     [failed] = src.of(TransferFailed)
-    assert failed.role == "source" and failed.error.startswith("nixl: target's agent metadata refused")
-    assert not src.t.outgoing and not src.t.remote
+    assert failed.role == "source" and failed.error.startswith({
+        NixlTransport: "nixl: target's agent metadata refused",
+        MooncakeTransport: "mooncake: target's session 'x' is not an engine on its own host"}[kind]), failed
+    assert not src.t.outgoing and not getattr(src.t, "remote", None)
     # a TransferReady for a transfer this source never sent is ignored
     fake.send_multipart([peer, p.encode(p.TransferReady(transfer_id="nope", agent_name="x", agent_metadata=b"",
                                                         address=0, num_bytes=1))])
@@ -236,11 +246,11 @@ def test_garbage_in_a_targets_transfer_ready_fails_that_transfer_only(ctx):
     src.t.close()
 
 
-def test_with_keys_the_address_goes_only_to_the_allow_listed_source_and_no_one_speaks_for_another(keydir):
+def test_with_keys_the_address_goes_only_to_the_allow_listed_source_and_no_one_speaks_for_another(keydir, kind):
     def keyed(i):
         own = zmq.Context()
         OWN_CONTEXTS.append(own)
-        return Side(own, kind=NixlTransport, keys=str(keydir.path), key_name=f"worker-{i}")
+        return Side(own, kind=kind, keys=str(keydir.path), key_name=f"worker-{i}")
 
     try:
         src, dst, other = keyed(0), keyed(1), keyed(2)
@@ -255,7 +265,7 @@ def test_with_keys_the_address_goes_only_to_the_allow_listed_source_and_no_one_s
         other.t.send(header(tid="t2", source_id="worker-0"), dst.t.endpoint, "worker-1")
         pump([other, dst], lambda: other.of(TransferFailed))
         assert "is not the worker of this connection's key" in other.of(TransferFailed)[0].error
-        assert not other.t.ready and not other.t.remote
+        assert not other.t.ready and not getattr(other.t, "remote", None)
         for side in (src, dst, other):
             side.t.close()
     finally:
@@ -263,16 +273,16 @@ def test_with_keys_the_address_goes_only_to_the_allow_listed_source_and_no_one_s
             OWN_CONTEXTS.pop().destroy(linger=0)
 
 
-def test_a_gpu_workers_arena_leaves_nixls_registered_staging_alone(ctx):
-    """`make_transport(..., arena=)` gives a GPU worker's pinned arena to a transport that can receive into it; NIXL
-    writes into staging it registered, so it keeps its own (an arena view would be advertised unregistered): the
-    transfer still lands bit-exact, not marked pinned."""
+def test_a_gpu_workers_arena_leaves_the_registered_staging_alone(ctx, kind):
+    """`make_transport(..., arena=)` gives a GPU worker's pinned arena to a transport that can receive into it; the
+    engines write into staging they registered, so they keep their own (an arena view would be advertised
+    unregistered): the transfer still lands bit-exact, not marked pinned."""
     from sglang_kvrep.dataplane.registry import make_transport
 
-    src, dst = nixl_side(ctx), nixl_side(ctx)
+    src, dst = Side(ctx, kind=kind), Side(ctx, kind=kind)
     dst.t.close()
     arena = torch.zeros(1 << 20, dtype=torch.uint8)
-    dst.t = make_transport("nixl", KvrepConfig(), dst.t.admit, dst.events.append, ctx, dst.poller, arena=arena)
+    dst.t = make_transport(kind.name, KvrepConfig(), dst.t.admit, dst.events.append, ctx, dst.poller, arena=arena)
     assert dst.t.staging.arena is None
     h = header(num_pages=3, pages_per_chunk=2)
     payload = payload_of(h)
@@ -280,3 +290,51 @@ def test_a_gpu_workers_arena_leaves_nixls_registered_staging_alone(ctx):
     assert not inc.pinned and torch.equal(inc.buffer, payload)
     src.t.close()
     dst.t.close()
+
+
+# ------------------------------------------------------------------------------------------ Mooncake's own
+def test_mooncake_a_write_outside_the_targets_registered_memory_fails_that_transfer(ctx):
+    """A target that names a real engine on its own host but an address outside what that engine registered: the
+    engine refuses the WRITE, the transfer fails on the source (reported once), and the source keeps serving."""
+    src, other = Side(ctx, kind=MooncakeTransport), Side(ctx, kind=MooncakeTransport)
+    fake = ctx.socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    endpoint = f"tcp://127.0.0.1:{fake.bind_to_random_port('tcp://127.0.0.1')}"
+    h = header()
+    payload = payload_of(h)
+    src.t.send(h, endpoint)
+    pump([src], lambda: fake.poll(0))
+    peer, _ = fake.recv_multipart()
+    fake.send_multipart([peer, p.encode(p.TransferReady(transfer_id="t1", agent_name=other.t.session,
+                                                        agent_metadata=b"", address=4096, num_bytes=h.num_bytes))])
+    pump([src], lambda: "t1" in src.t.ready)
+    src.t.push_chunk("t1", 0, chunk(h, payload, 0), 0.0)
+    pump([src, other], lambda: src.of(TransferFailed))
+    [failed] = src.of(TransferFailed)
+    assert failed.role == "source" and failed.error == "mooncake: WRITE of chunk 0 failed"
+    pump([src], lambda: not src.t.writes and not src.t.orphans)  # every WRITE ended and released
+    assert not src.t.outgoing and not src.of(ChunkSent)
+    inc = send_whole(src, other, header(tid="t2"), payload)  # and the next transfer lands
+    assert torch.equal(inc.buffer, payload)
+    fake.close(0)
+    src.t.close()
+    other.t.close()
+
+
+def test_mooncake_loads_the_libraries_the_host_lacks_from_next_to_the_package():
+    """scripts/env.sh unpacks libibverbs and libnl (requirements-native.txt) next to the `mooncake` package; the
+    transport loads them by path only where the host has none, so the engine imports without `LD_LIBRARY_PATH`."""
+    from sglang_kvrep.dataplane import mooncake_transport as mt
+
+    folder = mt.native_dirs()[-1]
+    assert folder.name == "kvrep_native_libs"
+    assert all((folder / soname).exists() for soname in mt.NATIVE_LIBS), sorted(folder.iterdir())
+    assert mt.load_mooncake().TransferEngine is not None and mt.host_memory_only()
+    assert mt._preload() == []  # every one loadable now, from the host or from the folder
+
+
+def test_mooncakes_cpu_build_refuses_device_memory_clearly(ctx):
+    side = Side(ctx, kind=MooncakeTransport)
+    with pytest.raises(ValueError, match="CPU build of Mooncake cannot read meta memory"):
+        side.t._engine_register(torch.empty(16, dtype=torch.uint8, device="meta"))
+    side.t.close()
