@@ -310,8 +310,8 @@ class TransferHeader(_Msg, tag="TransferHeader"):
     ttl_s: Ttl
     transport: Annotated[str, Meta(max_length=32)] = "zmq"
     """How the chunks' payload moves: "zmq" (a payload frame after each `TransferChunk`) or a registered-memory
-    transport ("nixl": the source writes each chunk into the target's staging buffer, whose address the target
-    gives in `TransferReady`, and then sends its `TransferChunk` alone). A target refuses a transport it does not
+    transport ("nixl", "mooncake": the source writes each chunk into the target's staging buffer, whose address the
+    target gives in `TransferReady`, and then sends its `TransferChunk` alone). A target refuses a transport it does not
     run."""
 
 
@@ -339,7 +339,8 @@ class TransferReady(_Msg, tag="TransferReady"):
     transfer_id: Annotated[str, Meta(max_length=128)]
     agent_name: Annotated[str, Meta(max_length=128)]
     agent_metadata: Annotated[bytes, Meta(max_length=1 << 20)]
-    """The target's transport endpoint description (NIXL: `get_agent_metadata()`, with its registered memory)."""
+    """The target's transport endpoint description (NIXL: `get_agent_metadata()`, with its registered memory;
+    Mooncake: empty, the engines exchange descriptors in their own handshake; `agent_name` is its session)."""
     address: Annotated[int, Meta(ge=0, le=2 ** 63 - 1)]
     num_bytes: Count
 

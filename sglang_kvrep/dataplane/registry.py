@@ -1,6 +1,7 @@
 """Data-plane transports by name: `--kvrep-transport NAME` (checked by `KvrepConfig`) picks the implementation the
 agent's I/O thread builds. "zmq" (`ZmqTransport`), "nixl" (`NixlTransport`, where NIXL is installed) and
-"mooncake" (`MooncakeTransport`, where Mooncake Transfer Engine is installed) are registered here; another implementation registers itself with `register_transport` before the agent starts."""
+"mooncake" (`MooncakeTransport`, where Mooncake Transfer Engine is installed) are registered here; another
+implementation registers itself with `register_transport` before the agent starts."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional

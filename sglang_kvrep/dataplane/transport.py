@@ -1,6 +1,7 @@
 """The worker-to-worker data plane behind one interface: `Transport` (what the agent's I/O thread needs to move a
 transfer's pages), the facts a transport reports and the settings it reads. Implementations are picked by name
-in `sglang_kvrep.dataplane.registry` (`--kvrep-transport`); `ZmqTransport` is the default and today the only one.
+in `sglang_kvrep.dataplane.registry` (`--kvrep-transport`); `ZmqTransport` is the default, `NixlTransport` and
+`MooncakeTransport` write into the target's registered memory (`sglang_kvrep.dataplane.written`).
 Called by `sglang_kvrep.agent.io_side.IoSide` on the I/O thread only; nothing here touches SGLang.
 
 Who decides what: a transport moves and verifies bytes (framing, checksums, staging, the rate cap, stalls); its
@@ -20,8 +21,8 @@ coordinator).
 
 To add an implementation: write a class with the `Transport` methods whose constructor takes
 `(settings, admit, on_event, ctx, poller)`, and `registry.register_transport("name", TheClass)` before the agent
-starts (`KvrepConfig.transport` is checked against the registry). See docs/transport.md for what a transport that
-writes into registered memory (Mooncake, NIXL) additionally needs on the wire.
+starts (`KvrepConfig.transport` is checked against the registry). A transport whose engine writes into
+registered memory extends `WrittenTransport` and supplies the engine's calls (docs/transport.md).
 """
 from __future__ import annotations
 
