@@ -20,17 +20,8 @@ from sglang_kvrep.dataplane.nixl_transport import NixlTransport, nixl_missing
 from sglang_kvrep.dataplane.registry import check_transport_name, known_transports
 from sglang_kvrep.dataplane.transport import ChunkSent, TransferFailed, TransferReceived, TransferSent
 from sglang_kvrep.dataplane.wire import send_transfer
-from tests.unit.test_transport import (OWN_CONTEXTS, FakeCoordinator, Side, StubAgent, chunk, header,  # noqa: F401
-                                      keydir, payload_of, pump, send_whole)
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    while OWN_CONTEXTS:
-        OWN_CONTEXTS.pop().destroy(linger=0)
-    c.destroy(linger=0)
+from tests.unit.test_transport import (OWN_CONTEXTS, FakeCoordinator, Side, StubAgent, chunk, ctx,  # noqa: F401
+                                      header, keydir, payload_of, pump, send_whole)
 
 
 MISSING = {NixlTransport: nixl_missing, MooncakeTransport: mooncake_missing}
