@@ -98,8 +98,8 @@ def ctx():
 
 def test_registry_knows_zmq_and_rejects_unknown_names(ctx):
     assert "zmq" in known_transports()
-    with pytest.raises(ValueError, match=r"unknown transport 'mooncake' \(known: .*zmq"):
-        make_transport("mooncake", KvrepConfig(), admit_token, print, ctx, zmq.Poller())
+    with pytest.raises(ValueError, match=r"unknown transport 'carrier-pigeon' \(known: .*zmq"):
+        make_transport("carrier-pigeon", KvrepConfig(), admit_token, print, ctx, zmq.Poller())
     with pytest.raises(ValueError, match=r"--kvrep-transport: unknown transport 'tcp' \(known: .*zmq"):
         KvrepConfig(transport="tcp")
     t = make_transport("zmq", KvrepConfig(), admit_token, print, ctx, zmq.Poller())
