@@ -52,7 +52,10 @@ def ar_members(data: bytes) -> dict[str, bytes]:
 def shared_objects(deb: bytes) -> list[tuple[str, bytes | str]]:
     """(file name, contents or symlink target name) of every `*.so*` file in a `.deb`'s data."""
     members = ar_members(deb)
-    [name] = [n for n in members if n.startswith("data.tar")]
+    data = [n for n in members if n.startswith("data.tar")]
+    if len(data) != 1:
+        raise ValueError(f"a .deb with {len(data)} data.tar members ({', '.join(sorted(members))})")
+    [name] = data
     out: list[tuple[str, bytes | str]] = []
     with tarfile.open(fileobj=io.BytesIO(members[name]), mode="r:*") as tar:
         for m in tar.getmembers():
@@ -89,11 +92,16 @@ def install(listing: Path, dest: Path) -> list[str]:
             target.unlink()
         if isinstance(body, str):
             target.symlink_to(body)
-        else:
-            with tempfile.NamedTemporaryFile(dir=dest, delete=False) as f:
+            continue
+        fd, tmp = tempfile.mkstemp(dir=dest)
+        try:
+            with os.fdopen(fd, "wb") as f:
                 f.write(body)
-            os.chmod(f.name, 0o644)
-            os.replace(f.name, target)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return [name for name, _ in files]
 
 

@@ -41,7 +41,8 @@ import zmq
 from radix_sync import protocol as p
 from sglang_kvrep.dataplane.staging import Outgoing
 from sglang_kvrep.dataplane.transport import Admit, OnEvent, TransportSettings
-from sglang_kvrep.dataplane.written import DONE, ERR, PROC, Write, WrittenTransport
+from sglang_kvrep.address import is_wildcard, routable_host
+from sglang_kvrep.dataplane.written import DONE, ERR, LOST, PROC, Write, WrittenTransport
 
 log = logging.getLogger("kvrep.agent")
 
@@ -75,7 +76,10 @@ def _preload() -> list[str]:
             pass
         for d in native_dirs():
             if (d / soname).exists():
-                _loaded.append(ctypes.CDLL(str(d / soname)))
+                try:
+                    _loaded.append(ctypes.CDLL(str(d / soname)))
+                except OSError as exc:  # (e.g. a host C library older than the one it was built for)
+                    missing.append(f"{soname} ({exc})")
                 break
         else:
             missing.append(soname)
@@ -104,7 +108,7 @@ def load_mooncake() -> Any:
     try:
         return importlib.import_module("mooncake.engine")
     except ImportError as exc:
-        hint = (f" ({', '.join(missing)} found neither on the host nor in {', '.join(map(str, native_dirs()))}: "
+        hint = (f" ({', '.join(missing)}: not loadable from the host or from {', '.join(map(str, native_dirs()))}; "
                 "scripts/env.sh installs them, requirements-native.txt)") if missing else ""
         raise ImportError(f"--kvrep-transport mooncake: mooncake.engine cannot be imported: {exc}{hint}") from exc
 
@@ -125,18 +129,29 @@ def rdma_devices() -> list[str]:
         return []
 
 
+def session_host(config: TransportSettings) -> str:
+    """The host peers reach this worker's engine at: what the worker advertises for its data endpoint
+    (`IoSide.data_endpoint`: `--kvrep-advertise-host`, else the data host, else, for a wildcard, the address that
+    routes to the coordinator), without IPv6 brackets."""
+    host = getattr(config, "advertise_host", "") or config.data_host
+    if is_wildcard(host):
+        host = routable_host(getattr(config, "coordinator", ""))
+    return host.strip("[]")
+
+
 class _Writes:
     """One chunk's WRITEs (one per layer), each a batch of one request; what each ended with, once it did."""
 
-    __slots__ = ("ids", "ends", "short")
+    __slots__ = ("ids", "ends", "short", "timed_out")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.ends: list[int] = []
-        """Per id: 0 in flight, 1 done, < 0 failed (-1) or timed out (-2): asked no more once not 0 (the binding
-        frees a batch that completed or failed)."""
+        """Per id: 0 in flight (or timed out), 1 done, -1 failed: asked no more once 1 or -1 (the binding frees a
+        batch that completed or failed; one that timed out it keeps, and may still move its bytes)."""
         self.short = ""
         """Why not every layer's WRITE was posted ("" when every one was)."""
+        self.timed_out = False
 
 
 class MooncakeTransport(WrittenTransport):
@@ -157,12 +172,13 @@ class MooncakeTransport(WrittenTransport):
         self._host_only = host_memory_only()
 
     def _open_engine(self, config: TransportSettings) -> None:
+        host = session_host(config)
         self.engine = self._api.TransferEngine()
-        ret = self.engine.initialize(config.data_host, "P2PHANDSHAKE", self.protocol, "")
+        ret = self.engine.initialize(host, "P2PHANDSHAKE", self.protocol, "")
         if ret != 0:
-            raise RuntimeError(f"--kvrep-transport mooncake: TransferEngine.initialize({config.data_host!r}, "
+            raise RuntimeError(f"--kvrep-transport mooncake: TransferEngine.initialize({host!r}, "
                                f"P2PHANDSHAKE, {self.protocol!r}) returned {ret}")
-        self.session = f"{config.data_host}:{self.engine.get_rpc_port()}"
+        self.session = f"{host}:{self.engine.get_rpc_port()}"
         log.info("kvrep: mooncake: engine %s (%s)", self.session, self.protocol)
 
     def _close_engine(self) -> None:
@@ -187,7 +203,7 @@ class MooncakeTransport(WrittenTransport):
 
     def _accept_peer(self, msg: p.TransferReady, out: Outgoing) -> Optional[str]:
         host, _, port = msg.agent_name.rpartition(":")
-        own = out.endpoint.split("://", 1)[-1].rpartition(":")[0]
+        own = out.endpoint.split("://", 1)[-1].rpartition(":")[0].strip("[]")
         if not (port.isdigit() and 0 < int(port) < 65536) or host != own or msg.agent_metadata:
             # (the source writes where the target says: only into an engine on the host it connected to)
             return f"target's session {msg.agent_name!r} is not an engine on its own host {own!r}"
@@ -196,9 +212,12 @@ class MooncakeTransport(WrittenTransport):
     def _engine_write(self, ready: p.TransferReady, pieces: list[tuple[int, int, int]], buffer: torch.Tensor) -> Any:
         writes = _Writes()
         for src, dst, n in pieces:
-            bid = self.engine.transfer_submit_write(ready.agent_name, src, dst, n)
+            try:
+                bid = self.engine.transfer_submit_write(ready.agent_name, src, dst, n)
+            except Exception as exc:  # (those posted before it are watched to their end all the same)
+                bid, writes.short = 0, f"transfer_submit_write raised {exc!r}"
             if bid <= 0:
-                writes.short = f"transfer_submit_write returned {bid}"
+                writes.short = writes.short or f"transfer_submit_write returned {bid}"
                 break
             writes.ids.append(bid)
             writes.ends.append(0)
@@ -211,8 +230,11 @@ class MooncakeTransport(WrittenTransport):
         busy = False
         for i, bid in enumerate(writes.ids):
             if writes.ends[i] == 0:
-                writes.ends[i] = end = self.engine.transfer_check_status(bid)
+                end = self.engine.transfer_check_status(bid)
+                if end == -2:  # timed out: the transfer fails, the memory stays the engine's until it ends
+                    writes.timed_out, end = True, 0
+                writes.ends[i] = end
                 busy = busy or end == 0
         if busy:
-            return PROC
-        return ERR if writes.short or any(end < 0 for end in writes.ends) else DONE
+            return LOST if writes.timed_out else PROC
+        return ERR if writes.short or writes.timed_out or any(end < 0 for end in writes.ends) else DONE

@@ -53,8 +53,9 @@ from sglang_kvrep.dataplane.zmq_transport import ZmqTransport, is_transport_refu
 
 log = logging.getLogger("kvrep.agent")
 
-DONE, ERR, PROC = "DONE", "ERR", "PROC"
-"""A WRITE's state (`_engine_state`): landed, failed, in flight."""
+DONE, ERR, PROC, LOST = "DONE", "ERR", "PROC", "LOST"
+"""A WRITE's state (`_engine_state`): landed, failed, in flight, failed while the engine may still use its memory
+(timed out: the transfer fails, the chunk stays registered and referenced until the engine lets go)."""
 
 
 @dataclass
@@ -137,8 +138,8 @@ class WrittenTransport(ZmqTransport):
         raise NotImplementedError
 
     def _engine_state(self, write: Write) -> str:
-        """DONE, ERR or PROC (an exception: ERR). May be asked again after DONE or ERR (a failed transfer's WRITEs
-        are watched until each ended): the same answer."""
+        """DONE, ERR, PROC or LOST (an exception: ERR). May be asked again after any answer (a failed transfer's
+        WRITEs are watched until each ended: DONE or ERR); after DONE or ERR, the same answer."""
         raise NotImplementedError
 
     def _engine_release(self, write: Write) -> None:
@@ -260,8 +261,9 @@ class WrittenTransport(ZmqTransport):
         while queue:
             write = queue[0]
             state = self._state(write)
-            if state == ERR:
-                self._fail(out, f"{self.name}: WRITE of chunk {write.index} failed")
+            if state in (ERR, LOST):
+                self._fail(out, f"{self.name}: WRITE of chunk {write.index} " + ("failed" if state == ERR else
+                                                                                 "timed out"))
                 return 0.0
             if state != DONE:
                 return 0.0005  # the engines have no descriptor to poll: come back soon while a WRITE is in flight

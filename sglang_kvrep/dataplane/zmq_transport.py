@@ -207,7 +207,11 @@ class ZmqTransport:
             if refusal is not None:
                 return self._refuse(peer, msg.transfer_id, msg.replication_id, refusal.error,
                                     refusal.tell_coordinator)
-            storage = self.staging.acquire(msg.num_bytes)
+            try:
+                storage = self.staging.acquire(msg.num_bytes)
+            except Exception as exc:  # (a registered-memory engine refusing a new buffer: nothing admitted stays)
+                log.exception("kvrep: transfer %s: no staging buffer", msg.transfer_id)
+                return self._refuse(peer, msg.transfer_id, msg.replication_id, f"no staging buffer: {exc}")
             inc = Incoming(msg, peer, storage, now, now, pinned=self.staging.in_arena(storage))
             self.incoming[msg.transfer_id] = inc
             self._admitted(inc)

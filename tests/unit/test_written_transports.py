@@ -329,3 +329,96 @@ def test_mooncakes_cpu_build_refuses_device_memory_clearly(ctx):
     with pytest.raises(ValueError, match="CPU build of Mooncake cannot read meta memory"):
         side.t._engine_register(torch.empty(16, dtype=torch.uint8, device="meta"))
     side.t.close()
+
+
+def test_a_staging_buffer_the_engine_will_not_register_refuses_that_transfer_and_holds_nothing(ctx, kind):
+    """The target admitted the header (its replica budget reserved) and then its engine refused the new staging
+    buffer (e.g. a low RLIMIT_MEMLOCK over RDMA): the transfer is refused and reported, so the reservation is
+    released, and the next transfer lands."""
+    src, dst = Side(ctx, kind=kind), Side(ctx, kind=kind)
+    register = dst.t._engine_register
+
+    def refuse(buf):
+        raise RuntimeError("register_memory returned -1")
+
+    dst.t._engine_register = refuse
+    h = header()
+    src.t.send(h, dst.t.endpoint)
+    pump([src, dst], lambda: dst.of(TransferFailed) and src.of(TransferFailed))
+    [failed] = dst.of(TransferFailed)
+    assert failed.role == "target" and failed.error == "no staging buffer: register_memory returned -1"
+    assert failed.tell_coordinator and not dst.t.incoming and not dst.t._registered
+    dst.t._engine_register = register
+    payload = payload_of(h)
+    inc = send_whole(src, dst, header(tid="t2"), payload)
+    assert torch.equal(inc.buffer, payload)
+    src.t.close()
+    dst.t.close()
+
+
+class _FakeEngine:
+    """`transfer_check_status` answers from a script per batch id; every call recorded."""
+
+    def __init__(self, answers: dict) -> None:
+        self.answers = {k: list(v) for k, v in answers.items()}
+        self.calls: list[int] = []
+
+    def transfer_check_status(self, bid: int) -> int:
+        self.calls.append(bid)
+        return self.answers[bid].pop(0)
+
+
+def test_mooncake_a_timed_out_write_fails_its_transfer_and_is_watched_until_the_engine_lets_go(ctx):
+    """-2 (timed out) fails the transfer at once (LOST) but the engine keeps that batch and may still read the
+    chunk: it stays watched (and its memory registered) until 1 or -1; an id that answered 1 or -1 is never asked
+    again (the binding freed it)."""
+    from sglang_kvrep.dataplane.mooncake_transport import _Writes
+    from sglang_kvrep.dataplane.written import DONE, ERR, LOST, PROC, Write
+
+    side = Side(ctx, kind=MooncakeTransport)
+    engine, side.t.engine = side.t.engine, _FakeEngine({5: [0, -2, -2, 1], 6: [1], 7: [0, 1], 8: [-1]})
+    try:
+        w = _Writes()
+        w.ids, w.ends = [5, 6], [0, 0]
+        write = Write("t1", 0, torch.zeros(4, dtype=torch.uint8), b"", None, w)
+        assert side.t._engine_state(write) == PROC  # 5 in flight, 6 done
+        assert side.t._engine_state(write) == LOST  # 5 timed out: the transfer fails, the write is still watched
+        assert side.t._engine_state(write) == LOST
+        assert side.t._engine_state(write) == ERR  # 5 ended: released now; a timed-out write never counts as DONE
+        assert side.t._engine_state(write) == ERR and side.t.engine.calls == [5, 6, 5, 5, 5]
+        ok = _Writes()
+        ok.ids, ok.ends = [7, 8], [0, 0]
+        other = Write("t2", 0, torch.zeros(4, dtype=torch.uint8), b"", None, ok)
+        assert side.t._engine_state(other) == PROC and side.t._engine_state(other) == ERR
+        done = _Writes()
+        done.ids, done.ends = [9], [1]
+        assert side.t._engine_state(Write("t3", 0, torch.zeros(1), b"", None, done)) == DONE
+        assert side.t.engine.calls[5:] == [7, 8, 7]
+    finally:
+        side.t.engine = engine
+        side.t.close()
+
+
+def test_mooncake_names_its_engine_by_the_host_peers_reach_it_at():
+    """The session is the advertised host (a wildcard data host is no address: the one that routes to the
+    coordinator, as the data endpoint has), and a source compares hosts without IPv6 brackets."""
+    from types import SimpleNamespace
+
+    from sglang_kvrep.dataplane.mooncake_transport import session_host
+
+    cfg = SimpleNamespace(advertise_host="", data_host="0.0.0.0", coordinator="tcp://127.0.0.1:5600")
+    assert session_host(cfg) == "127.0.0.1"
+    assert session_host(SimpleNamespace(advertise_host="10.1.2.3", data_host="0.0.0.0", coordinator="")) == "10.1.2.3"
+    assert session_host(SimpleNamespace(advertise_host="", data_host="[::1]", coordinator="")) == "::1"
+    accept = MooncakeTransport._accept_peer
+    out = SimpleNamespace(endpoint="tcp://[::1]:5555")
+    ready = p.TransferReady(transfer_id="t", agent_name="::1:16000", agent_metadata=b"", address=0, num_bytes=1)
+    assert accept(None, ready, out) is None
+    for name in ("::2:16000", "::1:0", "::1:x", "::1:70000"):
+        assert "is not an engine on its own host" in accept(None, msgspec_replace(ready, agent_name=name), out)
+
+
+def msgspec_replace(msg, **kw):
+    import msgspec
+
+    return msgspec.structs.replace(msg, **kw)
