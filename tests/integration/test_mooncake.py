@@ -3,11 +3,10 @@ Engine (its TCP transport on loopback) replicate a prefix, the pages written by 
 registered staging and verified there, and the target's greedy output from the copy equals the source's; a NIXL
 worker of the session replicates to a Mooncake worker over ZeroMQ (a mixed fleet: each refuses the other's
 engine, and the source falls back)."""
-import contextlib
-
 import pytest
 
-from tests.integration.conftest import PAGE_SIZE, WORKER_ARGS, joined_worker, prompt, wait_until
+from kvrep_dev.cluster import Worker
+from tests.integration.conftest import LOGS, PAGE_SIZE, WORKER_ARGS, prompt, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -16,10 +15,19 @@ MOONCAKE = ("--kvrep-transport", "mooncake")
 
 @pytest.fixture(scope="module")
 def mooncake_pair(cluster):
-    with contextlib.ExitStack() as stack:
-        m1 = stack.enter_context(joined_worker(cluster, "M1-mooncake", extra_args=WORKER_ARGS + MOONCAKE))
-        m2 = stack.enter_context(joined_worker(cluster, "M2-mooncake", extra_args=WORKER_ARGS + MOONCAKE))
-        yield m1, m2
+    # (both started before either is waited for: their ~30 s start-ups overlap)
+    workers = []
+    try:
+        for name in ("M1-mooncake", "M2-mooncake"):
+            workers.append(Worker(name, "tiny", LOGS, coordinator=cluster.coord.endpoint, page_size=PAGE_SIZE,
+                                  extra_args=WORKER_ARGS + MOONCAKE))
+        for w in workers:
+            w.wait_ready()
+        cluster.coord.wait_workers([w.worker_id for w in workers])
+        yield tuple(workers)
+    finally:
+        for w in workers:
+            w.stop()
 
 
 def test_mooncake_workers_replicate_and_the_copy_decodes_identically(cluster, mooncake_pair):
