@@ -173,9 +173,9 @@ class KvrepPlanner:
         self._wanted_last: tuple = ((), {}, ([], []))
         """(scope, wanted holdings by node id, the sums) of the last pass (`_wanted`)."""
         self._targets: Optional[PassTargets] = None
+        """What the pass's scoring reads of each target (`radix_sync.policy.scoring`)."""
         self._bets: dict[Hashable, set[int]] = {}
         """Prefix -> the targets (indices) a copy of it to is still a bet, this pass (`UseCalibration.bets`)."""
-        """What the pass's scoring reads of each target (`radix_sync.policy.scoring`)."""
 
     # ---- expected TTFT of the demand of one node, given its holders ----
     def _option_s(self, np_: _NodePlan, w: int, fc: WaitForecast, workers: tuple[WorkerView, ...],

@@ -4,6 +4,7 @@ agent's I/O thread builds. "zmq" (`ZmqTransport`), "nixl" (`NixlTransport`, wher
 implementation registers itself with `register_transport` before the agent starts."""
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Optional
 
 import zmq
@@ -55,32 +56,19 @@ def make_transport(name: str, config: TransportSettings, admit: Admit, on_event:
     return transport
 
 
-def _nixl(config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
-          poller: zmq.Poller) -> Transport:
-    from sglang_kvrep.dataplane.nixl_transport import NixlTransport  # NIXL loads its libraries only when chosen
+def _lazy(module: str, cls: str, missing: str) -> tuple[TransportFactory, Callable[[], Optional[str]]]:
+    """A transport whose module is imported only when it is chosen or checked (its engine's libraries load only
+    when it is built): (factory, why it cannot run here)."""
+    def factory(config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
+                poller: zmq.Poller) -> Transport:
+        return getattr(importlib.import_module(module), cls)(config, admit, on_event, ctx, poller)
 
-    return NixlTransport(config, admit, on_event, ctx, poller)
-
-
-def _nixl_missing() -> Optional[str]:
-    from sglang_kvrep.dataplane.nixl_transport import nixl_missing
-
-    return nixl_missing()
-
-
-def _mooncake(config: TransportSettings, admit: Admit, on_event: OnEvent, ctx: zmq.Context,
-              poller: zmq.Poller) -> Transport:
-    from sglang_kvrep.dataplane.mooncake_transport import MooncakeTransport  # loads its libraries only when chosen
-
-    return MooncakeTransport(config, admit, on_event, ctx, poller)
-
-
-def _mooncake_missing() -> Optional[str]:
-    from sglang_kvrep.dataplane.mooncake_transport import mooncake_missing
-
-    return mooncake_missing()
+    def why() -> Optional[str]:
+        return getattr(importlib.import_module(module), missing)()
+    return factory, why
 
 
 register_transport(ZmqTransport.name, ZmqTransport)
-register_transport("nixl", _nixl, _nixl_missing)
-register_transport("mooncake", _mooncake, _mooncake_missing)
+register_transport("nixl", *_lazy("sglang_kvrep.dataplane.nixl_transport", "NixlTransport", "nixl_missing"))
+register_transport("mooncake", *_lazy("sglang_kvrep.dataplane.mooncake_transport", "MooncakeTransport",
+                                      "mooncake_missing"))
