@@ -8,6 +8,7 @@ digest of the decisions (equal digests: equal decisions, to check that a speed-u
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --workers 1000 --profile
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --opcodes      # work per tick, whatever else runs
     nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --pause-s 0.25  # a pause between ticks, as live
+    nice -n 19 .venv/bin/python scripts/bench_plan_tick.py --ticks 12 --settle  # + the collector's settle
 
 It also prints the steady ticks apart from the first (which builds what the later ones keep).
 """
@@ -31,6 +32,7 @@ from radix_sync.coordinator.live_planner import LIVE_SCORING_BUDGET, LivePlanner
 from radix_sync.coordinator.policies import LIVE_POLICIES  # noqa: E402
 from radix_sync.policy.planner import PlannerConfig  # noqa: E402
 from radix_sync.coordinator.state import ClusterState, StateConfig  # noqa: E402
+from radix_sync.gc_pacing import GcPacer  # noqa: E402
 from radix_sync.policy.rules import RuleConfig  # noqa: E402
 
 
@@ -88,6 +90,9 @@ def main() -> None:
     ap.add_argument("--pause-s", type=float, default=0.0,
                     help="sleep this long between ticks (the coordinator's period is 0.25 s, with other work in it): "
                          "a tick after a pause finds a colder working set than one run back to back")
+    ap.add_argument("--settle", action="store_true",
+                    help="after each tick, settle the cycle collector as the coordinator does (`GcPacer(300).settle()`)"
+                         " and print how long it took (outside the tick's time)")
     ap.add_argument("--profile", action="store_true", help="cProfile the ticks, print the top 30 by own time")
     ap.add_argument("--opcodes", action="store_true",
                     help="count the Python opcodes each tick executes (a work measure that a loaded machine does not "
@@ -116,6 +121,7 @@ def main() -> None:
         frame.f_trace_opcodes = True
         return on_opcode
 
+    pacer = GcPacer(300.0) if args.settle else None
     for k in range(args.ticks):
         t = now + 0.25 * (k + 1)
         if args.pause_s > 0:
@@ -138,8 +144,13 @@ def main() -> None:
         # and after a change to the planner's speed mean it decided the same
         outcomes = sorted(getattr(getattr(policy, "planner", None), "outcomes", {}).items())
         digests.append(hashlib.sha256(repr((decisions, outcomes)).encode()).hexdigest()[:16])
+        settled = ""
+        if pacer is not None:
+            pacer.settle()
+            settled = f", settle {1e3 * pacer.young_s:.2f} ms ({pacer.young_freed:,} freed so far)"
         print(f"tick {k}: {1e3 * times[-1]:.1f} ms, {len(decisions)} decisions, digest {digests[-1]}, "
-              f"{getattr(policy, 'last_pass', '')}" + (f", {opcodes[-1]:,} opcodes" if args.opcodes else ""))
+              f"{getattr(policy, 'last_pass', '')}" + (f", {opcodes[-1]:,} opcodes" if args.opcodes else "")
+              + settled)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     if len(times) > 1:
