@@ -99,7 +99,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
     from pathlib import Path
 
     files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
-    assert [f.name for f in files] == ["bench-agent-ablation.json.gz", "bench-agent-bets-s3.json.gz",
+    assert [f.name for f in files] == ["bench-agent-ablation-s4.json.gz", "bench-agent-ablation.json.gz",
+                                       "bench-agent-bets-s3.json.gz",
                                        "bench-agent-burst-s2.json.gz",
                                        "bench-agent-cal-sessions.json.gz",
                                        "bench-agent-cal.json.gz", "bench-agent-carry-s1.json.gz",
