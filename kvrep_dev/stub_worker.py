@@ -37,9 +37,12 @@ def _out_of_vocab(body: dict, vocab_size: int) -> bool:
 
 
 def build_stub(name: str, num_tokens: int = 4, delay_s: float = 0.0, api_key: Optional[str] = None,
-               vocab_size: Optional[int] = None) -> web.Application:
-    """Returns: the stub app; `app["stats"]` counts requests per path."""
+               vocab_size: Optional[int] = None, drop_reused: bool = False) -> web.Application:
+    """Returns: the stub app; `app["stats"]` counts requests per path. With `drop_reused`, a generation request on a
+    connection that already had one is read and the connection closed without an answer (`stats["dropped"]`): what
+    a client sees when it reuses a pooled connection the server is closing as idle."""
     stats: dict[str, int] = {}
+    answered: set = set()  # the peer address of each connection that had a generation request
 
     @web.middleware
     async def check_key(request: web.Request, handler):
@@ -51,6 +54,13 @@ def build_stub(name: str, num_tokens: int = 4, delay_s: float = 0.0, api_key: Op
 
     async def gen(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if drop_reused and peer in answered:
+            answered.discard(peer)
+            stats["dropped"] = stats.get("dropped", 0) + 1
+            request.transport.close()
+            return web.Response(status=500)  # never reaches the client: the connection is closed
+        answered.add(peer)
         stats[request.path] = stats.get(request.path, 0) + 1
         if vocab_size is not None and _out_of_vocab(body, vocab_size):
             print(f"stub worker {name}: IndexError: token id out of the vocabulary ({vocab_size}); exiting",
@@ -126,9 +136,12 @@ def main() -> None:
     ap.add_argument("--delay-s", type=float, default=0.0, help="seconds per output token")
     ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (as SGLang's --api-key)")
     ap.add_argument("--vocab-size", type=int, default=None, help="exit on a token id >= this (as SGLang on CPU)")
+    ap.add_argument("--drop-reused", action="store_true",
+                    help="close a connection, unanswered, at its second generation request (a stale keep-alive)")
     args = ap.parse_args()
     print(f"stub worker {args.name} on {args.port} at {time.time():.0f}", flush=True)
-    web.run_app(build_stub(args.name, args.num_tokens, args.delay_s, args.api_key, args.vocab_size), host=args.host,
+    web.run_app(build_stub(args.name, args.num_tokens, args.delay_s, args.api_key, args.vocab_size,
+                           args.drop_reused), host=args.host,
                 port=args.port, print=None, access_log=None)
 
 

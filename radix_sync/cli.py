@@ -142,6 +142,8 @@ def _add_router(sub) -> None:
     p.add_argument("--pull-ttl-s", type=float, default=P.ttl_s, help="TTL of a pulled replica, s")
     p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
     p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
+    p.add_argument("--worker-keepalive-s", type=float, default=C.worker_keepalive_s,
+                   help="close an idle connection to a worker after this, s (below the workers' own keep-alive)")
     p.add_argument("--shutdown-timeout-s", type=float, default=C.shutdown_timeout_s)
     g = p.add_argument_group("credentials (files as `kvrep keys` writes them; the missing ones are created in "
                              "--state-dir, 0600)")
@@ -192,6 +194,7 @@ def _run_router(args) -> int:
                               connect_timeout_s=args.connect_timeout_s,
                               read_timeout_s=args.read_timeout_s,
                               max_connections_per_worker=args.max_connections_per_worker,
+                              worker_keepalive_s=args.worker_keepalive_s,
                               shutdown_timeout_s=args.shutdown_timeout_s, directory_feed=args.directory_feed,
                               host_load_bytes_per_s=args.host_load_gbytes_s * 1e9,
                               state_dir=args.state_dir, admin_tokens_path=args.admin_tokens,

@@ -37,6 +37,10 @@ class RouterConfig:
     """Longest silence from a worker while it answers (between stream chunks), s."""
     max_connections_per_worker: int = 256
     """Connection pool bound per worker; requests beyond it wait for a free connection."""
+    worker_keepalive_s: float = 4.0
+    """An idle connection to a worker is closed after this, s: below the workers' own keep-alive (SGLang serves
+    with uvicorn, keep-alive `SGLANG_TIMEOUT_KEEP_ALIVE` = 5 s, `sglang/srt/environ.py`), so the router does not
+    write into a connection the worker is closing (aiohttp keeps one 15 s by default)."""
     worker_cooldown_s: float = 5.0
     """A worker that refused a connection is tried last for this long."""
     max_wait_inflight_s: float = 2.0
@@ -98,7 +102,7 @@ class RouterConfig:
             raise ValueError(f"page_size={self.page_size!r} and max_connections_per_worker="
                              f"{self.max_connections_per_worker!r} must be >= 1")
         for name in ("connect_timeout_s", "read_timeout_s", "worker_cooldown_s", "shutdown_timeout_s",
-                     "coordinator_timeout_s"):
+                     "coordinator_timeout_s", "worker_keepalive_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
         for name in ("max_body_bytes", "max_prompt_tokens", "max_prompt_chars", "max_batch_prompts", "max_messages",

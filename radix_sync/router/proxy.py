@@ -1,8 +1,10 @@
 """Forwarding to workers: the ranked failover, the streaming relay, and the calls that go to any or every worker.
 
-A connection failure before the worker answered moves the request on to the next choice (no request is sent
-twice to a worker that received it) and puts the worker in cool-down; a failure after it started answering cannot
-be failed over (bytes were sent). Streams (SSE) are passed through chunk by chunk, keeping the tail where the
+A connection failure before the worker answered moves the request on to the next choice and puts the worker in
+cool-down; a failure after it started answering cannot be failed over (bytes were sent). A pooled connection the
+worker dropped before answering (it closed it as idle while the request was being written: "Connection reset",
+"Server disconnected") is not the worker failing: the request is sent to the same worker once more, on a new
+connection, and only if that fails too does it move on. Streams (SSE) are passed through chunk by chunk, keeping the tail where the
 answer's `finish_reason` is. Owned by `radix_sync.router.service.Router`; runs on its event loop.
 
 Every call to a worker carries the workers' API key (`Authorization: Bearer <worker-api-key>`, SGLang's
@@ -63,6 +65,8 @@ class Proxy:
         self.pool = pool
         self.metrics = metrics
         self.session: Optional[aiohttp.ClientSession] = None
+        self.fresh_session: Optional[aiohttp.ClientSession] = None
+        """Never reuses a connection: the second try after a pooled connection was dropped."""
         self._key = worker_api_key
         self.worker_headers: dict[str, str] = {"Authorization": f"Bearer {worker_api_key}"} if worker_api_key else {}
         """What every call to a worker carries (the workers' API key)."""
@@ -108,8 +112,7 @@ class Proxy:
             try:
                 if attempt == 0 and decision.wait_inflight and self.cfg.max_wait_inflight_s > 0:
                     await wait_for_copy(url)
-                async with self.session.post(url + path, data=data, headers=headers, params=request.query,
-                                             timeout=self._timeout()) as up:
+                async with await self._send(url, url + path, data, headers, request.query) as up:
                     started = True
                     on_dispatched(url, attempt)
                     # its prefill counts as queued work until the first output arrives (a stream's first chunk)
@@ -135,6 +138,19 @@ class Proxy:
                 pool.outstanding[url] -= 1
                 unqueue()
         raise NoWorker(f"no worker answered: {last_exc}")
+
+    async def _send(self, url: str, target: str, data: bytes, headers: dict, params) -> aiohttp.ClientResponse:
+        """Returns: the worker's response (its status and headers read), sent on a pooled connection, or once more
+        on a new one when the pooled one was dropped before an answer (not when connecting failed)."""
+        try:
+            return await self.session.post(target, data=data, headers=headers, params=params, timeout=self._timeout())
+        except _RETRYABLE as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError) or self.fresh_session is None:
+                raise
+            self.metrics.upstream_failures.labels(url, "dropped_" + type(exc).__name__).inc()
+            log.info("worker %s dropped the connection before answering (%s); once more on a new connection", url, exc)
+        return await self.fresh_session.post(target, data=data, headers=headers, params=params,
+                                             timeout=self._timeout())
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=None, connect=self.cfg.connect_timeout_s,

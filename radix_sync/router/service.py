@@ -89,8 +89,11 @@ class Router:
     # --------------------------------------------------------------------------------------------- lifecycle
     async def start(self, app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.cfg.max_connections_per_worker,
-                                         enable_cleanup_closed=True)
+                                         keepalive_timeout=self.cfg.worker_keepalive_s, enable_cleanup_closed=True)
         self.proxy.session = session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self.proxy.fresh_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.cfg.max_connections_per_worker,
+                                           force_close=True), auto_decompress=False)
         if self.cfg.coordinator_url:
             self.link = CoordinatorLink(LinkConfig(self.cfg.coordinator_url.rstrip("/"),
                                                    timeout_s=self.cfg.coordinator_timeout_s,
@@ -113,8 +116,9 @@ class Router:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.link is not None:
             await self.link.flush_arrivals()
-        if self.proxy.session is not None:
-            await self.proxy.session.close()
+        for session in (self.proxy.session, self.proxy.fresh_session):
+            if session is not None:
+                await session.close()
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     def bounds(self) -> PromptBounds:

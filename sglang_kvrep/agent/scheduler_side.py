@@ -273,6 +273,10 @@ class WorkerAgent(SourceSide):
         elif isinstance(msg, m.Demote):
             self.demote(msg.namespace, msg.token_ids)
         elif isinstance(msg, m.ReplicaGone):
+            r = self.replicas.replicas.get(msg.replication_id)
+            if r is not None and not r.promoted:
+                log.info("kvrep: replica %s (%d tokens) evicted by SGLang %.1f s before its expiry",
+                         msg.replication_id, r.inserted_len, r.expires_at_s - self.replicas.clock())
             if self.replicas.forget(msg.replication_id):  # its pages' removal went to the coordinator already
                 self._report(p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
                                               replication_id=msg.replication_id, num_evicted_tokens=0))
@@ -406,7 +410,7 @@ class WorkerAgent(SourceSide):
         if res is None:  # on the copy stream: `_poll_installs` answers once it is in the tree
             self._installing[inc.header.transfer_id] = block_hashes
         else:
-            self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
+            self._installed(inc, block_hashes, res)
         self._room_changed()
 
     def _poll_installs(self) -> None:
@@ -416,8 +420,14 @@ class WorkerAgent(SourceSide):
                 log.warning("kvrep: install of transfer %s failed: %r", inc.header.transfer_id, res)
                 self.to_io(m.InstallFailed(inc, f"install failed: {res}"))
             else:
-                self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
+                self._installed(inc, block_hashes, res)
             self._room_changed()
+
+    def _installed(self, inc: Incoming, block_hashes: list[int], res) -> None:
+        h = inc.header
+        log.info("kvrep: replica %s installed: %d of %d tokens new, TTL %.0f s", h.replication_id, res.inserted_len,
+                 len(h.token_ids), h.ttl_s)
+        self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
 
     def _report_kv_hints(self, hit: compat.RequestMatch) -> None:
         """kvrep's actions in the request's `kv_hints` envelope (`radix_sync.kv_hints`) go to the coordinator as
@@ -455,6 +465,7 @@ class WorkerAgent(SourceSide):
             if hit.kv_hints is not None:
                 self._report_kv_hints(hit)
             matched = hit.matched_len
+            self._log_missed_replica(hit)
             if matched <= 0:
                 return
             tokens = array("q", hit.token_ids[:matched])
@@ -465,3 +476,14 @@ class WorkerAgent(SourceSide):
             self.to_io(m.PrefixMatched(hit.namespace, tokens, matched, hit.key_len))
         except Exception:
             log.exception("kvrep: prefix-hit hook failed")
+
+    def _log_missed_replica(self, hit: compat.RequestMatch) -> None:
+        """Logs a request that matched less of its prompt than a live replica here holds of it (the replica was
+        copied for such requests: why it did not serve is in the log around it)."""
+        for r in self.replicas.replicas.values():
+            n = len(r.token_ids)
+            if not r.promoted and n > hit.matched_len and r.namespace == hit.namespace \
+                    and len(hit.token_ids) >= n and list(hit.token_ids[:n]) == r.token_ids:
+                log.info("kvrep: request %s matched %d tokens, replica %s holds %d of its prompt", hit.rid,
+                         hit.matched_len, r.replication_id, n)
+                return

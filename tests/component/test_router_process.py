@@ -393,3 +393,28 @@ def test_sigterm_lets_in_flight_streams_finish(tmp_path):
     finally:
         router.stop(5)
         stub.stop(5)
+
+
+def test_a_pooled_connection_dropped_before_an_answer_is_retried_on_the_same_worker(tmp_path):
+    """A worker that closes an idle keep-alive connection just as the router reuses it has not failed: the request
+    goes to it again on a new connection, with no cool-down and no failover (before: 503 with a single worker)."""
+    stub = start_stub("dropper", tmp_path, extra=("--drop-reused",))
+    port = free_port()
+    router = Router(tmp_path, local_keys(tmp_path / "keys"), workers=(stub.url,), port=port, name="router-drop",
+                    extra_args=("--worker-keepalive-s", "60"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: ready(stub.url) and ready(url), what="stub and router up")
+        for k in range(3):  # the 2nd reuses the 1st's connection, which the stub drops unanswered
+            status, _, raw = call(url + "/generate", {"input_ids": [1, 2, 3, k]})
+            assert status == 200 and json.loads(raw)["meta_info"]["served_by"] == "dropper", raw
+        stats = json.loads(call(stub.url + "/stub/stats")[2])
+        assert stats["dropped"] == 1 and stats["/generate"] == 3, stats  # 3 answered, 1 dropped
+        assert metric(router, "kvrep_router_upstream_failures_total", worker=stub.url,
+                      reason="dropped_ServerDisconnectedError") == 1
+        assert metric(router, "kvrep_router_failovers_total") == 0
+        status, _, raw = call(url + "/kvrep/status", headers=router.admin("read"))
+        assert [w["cooldown_s"] for w in json.loads(raw)["workers"]] == [0], raw
+    finally:
+        router.stop(5)
+        stub.stop(5)
