@@ -248,6 +248,11 @@ class ExpectReplica(_Msg, tag="ExpectReplica"):
     block_hashes: PrefixHashes
     auth_token: Annotated[str, Meta(max_length=128)]
     expires_in_s: Ttl
+    critical: bool = False
+    """A router's pull: a request waits for this copy. The target inserts it as ordinary cache (SGLang's LRU, as
+    the prompt it stands for), not below all of it as a speculative replica: on a full pool a replica is the next
+    allocation's first victim, and a pulled prefix was evicted before the request it was pulled for was admitted
+    (docs/bench.md, "Pulled prefixes as ordinary cache")."""
 
 
 class ReplicatePages(_Msg, tag="ReplicatePages"):

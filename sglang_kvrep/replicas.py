@@ -6,6 +6,13 @@ policy (smallest evicted first): every replica sorts below every ordinary cache 
 replicas the one that expires first is evicted first, so `evict(n)` for an expired replica removes exactly it.
 A real request that caches through a replica raises its path to the request's priority: it becomes ordinary
 cache ("promotion") and no longer expires.
+
+A critical copy (a router's pull: its request waits for it, `ExpectReplica.critical`) is inserted at
+`PULLED_PRIORITY`, what SGLang gives a finished request's prompt: ordinary cache, in LRU order from its insertion, as
+the simulator models pulled pages. At a replica's priority, on a full pool (every serving worker's steady state) it
+was the next allocation's first victim: pulled fan-out trunks were evicted before the branches they were pulled for
+were admitted, which recomputed them (docs/bench.md, "Pulled prefixes as ordinary cache"). It keeps its TTL: unused,
+it expires as a replica does.
 """
 from __future__ import annotations
 
@@ -25,6 +32,9 @@ from sglang_kvrep.dataplane.staging import Incoming
 log = logging.getLogger("kvrep.replicas")
 
 REPLICA_PRIORITY_BASE = -(1 << 60)
+PULLED_PRIORITY = 1
+"""SGLang 0.5.23 inserts a finished request's prompt at its priority + 1 (0 + 1 by default) and the output after it
+at the priority (`UnifiedRadixCache.cache_finished_req`, "Split the leaf at the prompt boundary")."""
 UPLOAD_SLICE_BYTES = 16 << 20
 UPLOAD_SLICE_S = 0.005
 """A GPU target uploads a transfer from (pageable) host memory in slices, at most this much scheduler time per
@@ -93,10 +103,10 @@ class ReplicaTable:
     def free_tokens(self) -> int:
         return max(0, self.budget_tokens - self.live_tokens())
 
-    def install(self, inc: Incoming) -> Optional[InstallResult]:
+    def install(self, inc: Incoming, critical: bool = False) -> Optional[InstallResult]:
         """Allocate, then on the copy stream: fence behind the forward stream (slots just freed may still take a
         late forward write), upload the payload, scatter; insert into the tree once that is done. On any failure
-        nothing stays allocated and the tree is unchanged.
+        nothing stays allocated and the tree is unchanged. `critical`: a pull, inserted at `PULLED_PRIORITY`.
 
         Returns:
             the result when the install is over now (always with synchronous copies, a CPU pool); None while it
@@ -113,7 +123,7 @@ class ReplicaTable:
         if present >= n:
             return InstallResult(0, 0.0, 0.0)
         expires_at = self.clock() + h.ttl_s
-        priority = REPLICA_PRIORITY_BASE + int((expires_at - self._t0) * 1000)
+        priority = PULLED_PRIORITY if critical else REPLICA_PRIORITY_BASE + int((expires_at - self._t0) * 1000)
         t0 = time.perf_counter()
         slots = view.alloc_slots(n)
         try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from radix_sync.coordinator.demand import CandidateDemand, ViewCache, candidate_demand
+from radix_sync.coordinator.replications import ORIGIN_PULL
 from radix_sync.coordinator.state import DONE, FAILED, PENDING, RUNNING, ClusterState
 from radix_sync.coordinator.workers import kv_bytes_per_token
 from radix_sync.directory import REPLICA
@@ -261,7 +262,7 @@ class LivePlanner:
                    self.profile.kv_bytes_per_token)
         busy = self._link_busy_until(in_flight, kvb, now_s)
         pulls = [r for r in state.replications.values()
-                 if r.origin == "pull" and now_s - r.created_s <= self.PULL_WINDOW_S]
+                 if r.origin == ORIGIN_PULL and now_s - r.created_s <= self.PULL_WINDOW_S]
         workers = self._worker_views(state, ids, in_flight, busy, now_s, pulls)
         self.planner.cfg = self._cfgs[self.pulls_assumed(pulls)]
         page_len = min((state.workers[w].hello.page_size for w in ids), default=1)

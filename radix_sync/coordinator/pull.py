@@ -20,6 +20,7 @@ from typing import Optional
 
 from radix_sync import api
 from radix_sync.api import AdminError
+from radix_sync.coordinator.replications import ORIGIN_PULL
 from radix_sync.hashing import page_hashes
 
 CONFLICT = 409
@@ -93,8 +94,8 @@ def room_for_critical(state, req: api.ReplicateRequest, dropping: dict[str, dict
     speculative = []
     for (_, rid), holding in replicas.items():
         rep = state.replications.get(rid)
-        orphan = rep is not None and rep.origin == "pull" and rep.num_abandoned and not rep.num_waiting
-        if rid not in asked and (rep is None or rep.origin != "pull" or orphan):
+        orphan = rep is not None and rep.origin == ORIGIN_PULL and rep.num_abandoned and not rep.num_waiting
+        if rid not in asked and (rep is None or rep.origin != ORIGIN_PULL or orphan):
             speculative.append((not orphan, holding["expires_at_s"], rid, holding["num_pages"] * page_size))
     out, room = [], free
     for _, _, rid, tokens in sorted(speculative):

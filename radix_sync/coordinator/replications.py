@@ -30,6 +30,8 @@ from radix_sync.integrity import IntegrityError
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 STATES = (PENDING, RUNNING, DONE, FAILED)
+ORIGIN_PULL = "pull"
+"""The origin of a router's copy on the critical path (`POST /replicate` with `critical`)."""
 
 
 @dataclass
@@ -155,7 +157,7 @@ class ReplicationBook:
         self._granted[rep.id] = (prefix, digests)
         expect = p.ExpectReplica(replication_id=rep.id, source_id=source, namespace=namespace, page_size=page_size,
                                  block_hashes=[digest_to_int64(d) for d in digests], auth_token=auth_token,
-                                 expires_in_s=self.expect_timeout_s)
+                                 expires_in_s=self.expect_timeout_s, critical=origin == ORIGIN_PULL)
         return rep, expect
 
     def party(self, replication_id: str, worker_id: str, roles: tuple[str, ...]) -> Optional[Replication]:

@@ -27,6 +27,7 @@ from radix_sync.coordinator.plain import PlainFeed, PlainWorkerSpec
 from radix_sync.coordinator.policies import LIVE_POLICIES, LivePolicy
 from radix_sync.coordinator.pull import (check_critical, critical_prefix_hash, join_critical, ledger_allows_pull,
                                          room_for_critical)
+from radix_sync.coordinator.replications import ORIGIN_PULL
 from radix_sync.coordinator.state import ClusterState, StateConfig
 from radix_sync.gc_pacing import GcPacer
 from radix_sync.hashing import page_hashes
@@ -434,7 +435,7 @@ class Coordinator:
                 drops = room_for_critical(self.state, req, self._dropping)
             rep, target_rid, expect = self.state.request_replication(
                 req.source, req.target, req.input_ids, api.namespace_of(req.cache_salt), ttl_s, now,
-                origin="pull" if req.critical else "admin", block_hash=block_hash)
+                origin=ORIGIN_PULL if req.critical else "admin", block_hash=block_hash)
             out = rep.to_info()
             self.num_critical_preempted += len(drops)
         for rid in drops:  # before the copy's grant: the target frees the room first (one socket, in order)

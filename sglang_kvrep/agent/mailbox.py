@@ -156,6 +156,8 @@ class Install(msgspec.Struct, frozen=True):
 
     incoming: Incoming
     block_hashes: list[int]
+    critical: bool = False
+    """The coordinator's grant says a request waits for it (a pull): ordinary cache, not a replica's priority."""
 
 
 class Promote(msgspec.Struct, frozen=True):

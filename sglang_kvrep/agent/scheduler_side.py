@@ -267,7 +267,7 @@ class WorkerAgent(SourceSide):
         elif isinstance(msg, m.Replicate):
             self._replicate(msg.command)
         elif isinstance(msg, m.Install):
-            self._install(msg.incoming, msg.block_hashes)
+            self._install(msg.incoming, msg.block_hashes, msg.critical)
         elif isinstance(msg, m.Promote):
             self.replicas.promote(msg.replication_id)
         elif isinstance(msg, m.Demote):
@@ -401,9 +401,9 @@ class WorkerAgent(SourceSide):
         self._report(p.ReplicationFailed(worker_id=self.config.worker_id, seq=0, replication_id=replication_id,
                                          role=role, error=error))
 
-    def _install(self, inc: Incoming, block_hashes: list[int]) -> None:
+    def _install(self, inc: Incoming, block_hashes: list[int], critical: bool = False) -> None:
         try:
-            res = self.replicas.install(inc)
+            res = self.replicas.install(inc, critical=critical)
         except Exception as exc:  # budget, OOM, bad buffer: nothing was written or kept
             self.to_io(m.InstallFailed(inc, f"install failed: {exc}"))
             return

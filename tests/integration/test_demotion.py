@@ -1,9 +1,12 @@
-"""Demotion on a real SGLang worker: a chain the coordinator marked stale is evicted before older ordinary cache when
-an allocation needs room (plain LRU would evict the oldest entry instead), the coordinator's directory follows, and
-no slot leaks."""
+"""Eviction order on a real SGLang worker with a small pool. Demotion: a chain the coordinator marked stale is evicted
+before older ordinary cache when an allocation needs room (plain LRU would evict the oldest entry instead), the
+coordinator's directory follows, and no slot leaks. Copies: a speculative replica goes first, a pulled prefix (a
+critical copy) is ordinary cache in LRU order."""
+import urllib.request
+
 import pytest
 
-from tests.integration.conftest import PAGE_SIZE, joined_worker, prompt, wait_until
+from tests.integration.conftest import PAGE_SIZE, WORKER_ARGS, joined_worker, prompt, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -13,7 +16,8 @@ N = 1024  # tokens per prompt: 64 pages; with one new token the finished request
 
 @pytest.fixture(scope="module")
 def small(cluster):
-    with joined_worker(cluster, "C-small-pool", max_total_tokens=POOL) as c:
+    with joined_worker(cluster, "C-small-pool", max_total_tokens=POOL,  # room for the two copies of the last test
+                       extra_args=WORKER_ARGS + ("--kvrep-replica-budget-tokens", "2048")) as c:
         yield c
 
 
@@ -100,3 +104,37 @@ def test_a_sessions_next_turn_elsewhere_demotes_the_old_copy(cluster, small):
         assert st["demotions"]["sent"] == sent + 1  # A, where the turn went, keeps its copy
     finally:
         coord.post("/policy", {"policy": "rules", "mode": "active", "reset_demand": True})
+
+
+def test_a_pulled_prefix_is_ordinary_cache_and_a_speculative_replica_goes_first(cluster, small):
+    """Before, a pull was inserted at a replica's priority, below every ordinary entry: on a full pool the next
+    allocation evicted it first, before the request it was pulled for was admitted (live fan-out: pulled trunks
+    evicted 0.1 s after they landed, the branches recomputed them). Now it ranks as the prompt it stands for,
+    inserted when it landed: the oldest ordinary entry goes before it. A speculative replica still goes first."""
+    coord, a, c = cluster.coord, cluster.a, small
+    status = urllib.request.urlopen(urllib.request.Request(c.url + "/flush_cache", data=b"", method="POST"),
+                                    timeout=30).status
+    assert status == 200
+    q1, q2, q3 = prompt(321, 1024), prompt(322, 1024), prompt(323, 2048)
+    pulled, spec = prompt(324, 512), prompt(325, 512)
+    wait_until(lambda: cluster.lookup(q1).get(c.worker_id, 0) == 0, 10, what="C's cache flushed")
+    before = cluster.free_plus_evictable(c)
+    for ids in (q1, q2):  # ordinary cache on C, q1 the oldest
+        c.generate(ids, 1)
+    for ids in (pulled, spec):
+        a.generate(ids, 1)
+    wait_until(lambda: all(cluster.lookup(ids).get(a.worker_id, 0) == 512 for ids in (pulled, spec)), 10,
+               what="the copies' prefixes on A")
+    assert cluster.replicate(a, c, spec)["state"] == "done"
+    assert cluster.replicate(a, c, pulled, critical=True)["state"] == "done"
+    assert [r["origin"] for r in coord.get("/replications")[1][-2:]] == ["admin", "pull"]
+    wait_until(lambda: all(cluster.lookup(ids).get(c.worker_id, 0) == n for ids, n in
+                           ((q1, 1024), (q2, 1024), (pulled, 512), (spec, 512))), 10, what="3,072 tokens cached on C")
+    c.generate(q3, 1)  # 2,064 tokens into 1,024 free: 1,040 or more must be evicted
+    wait_until(lambda: cluster.lookup(spec).get(c.worker_id, 0) == 0, 10, what="the speculative replica evicted")
+    wait_until(lambda: cluster.lookup(q1).get(c.worker_id, 0) == 0, 10, what="the oldest ordinary entry evicted")
+    assert cluster.lookup(pulled).get(c.worker_id, 0) == 512  # before: evicted right after the replica
+    assert cluster.lookup(q2).get(c.worker_id, 0) == 1024
+    assert cached(c, pulled + [7] * PAGE_SIZE) == 512  # the request it was pulled for finds it
+    assert cluster.free_plus_evictable(c) == before  # every slot is back: free or evictable cache
+    assert coord.get("/status")[1]["integrity"] == "ok"
