@@ -75,6 +75,9 @@ def test_replication_lifecycle(st):
     # the target is told first, with the page hashes it may accept and a one-time token
     assert rid == b"B" and isinstance(expect, p.ExpectReplica) and rep.num_tokens == 8 and rep.state == "pending"
     assert expect.block_hashes == page_hashes(toks[:8], PS) and expect.source_id == "a" and len(expect.auth_token) == 32
+    assert not expect.critical  # a speculative copy: the target inserts it below every ordinary entry
+    _, _, pulled = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0, origin="pull")
+    assert pulled.critical  # a router's pull: the target inserts it as ordinary cache (a request waits for it)
     # only once it says it expects the transfer does the source get the command, with the same token
     [(src_rid, cmd)] = st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=1, replication_id=rep.id), 2.05)
     assert src_rid == b"A" and isinstance(cmd, p.ReplicatePages) and cmd.token_ids == toks[:8]
