@@ -221,6 +221,24 @@ class ReplicaTable:
         self.pending.clear()
         return out
 
+    def raise_wanted(self) -> list[str]:
+        """Raises to `PULLED_PRIORITY` (ordinary cache) each live replica below it that a request waiting in the
+        scheduler's queue has as a prefix of its prompt: that request was routed here for it and holds no lock
+        until it is admitted, and on a full pool the next allocation (another request's prefill or decode,
+        another copy) evicts a replica first (live fan-out: a planner copy of a 1,632-token trunk evicted in the
+        second it landed; docs/bench.md). It keeps its TTL. Returns: the replicas raised."""
+        live = [r for r in self.replicas.values() if not r.promoted and r.priority < PULLED_PRIORITY]
+        if not live:
+            return []
+        wanted = self.view.waiting_wanting([(r.token_ids, r.namespace) for r in live])
+        out = []
+        for i in sorted(wanted):
+            r = live[i]
+            self.view.raise_priority(r.token_ids, r.namespace, PULLED_PRIORITY)
+            r.priority = PULLED_PRIORITY  # also when it was gone already: never tried again
+            out.append(r.replication_id)
+        return out
+
     def promote(self, replication_id: str) -> bool:
         r = self.replicas.get(replication_id)
         if r is None or r.promoted:

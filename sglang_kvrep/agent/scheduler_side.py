@@ -210,6 +210,9 @@ class WorkerAgent(SourceSide):
         if busy and now >= self._next_touch_s:  # queued requests' prefixes stay recent (see the view's docstring)
             self._next_touch_s = now + TOUCH_WAITING_S
             self.view.touch_waiting_prefixes()
+        if self.replicas.replicas:
+            for rid in self.replicas.raise_wanted():
+                log.info("kvrep: replica %s raised to ordinary cache: a waiting request wants it", rid)
         if busy and self._was_busy and self._last_iter_s is not None:  # an iteration with work from end to end
             took = now - self._last_iter_s
             self._iteration_s = took if self._iteration_s == 0.0 else 0.8 * self._iteration_s + 0.2 * took

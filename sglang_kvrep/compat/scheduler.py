@@ -77,6 +77,43 @@ class SchedulerView:
                                                   prev_prefix_len=0, priority=priority))
         return int(res.prefix_len)
 
+    def raise_priority(self, token_ids, namespace: str, priority: int) -> int:
+        """Raises the eviction priority of the cached path of `token_ids` to at least `priority`, as SGLang raises a
+        finished request's prompt (`UnifiedRadixCache.cache_finished_req`): an insert of the path's own slots with
+        `prev_prefix_len` covering them (nothing is freed, no hit is counted; the tree keeps the max priority along
+        the path). Scheduler thread, between iterations. Returns: the tokens raised (0: not cached)."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+        n, node = self.match(token_ids, namespace)
+        n = n // self.page_size * self.page_size
+        if n <= 0:
+            return 0
+        slots = self.path_slots(node)[:n].to(torch.int64)
+        self.tree_cache.insert(InsertParams(key=self.key(token_ids[:n], namespace), value=slots, prev_prefix_len=n,
+                                            inserted_len=n, priority=priority))
+        return n
+
+    def waiting_wanting(self, prefixes: list, limit: int = 128) -> set:
+        """Returns: the indices of `prefixes` (token ids, namespace) that one of the first `limit` requests waiting
+        in the scheduler's queue has as a prefix of its prompt in that namespace (its last token compared first:
+        most prompts share their first tokens, few their n-th)."""
+        waiting = list(getattr(self.scheduler, "waiting_queue", None) or [])[:limit]
+        out: set = set()
+        if not waiting or not prefixes:
+            return out
+        for r in waiting:
+            ids = getattr(r, "origin_input_ids", None)
+            if ids is None:
+                continue
+            salt, m = getattr(r, "cache_salt", None), len(ids)
+            for i, (want, namespace) in enumerate(prefixes):
+                n = len(want)
+                if i in out or n == 0 or m < n or ids[n - 1] != want[n - 1] or salt != (namespace or None):
+                    continue
+                if list(ids[:n]) == list(want):
+                    out.add(i)
+        return out
+
     def evict(self, num_tokens: int) -> int:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 

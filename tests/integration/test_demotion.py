@@ -2,7 +2,9 @@
 before older ordinary cache when an allocation needs room (plain LRU would evict the oldest entry instead), the
 coordinator's directory follows, and no slot leaks. Copies: a speculative replica goes first, a pulled prefix (a
 critical copy) is ordinary cache in LRU order."""
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -137,4 +139,34 @@ def test_a_pulled_prefix_is_ordinary_cache_and_a_speculative_replica_goes_first(
     assert cluster.lookup(q2).get(c.worker_id, 0) == 1024
     assert cached(c, pulled + [7] * PAGE_SIZE) == 512  # the request it was pulled for finds it
     assert cluster.free_plus_evictable(c) == before  # every slot is back: free or evictable cache
+    assert coord.get("/status")[1]["integrity"] == "ok"
+
+
+def test_a_speculative_replica_a_queued_request_wants_is_not_the_next_victim(cluster, small):
+    """A replica is evicted before ordinary cache, but not while a request routed to it waits in the queue (no
+    lock until admitted): the agent raises it to ordinary cache then. Here C runs two requests (its limit), the
+    third, which wants the replica, waits, and the two answers' decoding fills the pool: the oldest prompt is
+    evicted, not the replica, and the third request finds it (before: the replica went, the request found 0)."""
+    coord, a, c = cluster.coord, cluster.a, small
+    status = urllib.request.urlopen(urllib.request.Request(c.url + "/flush_cache", data=b"", method="POST"),
+                                    timeout=30).status
+    assert status == 200
+    q1, spec, r1, r2 = prompt(331, 1024), prompt(332, 512), prompt(333, 512), prompt(334, 512)
+    wait_until(lambda: cluster.lookup(q1).get(c.worker_id, 0) == 0, 10, what="C's cache flushed")
+    c.generate(q1, 1)
+    a.generate(spec, 1)
+    wait_until(lambda: cluster.lookup(spec).get(a.worker_id, 0) == 512, 10, what="the prefix on A")
+    assert cluster.replicate(a, c, spec)["state"] == "done"
+    wait_until(lambda: cluster.lookup(spec).get(c.worker_id, 0) == 512, 10, what="the replica on C")
+    # 1,536 tokens cached, 2 x 512 prompts admitted: 1,536 free, then 2 x 1,000 decoded tokens need evictions
+    with ThreadPoolExecutor(3) as pool:
+        busy = [pool.submit(c.generate, ids, 1000, None, 300) for ids in (r1, r2)]
+        wait_until(lambda: cluster.load(c)["num_running_reqs"] == 2, 30, interval_s=0.05, what="C running two")
+        waiting = pool.submit(c.generate, spec + [9] * PAGE_SIZE, 1, None, 300)
+        time.sleep(0.5)  # queued behind the two (C runs at most two): the agent sees it at its next iteration
+        for f in busy:
+            f.result()
+        meta = waiting.result()["meta_info"]
+    assert meta["cached_tokens"] == 512, meta  # the replica was still there when it was admitted
+    wait_until(lambda: cluster.lookup(q1).get(c.worker_id, 0) < 1024, 10, what="the oldest prompt evicted instead")
     assert coord.get("/status")[1]["integrity"] == "ok"

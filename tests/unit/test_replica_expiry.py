@@ -1,6 +1,6 @@
 """A replica's TTL does not run out under a request that was routed to it and is still queued (not admitted, so it
 holds no lock on the tree): expiring it then would make that request recompute the whole prefix."""
-from sglang_kvrep.replicas import Replica, ReplicaTable
+from sglang_kvrep.replicas import PULLED_PRIORITY, Replica, ReplicaTable
 
 
 class FakeView:
@@ -9,6 +9,7 @@ class FakeView:
         self.waiting = []  # (namespace, ids) of queued requests
         self.evicted = 0
         self.chain_outcome = None  # what `evict_chain` says when the chain is cached (None: evicts it)
+        self.raised = []  # (namespace, ids, priority) of each `raise_priority` call
 
     def match(self, token_ids, namespace):
         return self.cached.get((namespace, tuple(token_ids)), 0), None
@@ -30,6 +31,13 @@ class FakeView:
     def waiting_wants(self, token_ids, namespace):
         n = len(token_ids)
         return any(ns == namespace and list(ids[:n]) == list(token_ids) for ns, ids in self.waiting)
+
+    def waiting_wanting(self, prefixes):
+        return {i for i, (ids, ns) in enumerate(prefixes) if self.waiting_wants(ids, ns)}
+
+    def raise_priority(self, token_ids, namespace, priority):
+        self.raised.append((namespace, tuple(token_ids), priority))
+        return self.cached.get((namespace, tuple(token_ids)), 0)
 
 
 def test_expiry_waits_for_a_queued_request_of_the_same_prefix_and_namespace():
@@ -119,3 +127,28 @@ def test_a_replica_sglang_evicted_is_forgotten_at_once_and_leaves_the_budget():
     assert not table.forget("r1")  # unknown now
     table.replicas["r2"] = Replica("r2", "", [1], 16, expires_at_s=100.0, priority=-1, promoted=True)
     assert not table.forget("r2") and not table.replicas  # ordinary cache already: no budget held, nothing told
+
+
+def test_a_replica_a_queued_request_wants_is_raised_to_ordinary_cache_once():
+    """Below every ordinary entry, a replica is the next allocation's first victim on a full pool, also while the
+    request routed here for it waits in the queue (no lock until admitted): it is raised then, once; the others
+    (not wanted, another tenant's, a promoted one, a pull already ordinary) stay as they are."""
+    now = [0.0]
+    view = FakeView()
+    table = ReplicaTable(view, budget_tokens=1000, clock=lambda: now[0])
+    ids, other = list(range(100, 132)), list(range(200, 232))
+    for rid, ns, toks, prio in (("r1", "t1", ids, -5), ("r2", "t1", other, -4), ("r3", "t2", ids, -3),
+                                ("r4", "t1", ids[:16], PULLED_PRIORITY)):
+        view.cached[(ns, tuple(toks))] = len(toks)
+        table.replicas[rid] = Replica(rid, ns, toks, len(toks), expires_at_s=5.0, priority=prio)
+    table.replicas["r5"] = Replica("r5", "t1", ids, 32, expires_at_s=5.0, priority=-2, promoted=True)
+    assert table.raise_wanted() == [] and view.raised == []  # nobody waits
+    view.waiting = [("t1", ids + [1, 2]), ("t1", other[:20])]  # r1's prefix is wanted; r2's only in part
+    assert table.raise_wanted() == ["r1"]
+    assert view.raised == [("t1", tuple(ids), PULLED_PRIORITY)] and table.replicas["r1"].priority == PULLED_PRIORITY
+    assert table.raise_wanted() == [] and len(view.raised) == 1  # once
+    assert [table.replicas[r].priority for r in ("r2", "r3")] == [-4, -3]
+    now[0] = 6.0  # every TTL passed
+    assert "r1" not in [rid for rid, _ in table.expire_due()] and "r1" in table.replicas  # wanted: kept
+    view.waiting = []
+    assert table.expire_due() == [("r1", 32), ("r4", 16)]  # and applies once they are not
