@@ -99,7 +99,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
     from pathlib import Path
 
     files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
-    assert [f.name for f in files] == ["bench-agent-ablation-s4.json.gz", "bench-agent-ablation.json.gz",
+    assert [f.name for f in files] == ["bench-agent-aa-s4.json.gz",
+                                       "bench-agent-ablation-s4.json.gz", "bench-agent-ablation.json.gz",
                                        "bench-agent-bets-s3.json.gz",
                                        "bench-agent-burst-s2.json.gz",
                                        "bench-agent-cal-sessions.json.gz",
@@ -108,7 +109,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-fix-s1.json.gz",
                                        "bench-agent-fix-s2.json.gz", "bench-agent-gate.json.gz",
                                        "bench-agent-gate2.json.gz", "bench-agent-hits-s2.json.gz",
-                                       "bench-agent-pend-s2.json.gz",
+                                       "bench-agent-pend-s2.json.gz", "bench-agent-pulled-s4.json.gz",
                                        "bench-agent-room-s2.json.gz",
                                        "bench-agent-seed1.json.gz",
                                        "bench-agent-split.json.gz", "bench-agent-touch-s1.json.gz",
