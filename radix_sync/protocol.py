@@ -252,7 +252,7 @@ class ExpectReplica(_Msg, tag="ExpectReplica"):
     """A router's pull: a request waits for this copy. The target inserts it as ordinary cache (SGLang's LRU, as
     the prompt it stands for), not below all of it as a speculative replica: on a full pool a replica is the next
     allocation's first victim, and a pulled prefix was evicted before the request it was pulled for was admitted
-    (docs/bench.md, "Pulled prefixes as ordinary cache")."""
+    (docs/bench.md, "Fan-out after two fixes")."""
 
 
 class ReplicatePages(_Msg, tag="ReplicatePages"):

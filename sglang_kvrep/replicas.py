@@ -11,8 +11,8 @@ A critical copy (a router's pull: its request waits for it, `ExpectReplica.criti
 `PULLED_PRIORITY`, what SGLang gives a finished request's prompt: ordinary cache, in LRU order from its insertion, as
 the simulator models pulled pages. At a replica's priority, on a full pool (every serving worker's steady state) it
 was the next allocation's first victim: pulled fan-out trunks were evicted before the branches they were pulled for
-were admitted, which recomputed them (docs/bench.md, "Pulled prefixes as ordinary cache"). It keeps its TTL: unused,
-it expires as a replica does.
+were admitted, which recomputed them (docs/bench.md, "Fan-out after two fixes"). It keeps its TTL: unused, it expires
+as a replica does.
 """
 from __future__ import annotations
 

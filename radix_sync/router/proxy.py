@@ -4,8 +4,8 @@ A connection failure before the worker answered moves the request on to the next
 cool-down; a failure after it started answering cannot be failed over (bytes were sent). A pooled connection the
 worker dropped before answering (it closed it as idle while the request was being written: "Connection reset",
 "Server disconnected") is not the worker failing: the request is sent to the same worker once more, on a new
-connection, and only if that fails too does it move on. Streams (SSE) are passed through chunk by chunk, keeping the tail where the
-answer's `finish_reason` is. Owned by `radix_sync.router.service.Router`; runs on its event loop.
+connection, and only if that fails too does it move on. Streams (SSE) are passed through chunk by chunk, keeping
+the tail where the answer's `finish_reason` is. Owned by `radix_sync.router.service.Router`; runs on its event loop.
 
 Every call to a worker carries the workers' API key (`Authorization: Bearer <worker-api-key>`, SGLang's
 `--api-key`) and never the client's own `Authorization` / `x-api-key`; a worker's answer that quotes the key

@@ -122,6 +122,9 @@ class PoolView:
     def touch_waiting_prefixes(self):
         return 0
 
+    def waiting_wanting(self, prefixes):
+        return set()  # nothing queued: no replica is raised
+
     def flush_kv_events(self):
         pass
 
