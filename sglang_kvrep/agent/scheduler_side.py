@@ -485,8 +485,8 @@ class WorkerAgent(SourceSide):
         copied for such requests: why it did not serve is in the log around it)."""
         for r in self.replicas.replicas.values():
             n = len(r.token_ids)
-            if not r.promoted and n > hit.matched_len and r.namespace == hit.namespace \
-                    and len(hit.token_ids) >= n and list(hit.token_ids[:n]) == r.token_ids:
+            if not r.promoted and n > hit.matched_len and r.namespace == hit.namespace and len(hit.token_ids) >= n \
+                    and hit.token_ids[n - 1] == r.token_ids[n - 1] and list(hit.token_ids[:n]) == r.token_ids:
                 log.info("kvrep: request %s matched %d tokens, replica %s holds %d of its prompt", hit.rid,
                          hit.matched_len, r.replication_id, n)
                 return

@@ -219,15 +219,8 @@ class SchedulerView:
 
     def waiting_wants(self, token_ids, namespace: str) -> bool:
         """True when a request waiting in the scheduler's queue (not admitted yet, so holding no lock on the
-        tree) has `token_ids` as a prefix of its prompt in `namespace`."""
-        n = len(token_ids)
-        want = list(token_ids)
-        salt = namespace or None
-        for r in list(getattr(self.scheduler, "waiting_queue", []) or []):
-            ids = getattr(r, "origin_input_ids", None)
-            if ids is not None and len(ids) >= n and getattr(r, "cache_salt", None) == salt and list(ids[:n]) == want:
-                return True
-        return False
+        tree) has `token_ids` as a prefix of its prompt in `namespace` (`waiting_wanting` for one prefix)."""
+        return bool(self.waiting_wanting([(token_ids, namespace)], limit=1 << 30))
 
     def touch_waiting_prefixes(self, limit: int = 128) -> int:
         """Refreshes the recency of the cached prefixes of the first `limit` waiting requests, the queue's head last,
