@@ -58,12 +58,14 @@ from kvrep_dev.report import bench_progress as _say
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "demote", "active", "smg-rr", "smg-ca")
+ARMS = ("shadow", "pull", "demote", "active", "active-lru", "smg-rr", "smg-ca")
 """The ablation of ours, one part added per arm (routing alone; + copies on the request's path; + demotion of a moved
-session's stale copies; + the predictive planner), then today's router (smg 1.13) in two policies."""
+session's stale copies; + the predictive planner; its copies landing as ordinary cache, not evict-first), then
+today's router (smg 1.13) in two policies."""
 DEFAULT_ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
 """`kvrep bench`'s arms unless `--arms` says (`demote` only when asked: one more arm is minutes a round)."""
 SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_pull_demote", "active": "kvrep",
+              "active-lru": "kvrep_lru",
               "smg-rr": "round_robin",
               "smg-ca": "cache_aware",
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
@@ -76,11 +78,12 @@ tokens their tree does not hold (`SchedulerView.waiting_new_tokens`); runs saved
 (`--resimulate` simulates each as it ran, `EngineConfig.prompt_token_reports`)."""
 BASELINE = "smg-ca"
 """The arm every other arm's ratios are against when it ran (else `shadow`)."""
-COORDINATOR_ARM = {"pull": ("none", "active"), "demote": ("demote", "active"), "active": ("kvrep", "active")}
+COORDINATOR_ARM = {"pull": ("none", "active"), "demote": ("demote", "active"), "active": ("kvrep", "active"),
+                   "active-lru": ("kvrep_lru", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
 DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
 """`kvrep demo`'s arms: routing alone, reactive copies, predictive + reactive, today's router."""
-PULL_ARMS = ("pull", "demote", "active")
+PULL_ARMS = ("pull", "demote", "active", "active-lru")
 """The arms served by the router started with `--pull` (the others by the one without)."""
 MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
@@ -538,7 +541,7 @@ def format_front_doors(front: list[dict]) -> str:
 
 
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
-          ("active", "demote"))
+          ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
 prediction), where both arms ran."""

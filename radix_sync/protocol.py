@@ -253,6 +253,9 @@ class ExpectReplica(_Msg, tag="ExpectReplica"):
     the prompt it stands for), not below all of it as a speculative replica: on a full pool a replica is the next
     allocation's first victim, and a pulled prefix was evicted before the request it was pulled for was admitted
     (docs/bench.md, "Fan-out after two fixes")."""
+    ordinary: bool = False
+    """A planner's copy that the coordinator's policy lands as ordinary cache (`kvrep_lru`), as a pull: LRU order
+    from its landing, dropped at its TTL unless a request used it."""
 
 
 class ReplicatePages(_Msg, tag="ReplicatePages"):

@@ -12,7 +12,9 @@ A critical copy (a router's pull: its request waits for it, `ExpectReplica.criti
 the simulator models pulled pages. At a replica's priority, on a full pool (every serving worker's steady state) it
 was the next allocation's first victim: pulled fan-out trunks were evicted before the branches they were pulled for
 were admitted, which recomputed them (docs/bench.md, "Fan-out after two fixes"). It keeps its TTL: unused, it expires
-as a replica does.
+as a replica does. A planner's copy goes in the same way when the coordinator's policy says so
+(`ExpectReplica.ordinary`, policy `kvrep_lru`): evict-first, half of the agent sessions' copies were evicted within
+seconds of landing, before the turn they were made for (docs/bench.md, "Copies that land as ordinary cache").
 """
 from __future__ import annotations
 
@@ -100,13 +102,20 @@ class ReplicaTable:
         return (sum(r.inserted_len for r in self.replicas.values() if not r.promoted)
                 + sum(len(x.inc.header.token_ids) for x in self.pending.values()))
 
+    def evict_first_tokens(self) -> int:
+        """Tokens of the live replicas below every ordinary cache entry (what SGLang evicts first here; a copy
+        landed as ordinary cache is not among them), and of those still arriving that will be."""
+        return (sum(r.inserted_len for r in self.replicas.values() if not r.promoted and r.priority < PULLED_PRIORITY)
+                + sum(len(x.inc.header.token_ids) for x in self.pending.values() if x.priority < PULLED_PRIORITY))
+
     def free_tokens(self) -> int:
         return max(0, self.budget_tokens - self.live_tokens())
 
-    def install(self, inc: Incoming, critical: bool = False) -> Optional[InstallResult]:
+    def install(self, inc: Incoming, ordinary: bool = False) -> Optional[InstallResult]:
         """Allocate, then on the copy stream: fence behind the forward stream (slots just freed may still take a
         late forward write), upload the payload, scatter; insert into the tree once that is done. On any failure
-        nothing stays allocated and the tree is unchanged. `critical`: a pull, inserted at `PULLED_PRIORITY`.
+        nothing stays allocated and the tree is unchanged. `ordinary`: a pull or a policy's copy the coordinator
+        lands as ordinary cache (`Install.ordinary`), inserted at `PULLED_PRIORITY`.
 
         Returns:
             the result when the install is over now (always with synchronous copies, a CPU pool); None while it
@@ -123,7 +132,7 @@ class ReplicaTable:
         if present >= n:
             return InstallResult(0, 0.0, 0.0)
         expires_at = self.clock() + h.ttl_s
-        priority = PULLED_PRIORITY if critical else REPLICA_PRIORITY_BASE + int((expires_at - self._t0) * 1000)
+        priority = PULLED_PRIORITY if ordinary else REPLICA_PRIORITY_BASE + int((expires_at - self._t0) * 1000)
         t0 = time.perf_counter()
         slots = view.alloc_slots(n)
         try:

@@ -84,6 +84,8 @@ def _holder_bits(holders, index: dict[str, int]) -> int:
 
 class LivePlanner:
     name = "kvrep"
+    replicas_ordinary = False
+    """Its copies land evict-first (`kvrep_lru`: as ordinary cache)."""
 
     PULL_WINDOW_S = 30.0
     """Routers' pulls (critical copies, origin `pull`) within this long make the planner value a pre-copy against

@@ -4,6 +4,8 @@
 through `LivePolicy`; it never switches on a policy's name. Registered, in this order (the order error messages
 list them in):
 - `kvrep`: the predictive planner on the coordinator's state (`LivePlanner`);
+- `kvrep_lru`: the same planner, its copies landing as ordinary cache (LRU from landing, dropped at their TTL
+  unless used) instead of evict-first (the simulator's `kvrep_lru`);
 - `demote`: the planner's session tracking and demotion alone, no copies (the ablation step between reactive copies
   and prediction: `kvrep bench`'s `demote` arm, the simulator's `kvrep_pull_demote`);
 - `rules`: the rule-based baseline (`radix_sync.policy.rules.RuleBasedPolicy`) on the state's rule snapshot;
@@ -26,6 +28,8 @@ class LivePolicy(Protocol):
 
     name: str
     """The registered name (`/status`, the origin of the replications it asks for)."""
+    replicas_ordinary: bool
+    """Its copies land as ordinary cache (`ExpectReplica.ordinary`), not evict-first."""
     hint_outcomes: dict[int, list[tuple[float, str]]]
     """Hinted prefix -> what the policy made of it, each change with its time (for `/status`; empty if none)."""
 
@@ -46,6 +50,7 @@ class RulesPolicy:
     """`RuleBasedPolicy` on `ClusterState.rule_snapshot`."""
 
     name = "rules"
+    replicas_ordinary = False
 
     def __init__(self, config: RuleConfig) -> None:
         self.rules = RuleBasedPolicy(config)
@@ -66,6 +71,7 @@ class NoPolicy:
     """Decides nothing: replications happen only when the admin API asks for them."""
 
     name = "none"
+    replicas_ordinary = False
 
     def __init__(self) -> None:
         self.hint_outcomes: dict[int, list[tuple[float, str]]] = {}
@@ -97,6 +103,13 @@ class DemotePolicy(LivePlanner):
 @LIVE_POLICIES.register("kvrep")
 def _kvrep(rules: RuleConfig, profile: str) -> LivePolicy:
     return LivePlanner(profile)
+
+
+@LIVE_POLICIES.register("kvrep_lru")
+def _kvrep_lru(rules: RuleConfig, profile: str) -> LivePolicy:
+    planner = LivePlanner(profile)
+    planner.name, planner.replicas_ordinary = "kvrep_lru", True
+    return planner
 
 
 @LIVE_POLICIES.register("demote")

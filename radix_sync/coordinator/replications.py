@@ -128,10 +128,11 @@ class ReplicationBook:
             raise AdminError(f"prefix of {len(token_ids)} tokens is shorter than one page ({page_size})")
 
     def create(self, src: p.Hello, dst: p.Hello, src_routing_id: bytes, token_ids: list[int], namespace: str,
-               ttl_s: float, now_s: float, origin: str, block_hash: Optional[int]) -> tuple[Replication,
-                                                                                            p.ExpectReplica]:
+               ttl_s: float, now_s: float, origin: str, block_hash: Optional[int],
+               ordinary: bool = False) -> tuple[Replication, p.ExpectReplica]:
         """Validates a replication from `src` to `dst` and records it; the source's command is held until the
-        target answers `ReplicaExpected` (`expected`).
+        target answers `ReplicaExpected` (`expected`). `ordinary`: the target lands it as ordinary cache
+        (`ExpectReplica.ordinary`; a pull always is).
 
         Returns:
             the record and the message for the target.
@@ -157,7 +158,8 @@ class ReplicationBook:
         self._granted[rep.id] = (prefix, digests)
         expect = p.ExpectReplica(replication_id=rep.id, source_id=source, namespace=namespace, page_size=page_size,
                                  block_hashes=[digest_to_int64(d) for d in digests], auth_token=auth_token,
-                                 expires_in_s=self.expect_timeout_s, critical=origin == ORIGIN_PULL)
+                                 expires_in_s=self.expect_timeout_s, critical=origin == ORIGIN_PULL,
+                                 ordinary=ordinary)
         return rep, expect
 
     def party(self, replication_id: str, worker_id: str, roles: tuple[str, ...]) -> Optional[Replication]:

@@ -368,7 +368,7 @@ class Coordinator:
                 try:
                     _, target_rid, expect = self.state.request_replication(
                         source, target, tokens[:prefix_len], namespace, ttl_s, now, origin=self.policy.name,
-                        block_hash=block_hash)
+                        block_hash=block_hash, ordinary=self.policy.replicas_ordinary)
                 except AdminError as exc:
                     log.info("policy decision refused: %s", exc)
                     continue

@@ -239,8 +239,8 @@ class ClusterState:
 
     # ------------------------------------------------------------------------------------------------- admin
     def request_replication(self, source: str, target: str, token_ids: list[int], namespace: str, ttl_s: float,
-                            now_s: float, origin: str = "admin",
-                            block_hash: Optional[int] = None) -> tuple[Replication, bytes, p.ExpectReplica]:
+                            now_s: float, origin: str = "admin", block_hash: Optional[int] = None,
+                            ordinary: bool = False) -> tuple[Replication, bytes, p.ExpectReplica]:
         """Validate a replication and create its record.
 
         The target is told first (`ExpectReplica`, with a one-time token); the source gets `ReplicatePages` only
@@ -270,7 +270,7 @@ class ClusterState:
             raise AdminError(f"source {source!r} holds no page of this prefix")
         token_ids = token_ids[:held * src.hello.page_size]
         rep, expect = self._replications.create(src.hello, dst.hello, src.routing_id, token_ids, namespace, ttl_s,
-                                                now_s, origin, block_hash)
+                                                now_s, origin, block_hash, ordinary)
         self._replications.trim(self.config.max_replications_kept)
         self.demand.copy_issued(block_hash, now_s)
         return rep, dst.routing_id, expect

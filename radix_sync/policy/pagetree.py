@@ -360,17 +360,20 @@ class PageTree:
                 return t
         return None
 
-    def drop_replica_chain(self, page: int, on_evict: Optional[Callable[[int], None]] = None) -> int:
-        """Removes the replica pages ending at `page`, deepest first, while they are unlocked replica leaves.
+    def drop_replica_chain(self, page: int, on_evict: Optional[Callable[[int], None]] = None,
+                           max_ordinary: int = 0) -> int:
+        """Removes the replica pages ending at `page`, deepest first, while they are unlocked replica leaves, or,
+        with `max_ordinary` > 0, at most that many unlocked leaves of any kind (a copy landed as ordinary cache:
+        the pages it added).
 
         Returns:
             pages removed.
         """
         n = 0
         cur: Optional[int] = page
-        while cur is not None:
+        while cur is not None and (not max_ordinary or n < max_ordinary):
             node = self.nodes.get(cur)
-            if node is None or not node.replica or node.num_children or node.lock_count:
+            if node is None or (not node.replica and not max_ordinary) or node.num_children or node.lock_count:
                 break
             parent = node.parent
             self._remove(cur, node)

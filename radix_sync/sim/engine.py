@@ -407,11 +407,11 @@ class Engine:
             if host:
                 cache.host.add_chain(x.pages[lo:x.hi])
             else:
-                cache.insert(x.pages, x.hi, now, replica=(x.kind == "replica"))
+                cache.insert(x.pages, x.hi, now, replica=(x.kind == "replica" and not self.policy.replicas_ordinary))
                 cache.tree.touch(x.pages[x.hi - 1], now)
             until = now + x.ttl_s if x.kind == "replica" else now + 3600.0
             rec = CopyRecord(x.kind, x.dst, x.lo, x.hi, x.pages[x.lo], x.pages[x.hi - 1], x.num_bytes, until,
-                             copy_id=x.copy_id)
+                             copy_id=x.copy_id, inserted=x.hi - lo)
             self.copies[x.dst].setdefault(rec.first_page, []).append(rec)
             starts = self.copy_starts[x.dst]
             starts[rec.lo] = starts.get(rec.lo, 0) + 1
@@ -442,7 +442,9 @@ class Engine:
             if not starts[rec.lo]:
                 del starts[rec.lo]
         if not rec.promoted:
-            self.workers[rec.worker].cache.tree.drop_replica_chain(rec.last_page, self.workers[rec.worker].cache._on_evict)
+            cache = self.workers[rec.worker].cache
+            cache.tree.drop_replica_chain(rec.last_page, cache._on_evict,
+                                          max_ordinary=rec.inserted if self.policy.replicas_ordinary else 0)
 
     # ---- planner ----
     def worker_views(self, now: float) -> tuple[WorkerView, ...]:

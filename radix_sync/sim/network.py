@@ -53,6 +53,8 @@ class CopyRecord:
     promoted: bool = False
     copy_id: int = 0
     """`Transfer.copy_id` of the copy that landed it."""
+    inserted: int = 0
+    """Pages it added (the rest of `lo`..`hi` was cached there already)."""
 
 
 class Network:

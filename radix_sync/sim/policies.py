@@ -49,6 +49,10 @@ class PolicyBundle:
     use_calibration: Optional[UseCalibrationConfig] = UseCalibrationConfig()
     """With a planner: scale each kind of demand's predictions by how often its copies were used
     (`radix_sync.policy.calibration`); None: never (the `_uncalibrated` ablation)."""
+    replicas_ordinary: bool = False
+    """The planner's copies land as ordinary cache (least recently used order from their landing, as a pull's
+    pages), an unused one dropped at its TTL; False: evict-first until a request uses it. Live: the coordinator's
+    `kvrep_lru` policy, `ExpectReplica.ordinary`."""
     predictor: Optional[DemandPredictor] = None
     """Without a planner: the predictor of the session tracker that `demote_stale` needs (the tracker only
     recognises next turns; nothing is planned and no idle session is demoted on a prediction)."""
@@ -116,6 +120,13 @@ def _kvrep_keep(profile: CostProfile, page_len: int, seed: int, planner_cfg: Pla
     """Ablation: `kvrep` that leaves a moved session's old copies to plain LRU (no demotion)."""
     bundle = _kvrep(profile, page_len, seed, planner_cfg)
     return replace(bundle, name="kvrep_keep", demote_stale=False)
+
+
+@POLICIES.register("kvrep_lru")
+def _kvrep_lru(profile: CostProfile, page_len: int, seed: int, planner_cfg: PlannerConfig) -> PolicyBundle:
+    """`kvrep` whose copies land as ordinary cache (`PolicyBundle.replicas_ordinary`): on a full pool an
+    evict-first copy is the next allocation's first victim, before the request it was made for arrives."""
+    return replace(_kvrep(profile, page_len, seed, planner_cfg), name="kvrep_lru", replicas_ordinary=True)
 
 
 @POLICIES.register("kvrep_pull_demote_ungated")

@@ -357,7 +357,7 @@ class IoSide:
             error = "token ids are not the prefix the coordinator authorized"
             self.answer(inc, error=error)
             return self.report_failure(h.replication_id, "target", error)
-        self.to_sched(m.Install(inc, hashes, grant.critical))
+        self.to_sched(m.Install(inc, hashes, grant.critical or grant.ordinary))
 
     def report_failure(self, replication_id: str, role: str, error: str) -> None:
         """Tell the coordinator; a target also consumes the transfer's grant."""

@@ -156,8 +156,9 @@ class Install(msgspec.Struct, frozen=True):
 
     incoming: Incoming
     block_hashes: list[int]
-    critical: bool = False
-    """The coordinator's grant says a request waits for it (a pull): ordinary cache, not a replica's priority."""
+    ordinary: bool = False
+    """The coordinator's grant lands it as ordinary cache, not at a replica's priority: a pull (a request waits
+    for it, `ExpectReplica.critical`) or a policy's copy made so (`ExpectReplica.ordinary`)."""
 
 
 class Promote(msgspec.Struct, frozen=True):

@@ -234,7 +234,7 @@ class WorkerAgent(SourceSide):
             load = self.view.load()
             self._room_changed()
             self._report(p.LoadReported(worker_id=self.config.worker_id, seq=0,
-                                        replica_tokens=self.replicas.live_tokens(),
+                                        replica_tokens=self.replicas.evict_first_tokens(),
                                         iteration_s=round(finite_s(self._iteration_s), 4),
                                         demoted_chains=len(self.demoted),
                                         demoted_tokens=self._demoted_tokens,
@@ -270,7 +270,7 @@ class WorkerAgent(SourceSide):
         elif isinstance(msg, m.Replicate):
             self._replicate(msg.command)
         elif isinstance(msg, m.Install):
-            self._install(msg.incoming, msg.block_hashes, msg.critical)
+            self._install(msg.incoming, msg.block_hashes, msg.ordinary)
         elif isinstance(msg, m.Promote):
             self.replicas.promote(msg.replication_id)
         elif isinstance(msg, m.Demote):
@@ -404,9 +404,9 @@ class WorkerAgent(SourceSide):
         self._report(p.ReplicationFailed(worker_id=self.config.worker_id, seq=0, replication_id=replication_id,
                                          role=role, error=error))
 
-    def _install(self, inc: Incoming, block_hashes: list[int], critical: bool = False) -> None:
+    def _install(self, inc: Incoming, block_hashes: list[int], ordinary: bool = False) -> None:
         try:
-            res = self.replicas.install(inc, critical=critical)
+            res = self.replicas.install(inc, ordinary=ordinary)
         except Exception as exc:  # budget, OOM, bad buffer: nothing was written or kept
             self.to_io(m.InstallFailed(inc, f"install failed: {exc}"))
             return

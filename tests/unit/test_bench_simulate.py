@@ -137,8 +137,9 @@ def test_the_pull_arm_runs_the_live_routers_rule_in_the_simulator_too():
 
     # live: the router with --pull and the planner off (pull), or on (active); simulated: the same rule
     assert COORDINATOR_ARM == {"pull": ("none", "active"), "demote": ("demote", "active"),
-                               "active": ("kvrep", "active")}
-    assert set(PULL_ARMS) == {"pull", "demote", "active"} and SIM_POLICY["pull"] == "kvrep_pull"
+                               "active": ("kvrep", "active"), "active-lru": ("kvrep_lru", "active")}
+    assert set(PULL_ARMS) == {"pull", "demote", "active", "active-lru"} and SIM_POLICY["pull"] == "kvrep_pull"
+    assert SIM_POLICY["active-lru"] == "kvrep_lru" and "active-lru" not in bench_args().arms.split(",")
     assert SIM_POLICY["demote"] == "kvrep_pull_demote" and "demote" in ARMS  # + demotion, no planner
     assert "demote" not in bench_args().arms.split(",")  # only when asked
     assert "pull" in ARMS and "pull" in bench_args().arms.split(",")

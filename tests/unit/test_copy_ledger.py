@@ -193,3 +193,38 @@ def test_the_tick_sends_no_copy_the_target_would_land_nothing_of(tmp_path):
     finally:
         coord._sock.close(0)
         coord._ctx.term()
+
+
+def test_the_tick_lands_a_kvrep_lru_policys_copies_as_ordinary_cache_and_kvreps_evict_first(tmp_path):
+    """The grant the target gets (`ExpectReplica`) says how to land a planner's copy: `kvrep_lru`'s as ordinary
+    cache, `kvrep`'s evict-first; neither is a pull (`critical`)."""
+    import time
+
+    from radix_sync import protocol as p
+    from radix_sync.coordinator.config import StateConfig
+    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
+    from radix_sync.hashing import page_hashes
+    from tests.unit.test_live_planner import PS, hello
+
+    for policy, ordinary in (("kvrep", False), ("kvrep_lru", True)):
+        coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy=policy, mode="active",
+                                              state_dir=str(tmp_path / policy),
+                                              state=StateConfig(ledger_holdout=0.0)))
+        try:
+            st, t0 = coord.state, time.monotonic()
+            st.handle(b"A", hello("a"), t0)
+            st.handle(b"B", hello("b"), t0)
+            tokens = [7 + i for i in range(4 * PS)]
+            hashes = page_hashes(tokens, PS)
+            st.handle(b"A", p.PagesStored(worker_id="a", seq=1, namespace="", blocks=[
+                p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+                for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]), t0)
+            coord._decisions = lambda now: [("a", "b", "", hashes[-1], 4 * PS, 30.0)]
+            coord._tick()
+            (rep,) = st.replications.values()
+            target, expect = coord._outbox.get_nowait()
+            assert (rep.origin, target, expect.replication_id) == (policy, b"B", rep.id)
+            assert (expect.ordinary, expect.critical) == (ordinary, False)
+        finally:
+            coord._sock.close(0)
+            coord._ctx.term()

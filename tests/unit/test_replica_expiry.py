@@ -152,3 +152,13 @@ def test_a_replica_a_queued_request_wants_is_raised_to_ordinary_cache_once():
     assert "r1" not in [rid for rid, _ in table.expire_due()] and "r1" in table.replicas  # wanted: kept
     view.waiting = []
     assert table.expire_due() == [("r1", 32), ("r4", 16)]  # and applies once they are not
+
+
+def test_the_load_report_counts_only_evict_first_replicas_and_the_budget_counts_every_one():
+    view = FakeView()
+    table = ReplicaTable(view, budget_tokens=1000, clock=lambda: 0.0)
+    table.replicas["r1"] = Replica("r1", "", list(range(32)), 32, expires_at_s=5.0, priority=-1)
+    table.replicas["r2"] = Replica("r2", "", list(range(50, 66)), 16, expires_at_s=5.0, priority=PULLED_PRIORITY)
+    table.replicas["r3"] = Replica("r3", "", list(range(70, 78)), 8, expires_at_s=5.0, priority=-1, promoted=True)
+    # landed as ordinary cache (a pull, or `ExpectReplica.ordinary`): not what SGLang evicts first, still budgeted
+    assert table.evict_first_tokens() == 32 and table.live_tokens() == 48 and table.free_tokens() == 952

@@ -50,6 +50,19 @@ def test_promote_and_drop_replica_chain():
     t.check_integrity()
 
 
+def test_a_copy_landed_as_ordinary_cache_drops_only_the_pages_it_added():
+    t = PageTree()
+    t.insert([1, 2], 2, 0.0)
+    t.insert([1, 2, 3, 4, 5], 5, 1.0)  # a copy that added pages 3-5, as ordinary cache
+    assert t.num_replica_pages == 0
+    assert t.drop_replica_chain(5) == 0  # not a replica: the replica-only drop leaves it
+    assert t.drop_replica_chain(5, max_ordinary=3) == 3 and sorted(t.nodes) == [1, 2]  # the prefix it found stays
+    t.insert([1, 2, 3, 4], 4, 2.0)
+    t.insert([1, 2, 3, 6], 4, 2.0)  # another branch shares page 3
+    assert t.drop_replica_chain(4, max_ordinary=2) == 1 and 3 in t.nodes  # stops at the shared page
+    t.check_integrity()
+
+
 def test_worker_cache_conservation_and_directory():
     d = Directory()
     c = WorkerCache(0, capacity_tokens=40, page_len=10, directory=d, radix_nodes=False)  # page by page

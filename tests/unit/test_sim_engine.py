@@ -74,6 +74,33 @@ def test_ablations_add_one_mechanism_each():
     assert "replica" not in r["replication"]["by_kind"]
 
 
+def test_kvrep_lru_lands_the_planners_copies_as_ordinary_cache_and_drops_unused_ones_at_their_ttl():
+    from radix_sync.policy.pagetree import PageTree
+
+    results = {}
+    for name in ("kvrep", "kvrep_lru"):
+        inserted, dropped = [], []
+        wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=6.0, duration_s=20.0, seed=1,
+                            max_context_len=PROFILE.max_context_len)
+        eng = Engine(PROFILE, wl, build_policy(name, PROFILE, wl.page_len, 1), EngineConfig(num_workers=4,
+                                                                                           duration_s=20.0))
+        for w in eng.workers:
+            tree, ins, drop = w.cache.tree, w.cache.insert, w.cache.tree.drop_replica_chain
+            w.cache.insert = lambda *a, _ins=ins, **k: (inserted.append(k.get("replica", False)), _ins(*a, **k))[1]
+            tree.drop_replica_chain = lambda *a, _d=drop, **k: (dropped.append(k.get("max_ordinary", 0)), _d(*a, **k))[1]
+        results[name] = eng.run().to_dict()
+        for w in eng.workers:
+            w.cache.check_integrity()
+            assert isinstance(w.cache.tree, PageTree) and w.cache.reserved_tokens == 0
+        landed = results[name]["replication"]["by_kind"]["replica"]["landed"]
+        assert landed > 0 and dropped, name
+        if name == "kvrep":
+            assert any(inserted) and not any(dropped)  # evict-first pages, dropped by their replica flag
+        else:
+            assert not any(inserted) and all(dropped)  # ordinary pages, each drop bounded by what the copy added
+    assert results["kvrep_lru"]["num_requests"] == results["kvrep_lru"]["num_arrived"] > 0
+
+
 def test_fanout_hint_plans_at_admission_and_copies_onward_from_replicas():
     booked = []
     wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=6.0, duration_s=20.0, seed=1,

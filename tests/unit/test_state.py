@@ -78,6 +78,9 @@ def test_replication_lifecycle(st):
     assert not expect.critical  # a speculative copy: the target inserts it below every ordinary entry
     _, _, pulled = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0, origin="pull")
     assert pulled.critical  # a router's pull: the target inserts it as ordinary cache (a request waits for it)
+    assert not expect.ordinary and not pulled.ordinary
+    _, _, kept = st.request_replication("a", "b", toks, "", 30.0, now_s=2.0, origin="kvrep_lru", ordinary=True)
+    assert kept.ordinary and not kept.critical  # a policy's copy landed as ordinary cache (`kvrep_lru`)
     # only once it says it expects the transfer does the source get the command, with the same token
     [(src_rid, cmd)] = st.handle(b"B", p.ReplicaExpected(worker_id="b", seq=1, replication_id=rep.id), 2.05)
     assert src_rid == b"A" and isinstance(cmd, p.ReplicatePages) and cmd.token_ids == toks[:8]
