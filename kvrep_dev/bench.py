@@ -89,6 +89,19 @@ MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
 
 
+def saved_arg(value):
+    """An argument as a saved run keeps it: a path inside this checkout relative to its root (a results file
+    names no directory of the machine that ran it), any other path as a string, the rest as is."""
+    if isinstance(value, str) and os.path.isabs(value):
+        value = Path(value)
+    if not isinstance(value, Path):
+        return value
+    try:
+        return str(value.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(value)
+
+
 def round_order(arms: list[str], rnd: int, seed: int, mode: str = "fixed") -> list[str]:
     """The order the arms run in, in round `rnd`: as given (`fixed`), or shuffled per round (`shuffled`, seeded by
     `seed` and the round: reproducible), so no arm always runs after the same one (a slow drift or what the
@@ -1066,7 +1079,7 @@ def run_bench(args) -> int:
     if args.simulate and workloads:
         print()
         print(validation_table(rows, args.profile))
-    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    meta = {k: saved_arg(v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
                    "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS},

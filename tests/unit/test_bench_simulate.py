@@ -120,14 +120,16 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-fanout-s3.json.gz",
                                        "bench-flash-seed1.json.gz", "bench-flash-wait-s1.json.gz",
                                        "bench-flash-wait-s2.json.gz", "bench-flash-wait-s3.json.gz",
-                                       "bench-routers4-s2.json.gz",
+                                       "bench-routers4-s2.json.gz", "bench-sgl-s0.json.gz",
                                        "bench-unique-split.json.gz",
                                        "bench-val1.json.gz",
                                        "bench-val2-agent.json.gz",
                                        "bench-val2.json.gz"]
     for f in files:
         data = json.loads(gzip.decompress(f.read_bytes()))
-        assert data["rows"] and all(q["key"] for r in data["rows"] for q in r["requests"])
+        # every request of our load generator keys the simulator's twin (SGLang's client's rows are not simulated)
+        assert data["rows"] and all(q["key"] for r in data["rows"] if r["workload"] != "sgl-gsp" for q in r["requests"])
+        assert not [v for v in data["args"].values() if isinstance(v, str) and v.startswith("/")], f.name
         # the validation runs: 3 workers sharing 2 cores; the later ones: the testbed (one pinned worker a core)
         assert data["args"]["workers"] == (3 if "val" in f.name else 2)
 
@@ -319,3 +321,12 @@ def test_resimulate_reports_waiting_prompts_as_the_runs_agents_did(tmp_path, cap
         assert bench.resimulate(path, prompt_reports=flag) == 0
         assert seen and set(seen) == {want}
         assert f"waiting prompts reported {said}" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_a_saved_run_names_paths_inside_the_checkout_relative_to_its_root():
+    from kvrep_dev.bench import DEFAULT_TRACE, ROOT, saved_arg
+
+    assert saved_arg(DEFAULT_TRACE) == "bench/traces/claude_code_sample"
+    assert saved_arg(str(ROOT / "logs" / "bench")) == "logs/bench"  # an absolute string too
+    assert saved_arg("/elsewhere/traces") == "/elsewhere/traces"  # outside it: kept, nothing to shorten
+    assert saved_arg("logs/bench") == "logs/bench" and saved_arg(3) == 3 and saved_arg(None) is None
