@@ -108,7 +108,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-demand-s2.json.gz", "bench-agent-fade-s2.json.gz",
                                        "bench-agent-fix-s1.json.gz",
                                        "bench-agent-fix-s2.json.gz", "bench-agent-gate.json.gz",
-                                       "bench-agent-gate2.json.gz", "bench-agent-hits-s2.json.gz",
+                                       "bench-agent-gate2.json.gz", "bench-agent-hits-s2.json.gz", "bench-agent-lru-s4.json.gz",
                                        "bench-agent-pend-s2.json.gz", "bench-agent-pulled-s4.json.gz",
                                        "bench-agent-room-s2.json.gz",
                                        "bench-agent-seed1.json.gz",
