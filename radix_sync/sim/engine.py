@@ -1,9 +1,8 @@
 """The discrete-event engine: arrivals, worker iterations, copies, replica expiry and planner ticks, in time
 order (ties broken by insertion order, so a run is deterministic for a seed).
 
-The engine plays the coordinator and router of the real system: it builds `RequestView`s and
-`ClusterSnapshot`s from its model and executes the decisions of the policy objects, which never see the model.
-"""
+The engine plays the coordinator and router of the real system: it builds `RequestView`s and `ClusterSnapshot`s
+from its model and executes the decisions of the policy objects, which never see the model."""
 
 from __future__ import annotations
 
@@ -441,10 +440,9 @@ class Engine:
             starts[rec.lo] -= 1
             if not starts[rec.lo]:
                 del starts[rec.lo]
-        if not rec.promoted:
-            cache = self.workers[rec.worker].cache
-            cache.tree.drop_replica_chain(rec.last_page, cache._on_evict,
-                                          max_ordinary=rec.inserted if self.policy.replicas_ordinary else 0)
+        if not rec.promoted:  # (landed as ordinary cache: at most the pages it added)
+            c = self.workers[rec.worker].cache
+            c.tree.drop_replica_chain(rec.last_page, c._on_evict, rec.inserted if self.policy.replicas_ordinary else 0)
 
     # ---- planner ----
     def worker_views(self, now: float) -> tuple[WorkerView, ...]:

@@ -87,7 +87,10 @@ def test_kvrep_lru_lands_the_planners_copies_as_ordinary_cache_and_drops_unused_
         for w in eng.workers:
             tree, ins, drop = w.cache.tree, w.cache.insert, w.cache.tree.drop_replica_chain
             w.cache.insert = lambda *a, _ins=ins, **k: (inserted.append(k.get("replica", False)), _ins(*a, **k))[1]
-            tree.drop_replica_chain = lambda *a, _d=drop, **k: (dropped.append(k.get("max_ordinary", 0)), _d(*a, **k))[1]
+            def spy(page, on_evict=None, max_ordinary=0, _d=drop):
+                dropped.append(max_ordinary)
+                return _d(page, on_evict, max_ordinary)
+            tree.drop_replica_chain = spy
         results[name] = eng.run().to_dict()
         for w in eng.workers:
             w.cache.check_integrity()
