@@ -98,15 +98,19 @@ class ReplicaTable:
         """Replicas found extended by a later request at their expiry (ordinary cache now), not yet told to the
         coordinator (`take_extended`)."""
 
-    def live_tokens(self) -> int:
-        return (sum(r.inserted_len for r in self.replicas.values() if not r.promoted)
-                + sum(len(x.inc.header.token_ids) for x in self.pending.values()))
+    def live_tokens(self, below_priority: Optional[int] = None) -> int:
+        """Tokens of the live (unpromoted) replicas and of those still arriving, all of them (the budget's count),
+        or those inserted below `below_priority` (`evict_first_tokens`)."""
+        def counted(priority: int) -> bool:
+            return below_priority is None or priority < below_priority
+
+        return (sum(r.inserted_len for r in self.replicas.values() if not r.promoted and counted(r.priority))
+                + sum(len(x.inc.header.token_ids) for x in self.pending.values() if counted(x.priority)))
 
     def evict_first_tokens(self) -> int:
         """Tokens of the live replicas below every ordinary cache entry (what SGLang evicts first here; a copy
         landed as ordinary cache is not among them), and of those still arriving that will be."""
-        return (sum(r.inserted_len for r in self.replicas.values() if not r.promoted and r.priority < PULLED_PRIORITY)
-                + sum(len(x.inc.header.token_ids) for x in self.pending.values() if x.priority < PULLED_PRIORITY))
+        return self.live_tokens(below_priority=PULLED_PRIORITY)
 
     def free_tokens(self) -> int:
         return max(0, self.budget_tokens - self.live_tokens())

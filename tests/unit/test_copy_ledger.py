@@ -1,7 +1,9 @@
 """The copy ledger (`radix_sync.coordinator.ledger`): a reproducible holdout of prefixes, answers attributed to the
 deepest decided prefix of their prompt, a Welch interval on the difference, and the planner paused while copies
 are shown to cost (inert unless it pays), resumed once that evidence ages out."""
+import contextlib
 import math
+import time
 
 import pytest
 
@@ -120,31 +122,48 @@ def test_a_routers_finish_report_with_its_ttft_reaches_the_ledger():
         api.convert({"page_hashes": hashes, "page_size": PS, "ttft_s": -1.0}, api.FinishReport)
 
 
+@contextlib.contextmanager
+def active_coordinator(state_dir, policy="none", holdout=0.0):
+    """A coordinator in active mode (no sockets served) that knows workers a and b; yields it and `now` on the
+    monotonic clock its tick runs on."""
+    from radix_sync.coordinator.config import StateConfig
+    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
+    from tests.unit.test_live_planner import hello
+
+    coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy=policy, mode="active",
+                                          state_dir=str(state_dir), state=StateConfig(ledger_holdout=holdout)))
+    try:
+        t0 = time.monotonic()
+        coord.state.handle(b"A", hello("a"), t0)
+        coord.state.handle(b"B", hello("b"), t0)
+        yield coord, t0
+    finally:
+        coord._sock.close(0)
+        coord._ctx.term()
+
+
+def stored(st, routing_id: bytes, worker: str, tokens: list[int], seq: int, now: float, pages=None) -> list[int]:
+    """`worker` reports `tokens` cached (its first `pages` pages, default all). Returns: their page hashes."""
+    from radix_sync import protocol as p
+    from radix_sync.hashing import page_hashes
+    from tests.unit.test_live_planner import PS
+
+    hashes = page_hashes(tokens, PS)
+    blocks = [p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
+              for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
+    st.handle(routing_id, p.PagesStored(worker_id=worker, seq=seq, namespace="", blocks=blocks[:pages]), now)
+    return hashes
+
+
 def test_the_coordinators_tick_makes_the_copies_of_copied_prefixes_only(tmp_path):
     """Active mode: a planner decision on a held-out prefix is not sent; on a copied one it is; and none while
     the ledger says copies cost."""
-    from radix_sync import protocol as p
-    from radix_sync.coordinator.config import StateConfig
-    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
-    from radix_sync.hashing import page_hashes
-    from tests.unit.test_live_planner import PS, hello
-
-    coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy="none", mode="active",
-                                          state_dir=str(tmp_path), state=StateConfig(ledger_holdout=0.5)))
-    try:
-        import time
-
-        st, t0 = coord.state, time.monotonic()  # the tick runs on the monotonic clock
-        st.handle(b"A", hello("a"), t0)
-        st.handle(b"B", hello("b"), t0)
+    with active_coordinator(tmp_path, holdout=0.5) as (coord, t0):
+        st = coord.state
         prompts = {}
         for seed in range(40):
             tokens = [100 + seed * 1000 + i for i in range(64)]
-            hashes = page_hashes(tokens, PS)
-            st.handle(b"A", p.PagesStored(worker_id="a", seq=seed + 1, namespace="", blocks=[
-                p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
-                for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]), t0)
-            prompts[hashes[-1]] = tokens
+            prompts[stored(st, b"A", "a", tokens, seed + 1, t0)[-1]] = tokens
         decisions = [("a", "b", "", h, 64, 30.0) for h in prompts]
         coord._decisions = lambda now: decisions
         coord._tick()
@@ -152,36 +171,19 @@ def test_the_coordinators_tick_makes_the_copies_of_copied_prefixes_only(tmp_path
         copied = {h for h in prompts if _unit(h) >= 0.5}
         assert made == copied and 0 < len(copied) < len(prompts)
         assert st.ledger.num_decisions == {COPIED: len(copied), HELD_OUT: len(prompts) - len(copied), "paused": 0}
-    finally:
-        coord._sock.close(0)
-        coord._ctx.term()
 
 
 def test_the_tick_sends_no_copy_the_target_would_land_nothing_of(tmp_path):
     """A planner decision whose target holds every page already (its own cache, or an earlier partial copy that a
     prefix's last-page holders do not show) is not sent, as the simulator starts none (`lo >= hi`); one it holds
     part of is sent; the held ones are counted in `num_decisions_held`."""
-    from radix_sync import protocol as p
-    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
-    from radix_sync.hashing import page_hashes
-    from tests.unit.test_live_planner import PS, hello
+    from tests.unit.test_live_planner import PS
 
-    from radix_sync.coordinator.config import StateConfig
-
-    coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy="none", mode="active",
-                                          state_dir=str(tmp_path), state=StateConfig(ledger_holdout=0.0)))
-    try:
-        import time
-
-        st, t0 = coord.state, time.monotonic()
-        st.handle(b"A", hello("a"), t0)
-        st.handle(b"B", hello("b"), t0)
+    with active_coordinator(tmp_path) as (coord, t0):
+        st = coord.state
         tokens = [7 + i for i in range(4 * PS)]
-        hashes = page_hashes(tokens, PS)
-        blocks = [p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
-                  for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
-        st.handle(b"A", p.PagesStored(worker_id="a", seq=1, namespace="", blocks=blocks), t0)
-        st.handle(b"B", p.PagesStored(worker_id="b", seq=1, namespace="", blocks=blocks[:2]), t0)  # half of it
+        hashes = stored(st, b"A", "a", tokens, 1, t0)
+        stored(st, b"B", "b", tokens, 1, t0, pages=2)  # half of it
         # the node is the 4-page prefix; b holds its first 2 pages: a copy of 2 pages lands nothing, of 4 lands 2
         coord._decisions = lambda now: [("a", "b", "", hashes[-1], 2 * PS, 30.0)]
         coord._tick()
@@ -190,41 +192,19 @@ def test_the_tick_sends_no_copy_the_target_would_land_nothing_of(tmp_path):
         coord._tick()
         (rep,) = st.replications.values()
         assert (rep.target, rep.num_tokens, coord.num_decisions_held) == ("b", 4 * PS, 1)
-    finally:
-        coord._sock.close(0)
-        coord._ctx.term()
 
 
 def test_the_tick_lands_a_kvrep_lru_policys_copies_as_ordinary_cache_and_kvreps_evict_first(tmp_path):
     """The grant the target gets (`ExpectReplica`) says how to land a planner's copy: `kvrep_lru`'s as ordinary
     cache, `kvrep`'s evict-first; neither is a pull (`critical`)."""
-    import time
-
-    from radix_sync import protocol as p
-    from radix_sync.coordinator.config import StateConfig
-    from radix_sync.coordinator.server import Coordinator, CoordinatorConfig
-    from radix_sync.hashing import page_hashes
-    from tests.unit.test_live_planner import PS, hello
+    from tests.unit.test_live_planner import PS
 
     for policy, ordinary in (("kvrep", False), ("kvrep_lru", True)):
-        coord = Coordinator(CoordinatorConfig(bind="tcp://127.0.0.1:0", admin_port=0, policy=policy, mode="active",
-                                              state_dir=str(tmp_path / policy),
-                                              state=StateConfig(ledger_holdout=0.0)))
-        try:
-            st, t0 = coord.state, time.monotonic()
-            st.handle(b"A", hello("a"), t0)
-            st.handle(b"B", hello("b"), t0)
-            tokens = [7 + i for i in range(4 * PS)]
-            hashes = page_hashes(tokens, PS)
-            st.handle(b"A", p.PagesStored(worker_id="a", seq=1, namespace="", blocks=[
-                p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
-                for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]), t0)
+        with active_coordinator(tmp_path / policy, policy) as (coord, t0):
+            hashes = stored(coord.state, b"A", "a", [7 + i for i in range(4 * PS)], 1, t0)
             coord._decisions = lambda now: [("a", "b", "", hashes[-1], 4 * PS, 30.0)]
             coord._tick()
-            (rep,) = st.replications.values()
+            (rep,) = coord.state.replications.values()
             target, expect = coord._outbox.get_nowait()
             assert (rep.origin, target, expect.replication_id) == (policy, b"B", rep.id)
             assert (expect.ordinary, expect.critical) == (ordinary, False)
-        finally:
-            coord._sock.close(0)
-            coord._ctx.term()
