@@ -58,14 +58,14 @@ from kvrep_dev.report import bench_progress as _say
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "demote", "active", "active-lru", "smg-rr", "smg-ca")
+ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "smg-rr", "smg-ca")
 """The ablation of ours, one part added per arm (routing alone; + copies on the request's path; + demotion of a moved
-session's stale copies; + the predictive planner; its copies landing as ordinary cache, not evict-first), then
-today's router (smg 1.13) in two policies."""
+session's stale copies; + the predictive planner; its copies landing as ordinary cache, not evict-first; `active`
+priced at the profile's prefill times, not the measured speed), then today's router (smg 1.13) in two policies."""
 DEFAULT_ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
 """`kvrep bench`'s arms unless `--arms` says (`demote` only when asked: one more arm is minutes a round)."""
 SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_pull_demote", "active": "kvrep",
-              "active-lru": "kvrep_lru",
+              "active-lru": "kvrep_lru", "active-fixed": "kvrep",
               "smg-rr": "round_robin",
               "smg-ca": "cache_aware",
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
@@ -73,18 +73,24 @@ SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_p
 SMG_POLICY = {"smg-rr": "round_robin", "smg-ca": "cache_aware"}
 """The smg arms -> smg's `--policy`."""
 WAITING_REPORTS = "uncached"
+PREFILL_SPEED = "calibrated"
+"""Saved as a run's `prefill_speed`: its routers learned the workers' prefill speed (`--speed-calibration`, the
+default since stop 46), and the simulator's router does the same when it re-runs it (absent: the profile's times)."""
 """What the workers' load reports count of their waiting requests, saved with each run: since stop 40 the prompt
 tokens their tree does not hold (`SchedulerView.waiting_new_tokens`); runs saved without it had whole prompts
 (`--resimulate` simulates each as it ran, `EngineConfig.prompt_token_reports`)."""
 BASELINE = "smg-ca"
 """The arm every other arm's ratios are against when it ran (else `shadow`)."""
 COORDINATOR_ARM = {"pull": ("none", "active"), "demote": ("demote", "active"), "active": ("kvrep", "active"),
-                   "active-lru": ("kvrep_lru", "active")}
+                   "active-lru": ("kvrep_lru", "active"), "active-fixed": ("kvrep_fixed", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
 DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
 """`kvrep demo`'s arms: routing alone, reactive copies, predictive + reactive, today's router."""
 PULL_ARMS = ("pull", "demote", "active", "active-lru")
 """The arms served by the router started with `--pull` (the others by the one without)."""
+FIXED_SPEED_ARMS = ("active-fixed",)
+"""The arms served by a router started with `--pull --no-speed-calibration` (and whose planner, `kvrep_fixed`,
+prices prefills at the profile's times): every other arm of ours learns the workers' speed."""
 MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
 
@@ -356,7 +362,7 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
-             machine: Optional[dict] = None, prompt_reports: bool = False) -> dict:
+             machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -366,8 +372,11 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     `profile_name`, as the live ones did; the engine runs on `machine` when given (`machine_profile`: the testbed's
     measured prefill costs at this run's speed), else on the priced profile scaled by the probe (`speed`).
     `prompt_reports`: the workers' load reports count waiting prompts whole, as the live agent's did before
-    stop 40 (`EngineConfig.prompt_token_reports`; False: their uncached tokens, as the live agent's do now)."""
+    stop 40 (`EngineConfig.prompt_token_reports`; False: their uncached tokens, as the live agent's do now).
+    `speed_calibration`: the simulated router learns the prefill speed from the requests that ran alone, as the
+    live router's `--speed-calibration` (`radix_sync.policy.speed`; its planner shares the cost model)."""
     from radix_sync.policy.cost import load_profile
+    from radix_sync.policy.speed import SpeedCalibration
     from radix_sync.policy.planner import PlannerConfig
     from radix_sync.sim.engine import Engine, EngineConfig
     from radix_sync.sim.policies import build_policy
@@ -385,6 +394,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY.get(arm, arm), priced, wl.page_len, seed,
                           PlannerConfig(endpoint_wait=endpoint_wait))
+    if speed_calibration and hasattr(policy.router, "speed"):
+        policy.router.speed = SpeedCalibration()
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
@@ -554,7 +565,7 @@ def format_front_doors(front: list[dict]) -> str:
 
 
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
-          ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"))
+          ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"), ("active", "active-fixed"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
 prediction), where both arms ran."""
@@ -779,6 +790,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
     if prompt_reports is None:
         prompt_reports = data.get("waiting_reports") != WAITING_REPORTS
+    calibrated = data.get("prefill_speed") == PREFILL_SPEED
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
@@ -796,14 +808,14 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
             built[r["workload"]] = build_workload(r["workload"], args)
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
-                            machine, prompt_reports)
+                            machine, prompt_reports, calibrated and r["arm"] not in FIXED_SPEED_ARMS)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
           + (f"{machine['profile']} at prefill x{machine['drift']:.2f} (the median over {machine['isolated_requests']}"
              f" requests that ran alone), decode x{machine['decode']:.2f} ({machine['decode_from']});"
-             f" policies priced with {profile}; waiting prompts reported "
-             f"{'whole' if prompt_reports else 'uncached'})"
+             f" policies priced with {profile}{', speed calibrated' if calibrated else ''}; waiting prompts "
+             f"reported {'whole' if prompt_reports else 'uncached'})"
              if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
     print()
@@ -814,7 +826,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
         base = None
         for name in ("cache_aware", "kvrep", "free_copies"):
             res = simulate(copy.deepcopy(wl), name, args.workers, args.seed, profile, args.max_total_tokens,
-                           args.max_running, data.get("speed"), cores, endpoint_wait, machine, prompt_reports)
+                           args.max_running, data.get("speed"), cores, endpoint_wait, machine, prompt_reports,
+                           calibrated)
             t = res["ttft_s"]
             base = base or t
             print(f"{w:<8} {name:<12} {t['mean']:>6.2f} {t['p50']:>6.2f} {t['p99']:>6.2f} "
@@ -906,6 +919,12 @@ def run_bench(args) -> int:
                                  extra_args=("--profile", args.profile, "--pull"))
             procs.append(pull_router)
             routers = {a: pull_router for a in PULL_ARMS}
+        if any(a in FIXED_SPEED_ARMS for a in bases):  # the profile's times: the speed calibration's ablation
+            fixed = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name="router-fixed",
+                           extra_args=("--profile", args.profile, "--pull", "--no-speed-calibration"))
+            procs.append(fixed)
+            routers.update({a: fixed for a in FIXED_SPEED_ARMS})
+            fixed.wait_http(fixed.url + "/health", 120)
         router_urls = {a: r.url for a, r in routers.items()}
         router.wait_http(router_url + "/health", 120)
         if pull_router is not None:
@@ -951,7 +970,9 @@ def run_bench(args) -> int:
                             front = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model),
                                            name=f"router-{arm}-{j}",
                                            extra_args=("--profile", args.profile,
-                                                       *(("--pull",) if base in PULL_ARMS else ())))
+                                                       *(("--pull",) if base in PULL_ARMS else ()),
+                                                       *(("--pull", "--no-speed-calibration")
+                                                         if base in FIXED_SPEED_ARMS else ())))
                         procs.append(front)
                         extra.append(front)
                     for front in extra:
@@ -1054,7 +1075,8 @@ def run_bench(args) -> int:
             row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                   args.max_total_tokens, args.max_running, speed,
                                   endpoint_wait=getattr(args, "sim_endpoint_wait", True), machine=machine,
-                                  prompt_reports=bool(getattr(args, "sim_prompt_reports", False)))
+                                  prompt_reports=bool(getattr(args, "sim_prompt_reports", False)),
+                                  speed_calibration=arm not in FIXED_SPEED_ARMS)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -1082,7 +1104,8 @@ def run_bench(args) -> int:
     meta = {k: saved_arg(v) for k, v in vars(args).items() if k != "func"}
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
-                   "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS},
+                   "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS,
+                   "prefill_speed": PREFILL_SPEED},
                   f, indent=2,
                   default=str)
     try:

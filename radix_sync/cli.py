@@ -140,6 +140,9 @@ def _add_router(sub) -> None:
     p.add_argument("--pull-min-wait-s", type=float, default=P.min_wait_s, help="shortest deadline of a pull, s")
     p.add_argument("--pull-max-wait-s", type=float, default=P.max_wait_s, help="longest deadline of a pull, s")
     p.add_argument("--pull-ttl-s", type=float, default=P.ttl_s, help="TTL of a pulled replica, s")
+    p.add_argument("--speed-calibration", action=argparse.BooleanOptionalAction, default=C.speed_calibration,
+                   help="scale the profile's prefill times by the workers' measured speed (the requests that ran "
+                        "alone; --no-speed-calibration: the profile as it is)")
     p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
     p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
     p.add_argument("--worker-keepalive-s", type=float, default=C.worker_keepalive_s,
@@ -205,7 +208,8 @@ def _run_router(args) -> int:
                               max_messages=args.max_messages, tokenize_threads=args.tokenize_threads,
                               hints_per_s=args.hints_per_s, hints_burst=args.hints_burst,
                               pull=args.pull, pull_policy=PullConfig(args.pull_min_wait_s, args.pull_max_wait_s,
-                                                                     args.pull_ttl_s))
+                                                                     args.pull_ttl_s),
+                              speed_calibration=args.speed_calibration)
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile

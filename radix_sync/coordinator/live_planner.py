@@ -126,8 +126,8 @@ class LivePlanner:
         self._namespaces: dict[str, int] = {"": 0}
         self.hint_grace_s = 1.0
         """A fan-out hint stops asking for copies this long after its branches were due, s."""
-        self.num_followups = 0
-        """Arrivals recognised as the next turn of a finished response."""
+        self.num_followups = 0  # arrivals recognised as the next turn of a finished response
+        self.speed_calibrated = True  # prefill priced at the routers' measured speed (`kvrep_fixed`: the profile's)
         self.last_pass: dict[str, int] = {}
         """The last tick's candidates, (prefix, target) pairs scored and prefixes deferred (for `/status`)."""
         self.num_sessions_ended = 0
@@ -157,6 +157,7 @@ class LivePlanner:
         CPU), which the planner prices separately from each end's reported iteration length. Calibrated on
         end-to-end times, one slow copy to a busy worker made every copy look slower than recomputing, even to idle
         workers."""
+        self.cost.prefill_scale = state.speed.scale(self.profile) if self.speed_calibrated else 1.0
         cal = self.planner.calibration
         decided, seen = self._decided, self._calibrated
         for rep in state.replications.values():
@@ -244,8 +245,8 @@ class LivePlanner:
             "followups": round(m.num_continued, 1), "ended": round(m.num_ended, 1)}
             for (cls, tool), m in self.planner.predictor.gap_models().items()}
         return {"open": open_nodes, "followups": self.num_followups, "abandoned": len(self.tracker.abandoned),
-                "ended_by_hint": self.num_sessions_ended,
-                "gap_models": models,
+                "ended_by_hint": self.num_sessions_ended, "gap_models": models,
+                "prefill_scale": round(self.cost.prefill_scale, 4),
                 "demotion_gate": self.demotion_gate.status() if self.demotion_gate is not None else None,
                 "copy_use": self.planner.calibration.status() if self.planner.calibration is not None else None}
 

@@ -6,6 +6,8 @@ list them in):
 - `kvrep`: the predictive planner on the coordinator's state (`LivePlanner`);
 - `kvrep_lru`: the same planner, its copies landing as ordinary cache (LRU from landing, dropped at their TTL
   unless used) instead of evict-first (the simulator's `kvrep_lru`);
+- `kvrep_fixed`: the same planner pricing prefills at its profile's times, not at the speed the routers measure
+  (`radix_sync.policy.speed`; how every planner priced before stop 46: the ablation of that calibration);
 - `demote`: the planner's session tracking and demotion alone, no copies (the ablation step between reactive copies
   and prediction: `kvrep bench`'s `demote` arm, the simulator's `kvrep_pull_demote`);
 - `rules`: the rule-based baseline (`radix_sync.policy.rules.RuleBasedPolicy`) on the state's rule snapshot;
@@ -109,6 +111,13 @@ def _kvrep(rules: RuleConfig, profile: str) -> LivePolicy:
 def _kvrep_lru(rules: RuleConfig, profile: str) -> LivePolicy:
     planner = LivePlanner(profile)
     planner.name, planner.replicas_ordinary = "kvrep_lru", True
+    return planner
+
+
+@LIVE_POLICIES.register("kvrep_fixed")
+def _kvrep_fixed(rules: RuleConfig, profile: str) -> LivePolicy:
+    planner = LivePlanner(profile)
+    planner.name, planner.speed_calibrated = "kvrep_fixed", False
     return planner
 
 

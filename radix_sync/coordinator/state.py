@@ -32,6 +32,7 @@ from radix_sync.hashing import page_hashes
 from radix_sync.host_tier import HOST_MEDIUM
 from radix_sync.integrity import IntegrityError
 from radix_sync.policy.rules import HitRecord, RuleSnapshot, WorkerView
+from radix_sync.policy.speed import SpeedCalibration
 
 __all__ = ["AdminError", "ArrivalRecord", "ClusterState", "DONE", "FAILED", "FinishRecord", "HintRecord",
            "IntegrityError", "PENDING", "RUNNING", "Replication", "StateConfig", "WorkerRecord"]
@@ -48,6 +49,8 @@ class ClusterState:
         self._replications = ReplicationBook(config.replication_timeout_s)
         self.demand = DemandLog(config.max_demand_events)
         self.ledger, self.pull_ledger = (CopyLedger(LedgerConfig(holdout=config.ledger_holdout)) for _ in "ab")
+        self.speed = SpeedCalibration()
+        """Prefill speed from the requests routers saw run alone (`FinishReport.alone_*`; `LivePolicy.observe`)."""
         """Whether the planner's copies, and the routers' pulls (`pull.ledger_allows_pull`), pay, live (a holdout of
         prefixes each; `radix_sync.coordinator.ledger`)."""
         self.num_protocol_errors = 0
@@ -374,15 +377,19 @@ class ClusterState:
     def _parse_finish(self, report: api.FinishReport) -> tuple:
         namespace = api.namespace_of(report.cache_salt)
         hashes = self._prompt_hashes(report, namespace)
-        return hashes, namespace, report.worker, report.stop, report.class_key or "", report.ttft_s
+        alone = ((report.alone_new_tokens, report.alone_cached_tokens)
+                 if report.alone_new_tokens is not None and report.alone_cached_tokens is not None else None)
+        return hashes, namespace, report.worker, report.stop, report.class_key or "", report.ttft_s, alone
 
     def _record_finish(self, parsed: tuple, now_s: float) -> FinishRecord:
-        hashes, namespace, worker_id, stop, class_key, ttft_s = parsed
+        hashes, namespace, worker_id, stop, class_key, ttft_s, alone = parsed
         rec = FinishRecord(now_s, namespace, hashes[-1] if hashes else None, len(hashes), stop, class_key,
                            worker_id)
         self.demand.add_finish(rec, hashes)
         self.ledger.finished(hashes, ttft_s, now_s)
         self.pull_ledger.finished(hashes, ttft_s, now_s)
+        if alone is not None and ttft_s is not None:
+            self.speed.observe(alone[0], alone[1], ttft_s)
         return rec
 
     def record_hint(self, req: Union[api.HintRequest, dict], now_s: float) -> HintRecord:

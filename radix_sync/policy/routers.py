@@ -19,6 +19,7 @@ from radix_sync.policy.forecast import queue_wait_s
 from radix_sync.policy.pull import best_holder, pull_eta_s, pull_ttft_s
 from radix_sync.policy.registry import Registry
 from radix_sync.policy.snapshot import RequestView, Route, WorkerView
+from radix_sync.policy.speed import SpeedCalibration, runs_alone
 
 ROUTERS: Registry["RouterPolicy"] = Registry("router")
 
@@ -180,6 +181,12 @@ class ExpectedTtftRouter(RouterPolicy):
         """Worker -> request id -> (when its copy lands, its prefill time, s): requests sent to wait for a copy."""
         self.host_load_bytes_per_s = host_load_bytes_per_s
         """Load-back rate of the workers' host tiers (`RequestView.host_len`), bytes/s; 0: not priced (none)."""
+        self.speed: Optional[SpeedCalibration] = None
+        """When set: the workers' prefill speed learned from the requests this router sent to a worker where they
+        ran alone (`radix_sync.policy.speed`), which rescales `cost`'s prefill terms at each one's first token,
+        as the live router's `--speed-calibration` does; None: the profile's times as they are."""
+        self._alone: dict[int, tuple[int, int, float]] = {}
+        """Request id -> (uncached, cached tokens, when sent) of the requests sent where they run alone."""
 
     def _own_len(self, i: int, pages: Sequence[int], prompt_len: int) -> int:
         """Tokens of a prompt with page hashes `pages` that this router's requests sent to worker `i` and not
@@ -278,8 +285,13 @@ class ExpectedTtftRouter(RouterPolicy):
         best = min((o for o in opts if o[0] <= near), key=lambda o: ttft_rank_key(o[0], o[1], workers))
         if best[2]:  # waits for a copy: its prefill is gated until it lands
             self._gated.setdefault(best[1], {})[req.request_id] = (best[6], best[7])
-        elif req.page_hashes:
-            self._remember(req, best[1])
+        else:
+            i = best[1]
+            if self.speed is not None and not self._pages.get(i) and runs_alone(workers[i], now):
+                cached = min(req.prompt_len, req.cached_len[i] if req.cached_len else 0)
+                self._alone[req.request_id] = (req.prompt_len - cached, cached, now)
+            if req.page_hashes:
+                self._remember(req, i)
         return self._route(*best)
 
     def _remember(self, req: RequestView, i: int) -> None:
@@ -300,6 +312,9 @@ class ExpectedTtftRouter(RouterPolicy):
         gated = self._gated.get(worker_id)
         if gated:
             gated.pop(request_id, None)
+        alone = self._alone.pop(request_id, None)
+        if alone is not None and self.speed is not None and self.speed.observe(alone[0], alone[1], now - alone[2]):
+            self.cost.prefill_scale = self.speed.scale(self.cost.profile)
         sent = self._sent.pop(request_id, None)
         if sent is not None:
             i, pages, over = sent
@@ -313,6 +328,7 @@ class ExpectedTtftRouter(RouterPolicy):
             self._over[i] -= over
 
     def on_finished(self, worker_id: int, request_id: int, now: float) -> None:
+        self._alone.pop(request_id, None)  # (a request rejected before its first token tells nothing of speed)
         self.on_first_token(worker_id, request_id, now)
 
 

@@ -90,6 +90,10 @@ class RouterConfig:
     TTFT (the coordinator does the copy; the request waits for it, bounded by `pull_policy`, then falls back)."""
     pull_policy: PullConfig = field(default_factory=PullConfig)
     """A pull's deadline bounds and replica TTL."""
+    speed_calibration: bool = True
+    """Learn the workers' prefill speed from the requests that ran alone (`radix_sync.policy.speed`): the TTFT rule's
+    prefill terms scaled by it, and each such request reported to the coordinator with its finish (its planner's
+    scale). False: the profile's times as they are."""
     host_load_bytes_per_s: float = 0.0
     """The workers run SGLang's hierarchical cache (`--enable-hierarchical-cache`): a prompt prefix in a worker's
     host-memory tier (the directory feed's host-tier holdings) is priced as loaded back at this rate, bytes/s.

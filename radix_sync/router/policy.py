@@ -28,6 +28,7 @@ from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.pull import PullConfig, PullPlan, plan_pull
 from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, ttft_rank_key
 from radix_sync.policy.snapshot import REPLICA, HolderView, RequestView, WorkerView
+from radix_sync.policy.speed import runs_alone
 
 DIRECTORY = "directory"
 FALLBACK = "fallback"
@@ -126,6 +127,9 @@ class Decision:
     pull: Optional[PullPlan] = None
     """A copy on the critical path that beats every option of `ranked` (workers named by URL): copy, then send to
     its target; on refusal, failure or deadline, `ranked` as is (`radix_sync.router.pull`)."""
+    idle: frozenset = frozenset()
+    """The workers a request sent now runs alone at (`radix_sync.policy.speed.runs_alone`, this router's own
+    requests counted): its time to first token there is its own prefill (the router's speed calibration)."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +264,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
             pull = replace(plan, source=order[plan.source].worker_id, target=order[plan.target].worker_id)
     return Decision(tuple(order[r.worker_id].worker_id for r in options),
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
-                    first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull)
+                    first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull,
+                    frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)))
 
 
 class ApproxPrefixIndex:

@@ -29,7 +29,8 @@ from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
 from radix_sync.router.directory_replica import DirectoryReplica
 from radix_sync.router.limits import PromptBounds, TokenBuckets
 from radix_sync.router.metrics import RouterMetrics
-from radix_sync.router.policy import ApproxPrefixIndex, Decision, cost_model, rank_by_ttft
+from radix_sync.policy.speed import SpeedCalibration
+from radix_sync.router.policy import DIRECTORY, ApproxPrefixIndex, Decision, cost_model, rank_by_ttft
 from radix_sync.router.pool import WorkerPool
 from radix_sync.router.proxy import NoWorker, Proxy
 from radix_sync.router.pull import PullRunner
@@ -77,6 +78,8 @@ class Router:
             self.model = CostModel(load_profile(cfg.profile))
         else:
             self.model = cost_model(cfg.costs)
+        self.speed = SpeedCalibration() if cfg.speed_calibration else None
+        """The workers' prefill speed, from the requests that ran alone (scales `model`'s prefill terms)."""
         self.pool = WorkerPool(cfg.worker_urls, cfg.page_size, cfg.worker_cooldown_s)
         self.proxy = Proxy(cfg, self.pool, self.metrics, self.secrets.worker_api_key)
         self.puller = PullRunner(cfg.pull_policy, self.pool, self.metrics)
@@ -230,14 +233,18 @@ class Router:
             decision, pull = await self.puller.run(decision, ids, tenant.namespace)
 
         request_id = client_request_id(request)
+        attempts: list[int] = []
 
         def dispatched(url: str, attempt: int) -> None:
+            attempts.append(attempt)
             self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size, pull,
                                 request_id)
 
         def finished(url: str, stop: Optional[str], first_output_s: Optional[float]) -> None:
-            self._on_finished(url, ids, hashes, hash_page_size, tenant, stop,
-                              None if first_output_s is None else first_output_s - t0)
+            ttft_s = None if first_output_s is None else first_output_s - t0
+            alone = (self._ran_alone(url, decision, len(ids), ttft_s)
+                     if pull is None and attempts == [0] else None)
+            self._on_finished(url, ids, hashes, hash_page_size, tenant, stop, ttft_s, alone)
 
         return await self.proxy.forward(request, path, body, decision, len(ids), self._wait_for_copy, dispatched,
                                         finished)
@@ -293,14 +300,32 @@ class Router:
             item["input_ids"] = ids
         return item
 
+    def _ran_alone(self, url: str, decision: Decision, prompt_len: int,
+                   ttft_s: Optional[float]) -> Optional[tuple[int, int]]:
+        """A request sent straight to a worker where it ran alone (`Decision.idle`, no copy awaited): its
+        (uncached, cached) tokens after feeding its time to first token to the speed calibration, which then
+        rescales the cost model's prefill terms; None for any other request, or without calibration."""
+        if (self.speed is None or ttft_s is None or decision.mode != DIRECTORY or url not in decision.idle
+                or decision.wait_inflight or url not in decision.ranked):
+            return None
+        cached = min(prompt_len, decision.cached_by_worker[decision.ranked.index(url)])
+        if not self.speed.observe(prompt_len - cached, cached, ttft_s):
+            return None
+        self.model.prefill_scale = self.speed.scale(self.model.profile)
+        return prompt_len - cached, cached
+
     def _on_finished(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int, tenant: Tenant,
-                     stop: Optional[str], ttft_s: Optional[float] = None) -> None:
-        """Reports an answer's end, how it ended (so the coordinator can predict the session's next turn) and its
-        time to first token from the router's decision (the coordinator's copy ledger judges copies by it)."""
+                     stop: Optional[str], ttft_s: Optional[float] = None,
+                     alone: Optional[tuple[int, int]] = None) -> None:
+        """Reports an answer's end, how it ended (so the coordinator can predict the session's next turn), its
+        time to first token from the router's decision (the coordinator's copy ledger judges copies by it) and,
+        when it ran alone, its uncached and cached tokens (the coordinator's speed calibration)."""
         if self.link is not None and ids:
             item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "stop": stop}
             if ttft_s is not None and ttft_s >= 0:
                 item["ttft_s"] = round(ttft_s, 6)
+                if alone is not None:
+                    item["alone_new_tokens"], item["alone_cached_tokens"] = alone
             self.link.report_finish(item)
 
     def status(self, num_decisions: int = 256) -> dict:
@@ -318,5 +343,6 @@ class Router:
             "vocab_size": self.bounds().vocab_size,
             "tenants": self.tenants.namespaces() if self.tenants.required else None,
             "workers": self.pool.status(time.monotonic()),
+            "prefill_speed": None if self.speed is None else self.speed.status(self.model.profile),
             "last_decisions": list(self.decisions)[-num_decisions:] if num_decisions > 0 else [],
         }

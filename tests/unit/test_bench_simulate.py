@@ -137,13 +137,17 @@ def test_the_committed_validation_runs_load_for_resimulate():
 
 
 def test_the_pull_arm_runs_the_live_routers_rule_in_the_simulator_too():
-    from kvrep_dev.bench import ARMS, COORDINATOR_ARM, PULL_ARMS, SIM_POLICY
+    from kvrep_dev.bench import ARMS, COORDINATOR_ARM, FIXED_SPEED_ARMS, PULL_ARMS, SIM_POLICY
 
     # live: the router with --pull and the planner off (pull), or on (active); simulated: the same rule
     assert COORDINATOR_ARM == {"pull": ("none", "active"), "demote": ("demote", "active"),
-                               "active": ("kvrep", "active"), "active-lru": ("kvrep_lru", "active")}
+                               "active": ("kvrep", "active"), "active-lru": ("kvrep_lru", "active"),
+                               "active-fixed": ("kvrep_fixed", "active")}
     assert set(PULL_ARMS) == {"pull", "demote", "active", "active-lru"} and SIM_POLICY["pull"] == "kvrep_pull"
     assert SIM_POLICY["active-lru"] == "kvrep_lru" and "active-lru" not in bench_args().arms.split(",")
+    # the speed calibration's ablation: the same planner and pulls, a router without --speed-calibration
+    assert FIXED_SPEED_ARMS == ("active-fixed",) and SIM_POLICY["active-fixed"] == "kvrep"
+    assert "active-fixed" in ARMS and "active-fixed" not in bench_args().arms.split(",")
     assert SIM_POLICY["demote"] == "kvrep_pull_demote" and "demote" in ARMS  # + demotion, no planner
     assert "demote" not in bench_args().arms.split(",")  # only when asked
     assert "pull" in ARMS and "pull" in bench_args().arms.split(",")

@@ -38,16 +38,19 @@ def hot_state():
 
 
 def test_the_registry_names_every_live_policy_in_the_order_errors_list_them():
-    assert LIVE_POLICIES.names() == ["kvrep", "kvrep_lru", "demote", "rules", "none"]
-    assert POLICIES == ("kvrep", "kvrep_lru", "demote", "rules", "none")
-    assert [type(make(n)) for n in POLICIES] == [LivePlanner, LivePlanner, DemotePolicy, RulesPolicy, NoPolicy]
+    assert LIVE_POLICIES.names() == ["kvrep", "kvrep_lru", "kvrep_fixed", "demote", "rules", "none"]
+    assert POLICIES == ("kvrep", "kvrep_lru", "kvrep_fixed", "demote", "rules", "none")
+    assert [type(make(n)) for n in POLICIES] == [LivePlanner, LivePlanner, LivePlanner, DemotePolicy, RulesPolicy,
+                                                 NoPolicy]
     assert [make(n).name for n in POLICIES] == list(POLICIES)
     # only `kvrep_lru`'s copies land as ordinary cache (`ExpectReplica.ordinary`); the class keeps evict-first
-    assert [make(n).replicas_ordinary for n in POLICIES] == [False, True, False, False, False]
+    assert [make(n).replicas_ordinary for n in POLICIES] == [False, True, False, False, False, False]
+    # only `kvrep_fixed` prices prefills at its profile's times, not the speed the routers measure
+    assert [getattr(make(n), "speed_calibrated", None) for n in POLICIES[:3]] == [True, True, False]
     assert not LivePlanner.replicas_ordinary
     with pytest.raises(ValueError, match="unknown policy 'lru'"):
         make("lru")
-    with pytest.raises(ValueError, match="choose one of kvrep, kvrep_lru, demote, rules, none"):
+    with pytest.raises(ValueError, match="choose one of kvrep, kvrep_lru, kvrep_fixed, demote, rules, none"):
         CoordinatorConfig(policy="lru")
 
 
@@ -57,7 +60,7 @@ def test_every_live_policy_answers_the_one_interface(name):
     policy = make(name)
     assert isinstance(policy.decide(st, 1.0), list)
     assert policy.take_demotions() == [] and isinstance(policy.hint_outcomes, dict)
-    assert (policy.session_stats() is None) == (name not in ("kvrep", "kvrep_lru", "demote"))
+    assert (policy.session_stats() is None) == (name not in ("kvrep", "kvrep_lru", "kvrep_fixed", "demote"))
 
 
 def test_the_rules_policy_decides_on_the_states_rule_snapshot():
