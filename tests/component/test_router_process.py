@@ -253,6 +253,29 @@ def test_finished_answers_reach_the_coordinator_and_the_next_turn_is_recognised(
         env.coord.post("/policy", {"policy": "none", "mode": "shadow", "reset_demand": True})
 
 
+def test_requests_that_ran_alone_set_the_speed_both_the_router_and_the_coordinators_planner_price_with(env):
+    def planner_scale():
+        return env.coord.get("/status")[1]["sessions"]["prefill_scale"]
+
+    assert env.coord.post("/policy", {"policy": "kvrep", "mode": "shadow", "reset_demand": True})[0] == 200
+    try:
+        before = env.status()["prefill_speed"]["observed"]
+        for i in range(8):  # one at a time: each finds both stubs idle (no load reports, nothing outstanding)
+            assert served_by(env, ids(40 + i)) in ("A", "B")
+            assert env.last_decision()["mode"] == "directory"
+        speed = env.status()["prefill_speed"]
+        assert speed["observed"] == before + 8 and speed["samples"] >= 8 and speed["min_samples"] == 8
+        # the stubs answer in milliseconds, far below any profile's prefill: the scale left 1, within its bounds
+        assert 0.05 <= speed["scale"] < 1.0
+        # the same requests reached the coordinator with their counts; its planner prices at the learned speed
+        wait_until(lambda: planner_scale() != 1.0, what="the planner's prefill scale learned from the finishes")
+        assert 0.05 <= planner_scale() < 1.0
+        assert env.coord.post("/policy", {"policy": "kvrep_fixed", "mode": "shadow"})[0] == 200
+        wait_until(lambda: planner_scale() == 1.0, what="kvrep_fixed pricing at the profile's times")
+    finally:
+        env.coord.post("/policy", {"policy": "none", "mode": "shadow", "reset_demand": True})
+
+
 def test_service_endpoints(env):
     status, _, raw = call(env.url + "/v1/models", headers=ACME)
     assert status == 200 and json.loads(raw)["data"][0]["id"] == "stub-model"
