@@ -23,13 +23,13 @@ import aiohttp
 from aiohttp import web
 
 from radix_sync.hashing import page_hashes
+from radix_sync.policy.speed import SpeedCalibration
 from radix_sync.router.auth import RouterSecrets, load_secrets
 from radix_sync.router.config import MAX_TOKEN_ID, RouterConfig
 from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
 from radix_sync.router.directory_replica import DirectoryReplica
 from radix_sync.router.limits import PromptBounds, TokenBuckets
 from radix_sync.router.metrics import RouterMetrics
-from radix_sync.policy.speed import SpeedCalibration
 from radix_sync.router.policy import DIRECTORY, ApproxPrefixIndex, Decision, cost_model, rank_by_ttft
 from radix_sync.router.pool import WorkerPool
 from radix_sync.router.proxy import NoWorker, Proxy
