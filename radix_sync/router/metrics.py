@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
 from prometheus_client.registry import Collector
@@ -68,6 +68,11 @@ class RouterMetrics:
                                 "unauthorized: the caller may not hint, see /kvrep/hints; rate_limited; "
                                 "unreachable: no coordinator). The request is served whatever the outcome.",
                                 ("outcome",), registry=reg)
+        self.prefill_speed = Gauge("kvrep_router_prefill_speed_scale",
+                                   "What the router multiplies its profile's prefill times by: the median measured / "
+                                   "predicted time to first token of the requests that ran alone (1: not learned "
+                                   "yet, or --no-speed-calibration).", registry=reg)
+        self.prefill_speed.set(1.0)
         # copies on the critical path (`--pull`, radix_sync.router.pull)
         self.pulls_started = Counter("kvrep_router_pulls_started",
                                      "Copies on the critical path asked of the coordinator.", registry=reg)

@@ -312,6 +312,7 @@ class Router:
         if not self.speed.observe(prompt_len - cached, cached, ttft_s):
             return None
         self.model.prefill_scale = self.speed.scale(self.model.profile)
+        self.metrics.prefill_speed.set(self.model.prefill_scale)
         return prompt_len - cached, cached
 
     def _on_finished(self, url: str, ids: list[int], hashes: list[int], hash_page_size: int, tenant: Tenant,

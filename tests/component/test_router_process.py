@@ -267,6 +267,7 @@ def test_requests_that_ran_alone_set_the_speed_both_the_router_and_the_coordinat
         assert speed["observed"] == before + 8 and speed["samples"] >= 8 and speed["min_samples"] == 8
         # the stubs answer in milliseconds, far below any profile's prefill: the scale left 1, within its bounds
         assert 0.05 <= speed["scale"] < 1.0
+        assert metric(env.router, "kvrep_router_prefill_speed_scale") == pytest.approx(speed["scale"], abs=1e-4)
         # the same requests reached the coordinator with their counts; its planner prices at the learned speed
         wait_until(lambda: planner_scale() != 1.0, what="the planner's prefill scale learned from the finishes")
         assert 0.05 <= planner_scale() < 1.0

@@ -86,12 +86,14 @@ def test_the_live_router_marks_the_workers_a_request_would_run_alone_at():
 def _router(calibrated=True):
     """A `Router` without its network parts: what `_ran_alone` reads (its config's switch, its cost model)."""
     from radix_sync.router.config import RouterConfig
+    from radix_sync.router.metrics import RouterMetrics
     from radix_sync.router.service import Router
 
     r = Router.__new__(Router)
     r.cfg = RouterConfig(worker_urls=("http://a",), speed_calibration=calibrated, profile="cpu-wide")
     r.model = CostModel(PROFILE)
     r.speed = SpeedCalibration() if calibrated else None
+    r.metrics = RouterMetrics()
     return r
 
 
@@ -109,6 +111,7 @@ def test_the_live_router_learns_from_lone_requests_only_and_rescales_its_prefill
     for _ in range(7):
         r._ran_alone("http://a", d, 600, measured)
     assert r.model.prefill_scale == pytest.approx(0.4)
+    assert r.metrics.registry.get_sample_value("kvrep_router_prefill_speed_scale") == pytest.approx(0.4)
     assert r.model.prefill_s(88, 512) == pytest.approx(measured)
     off = _router(calibrated=False)
     assert off._ran_alone("http://a", d, 600, measured) is None and off.model.prefill_scale == 1.0
