@@ -19,7 +19,7 @@ def parse(metrics):
 FAMILIES = {"kvrep_router_requests": "counter", "kvrep_router_upstream_failures": "counter",
             "kvrep_router_failovers": "counter", "kvrep_router_fallback_decisions": "counter",
             "kvrep_router_unauthorized": "counter", "kvrep_router_no_worker": "counter", "kvrep_router_refused": "counter",
-            "kvrep_router_kv_hints": "counter",
+            "kvrep_router_kv_hints": "counter", "kvrep_router_prefill_speed_scale": "gauge",
             "kvrep_router_arrivals_dropped": "counter", "kvrep_router_decision_seconds": "histogram",
             "kvrep_router_pulls_started": "counter", "kvrep_router_pulls_done": "counter",
             "kvrep_router_pulls_fallen_back": "counter", "kvrep_router_pull_wait_seconds": "histogram"}
@@ -38,6 +38,8 @@ def test_a_fresh_router_exposes_every_series_at_zero():
     assert hist[("kvrep_router_decision_seconds_count", ())] == 0.0
     assert len([k for k in hist if k[0].endswith("_bucket")]) == len(DECISION_BUCKETS_S) + 1
     assert fams["kvrep_router_pulls_fallen_back"][1] == {}
+    # the learned prefill speed starts at the profile's (1: not learned yet)
+    assert fams["kvrep_router_prefill_speed_scale"][1] == {("kvrep_router_prefill_speed_scale", ()): 1.0}
     hist = fams["kvrep_router_pull_wait_seconds"][1]
     assert len([k for k in hist if k[0].endswith("_bucket")]) == len(PULL_WAIT_BUCKETS_S) + 1
 
