@@ -432,6 +432,48 @@ def _ttfts(r: dict) -> list[float]:
     return [q["ttft_s"] for q in r.get("requests", []) if q.get("ttft_s") is not None and not q.get("error")]
 
 
+PAIRED_MIN_MATCH = 0.9
+"""Two arms' requests are paired when, in every round, at least this share of each arm's answered requests has a
+counterpart with the same `key` (the workload replayed from one seed: the same prompts; closed-loop sessions issue
+them at other times, so they are matched by key, not by order)."""
+
+
+def _paired(a: dict, b: dict) -> Optional[list[tuple[float, float]]]:
+    """The TTFTs of the requests two rows (two arms, one round) both answered, matched by `key` (the n-th request
+    with a key in one arm to the n-th in the other, by send time); None when a row has no keys or too few match."""
+    def keyed(r: dict) -> Optional[dict]:
+        seen: dict[str, int] = {}
+        out = {}
+        for q in sorted(r.get("requests", []), key=lambda q: q.get("sent_s") or 0.0):
+            if q.get("ttft_s") is None or q.get("error"):
+                continue
+            if not q.get("key"):
+                return None
+            n = seen[q["key"]] = seen.get(q["key"], -1) + 1
+            out[(q["key"], n)] = q["ttft_s"]
+        return out
+    ka, kb = keyed(a), keyed(b)
+    if not ka or not kb:
+        return None
+    both = [k for k in ka if k in kb]
+    if len(both) < PAIRED_MIN_MATCH * max(len(ka), len(kb)):
+        return None
+    return [(ka[k], kb[k]) for k in both]
+
+
+def ratio_interval(num: list[dict], den: list[dict], stat: str) -> dict:
+    """The TTFT `stat` ratio of two arms' rows (the same rounds, in order) with its bootstrap interval: paired by
+    request (`kvrep_dev.stats.paired_ratio_ci`, over the requests both answered) when every round pairs
+    (`_paired`), else each arm's requests resampled independently (`ratio_ci`). `paired`: the pairs, or 0."""
+    from kvrep_dev import stats
+
+    pairs = [_paired(a, b) for a, b in zip(num, den)]
+    if pairs and all(p is not None for p in pairs):
+        ci = stats.paired_ratio_ci(pairs, stat)
+        return {"value": ci["value"], "lo": ci["lo"], "hi": ci["hi"], "paired": ci["n"]}
+    return {**stats.ratio_ci([_ttfts(a) for a in num], [_ttfts(b) for b in den], stat), "paired": 0}
+
+
 def _add_cis(rows: list[dict]) -> None:
     """Adds each row's bootstrap intervals of TTFT mean and P99 (`kvrep_dev.stats`) as `ci`."""
     from kvrep_dev import stats
@@ -573,10 +615,8 @@ prediction), where both arms ran."""
 
 def claim_ratios(rows: list[dict]) -> list[dict]:
     """Per workload, each of `CLAIMS` whose two arms ran: the TTFT P99 and mean ratio over the requests of every
-    round pooled, with its bootstrap interval (`kvrep_dev.stats.ratio_ci`), and the median and range of the ratio
-    paired within each round."""
-    from kvrep_dev import stats
-
+    round pooled, with its bootstrap interval (`ratio_interval`: paired by request where both arms served the same
+    requests), and the median and range of the ratio paired within each round."""
     cells: dict[tuple[str, str], dict[int, dict]] = {}
     for r in rows:
         cells.setdefault((r["workload"], r["arm"]), {})[r.get("repeat", 0)] = r
@@ -592,7 +632,7 @@ def claim_ratios(rows: list[dict]) -> list[dict]:
             for k in ("p99", "mean"):
                 paired = sorted(a[i]["live"]["ttft_s"][k] / b[i]["live"]["ttft_s"][k] for i in rounds
                                 if b[i]["live"]["ttft_s"][k])
-                entry[k] = {**stats.ratio_ci([_ttfts(a[i]) for i in rounds], [_ttfts(b[i]) for i in rounds], k),
+                entry[k] = {**ratio_interval([a[i] for i in rounds], [b[i] for i in rounds], k),
                             **({"median": statistics.median(paired), "min": paired[0], "max": paired[-1]}
                                if paired else {})}
             out.append(entry)
@@ -602,16 +642,18 @@ def claim_ratios(rows: list[dict]) -> list[dict]:
 def format_claims(claims: list[dict]) -> str:
     from kvrep_dev.stats import LEVEL, RESAMPLES, fmt
 
-    head = (f"{'workload':<8} {'ratio':<15} {'rounds':>6} {'requests':>9}  {'P99 ratio':>9} {f'{LEVEL:.0%} CI':<13} "
-            f"{'per round':<18} {'mean ratio':>10} {f'{LEVEL:.0%} CI':<13} per round")
+    head = (f"{'workload':<8} {'ratio':<19} {'rounds':>6} {'requests':>9} {'paired':>6}  {'P99 ratio':>9} "
+            f"{f'{LEVEL:.0%} CI':<13} {'per round':<18} {'mean ratio':>10} {f'{LEVEL:.0%} CI':<13} per round")
     lines = [f"TTFT ratios over every round's requests pooled; bootstrap CI ({RESAMPLES} resamples, each round "
-             f"resampled separately, fixed seed); per round: median [range] of the ratio paired within a round",
-             head, "-" * len(head)]
+             f"resampled separately, fixed seed), paired where both arms served the same requests (`paired`: how many, "
+             f"matched by key, ratio and CI over those; '-': resampled independently); per round: median [range] of "
+             f"the ratio paired within a round", head, "-" * len(head)]
     for c in claims:
         def per_round(x: dict) -> str:
             return f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]" if "median" in x and c["rounds"] > 1 else ""
-        lines.append(f"{c['workload']:<8} {c['num'] + '/' + c['den']:<15} {c['rounds']:>6} "
-                     f"{'/'.join(map(str, c['requests'])):>9}  {c['p99']['value']:>8.2f}x {fmt(c['p99']):<13} "
+        lines.append(f"{c['workload']:<8} {c['num'] + '/' + c['den']:<19} {c['rounds']:>6} "
+                     f"{'/'.join(map(str, c['requests'])):>9} {c['p99'].get('paired') or '-':>6}  "
+                     f"{c['p99']['value']:>8.2f}x {fmt(c['p99']):<13} "
                      f"{per_round(c['p99']):<18} {c['mean']['value']:>9.2f}x {fmt(c['mean']):<13} "
                      f"{per_round(c['mean'])}")
     return "\n".join(lines)
@@ -673,15 +715,13 @@ SIM_RATIOS = (("active", "pull"), ("active", BASELINE))
 def sim_ratio_checks(rows: list[dict]) -> list[dict]:
     """Per workload, each of `SIM_RATIOS` whose two arms ran and were simulated: the TTFT P99 and mean ratio,
     measured (over every round's requests pooled, with its bootstrap interval `lo`-`hi`, rounds resampled
-    separately) and simulated, whether they are within `SIM_RATIO_TOLERANCE` (`ok`), and whether the simulated
+    separately, paired by request where the arms pair: `ratio_interval`) and simulated, whether they are within `SIM_RATIO_TOLERANCE` (`ok`), and whether the simulated
     ratio lies inside the measured one's interval (`in_ci`: a live ratio whose interval is wider than the tolerance
     cannot be matched to it, only not contradicted)."""
-    from kvrep_dev import stats
-
-    live: dict[tuple[str, str], list[list[float]]] = {}
+    live: dict[tuple[str, str], dict[int, dict]] = {}
     sim: dict[tuple[str, str], dict] = {}
     for r in rows:
-        live.setdefault((r["workload"], r["arm"]), []).append(_ttfts(r))  # one list a round
+        live.setdefault((r["workload"], r["arm"]), {})[r.get("repeat", 0)] = r
         if "sim" in r:
             sim[(r["workload"], r["arm"])] = r["sim"]["ttft_s"]
     out = []
@@ -690,7 +730,9 @@ def sim_ratio_checks(rows: list[dict]) -> list[dict]:
             if (wl, num) not in sim or (wl, den) not in sim:
                 continue
             for k in ("p99", "mean"):
-                ci = stats.ratio_ci(live[(wl, num)], live[(wl, den)], k)
+                a, b = live[(wl, num)], live[(wl, den)]
+                rounds = sorted(set(a) & set(b))
+                ci = ratio_interval([a[i] for i in rounds], [b[i] for i in rounds], k)
                 measured = ci["value"]
                 simulated = sim[(wl, num)][k] / sim[(wl, den)][k] if sim[(wl, den)][k] else math.nan
                 out.append({"workload": wl, "ratio": f"{num}/{den}", "stat": k, "live": measured,
@@ -784,10 +826,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     `machine_name`: the profile whose prefill terms the engine runs on, at the run's drift (`measure_machine`);
     "probe": the priced profile scaled by the run's speed probe (the model before). `prompt_reports`: see
     `simulate`; None: as the run's agents reported (`WAITING_REPORTS` when the run saved it, else whole prompts)."""
-    import gzip
-
-    path = Path(path)
-    data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+    data = load_results(path)
     if prompt_reports is None:
         prompt_reports = data.get("waiting_reports") != WAITING_REPORTS
     calibrated = data.get("prefill_speed") == PREFILL_SPEED
@@ -836,7 +875,29 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     return 0
 
 
+def load_results(path: Path) -> dict:
+    """A saved `kvrep bench` run (results.json, or .json.gz as in bench/results/)."""
+    import gzip
+
+    path = Path(path)
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+
+
+def print_claims(path: Path) -> int:
+    """Prints the claim ratios of a saved run, recomputed from its requests (`claim_ratios`): a change of the
+    statistics is applied to runs already made, without running them again."""
+    data = load_results(path)
+    rows = data["rows"]
+    _ratios(rows)
+    claims = claim_ratios(rows)
+    print(f"{path}: {data.get('command', '')}")
+    print(format_claims(claims) if claims else "no claim: the run has no pair of arms a claim compares")
+    return 0
+
+
 def run_bench(args) -> int:
+    if getattr(args, "claims", None):
+        return print_claims(Path(args.claims))
     if getattr(args, "resimulate", None):
         return resimulate(Path(args.resimulate), cores=args.sim_cores, endpoint_wait=args.sim_endpoint_wait,
                           machine_name=args.sim_machine, prompt_reports=args.sim_prompt_reports)
@@ -1205,6 +1266,9 @@ def add_arguments(p, *, demo: bool = False) -> None:
         p.add_argument("--resimulate", metavar="RESULTS_JSON",
                        help="no cluster: re-run the simulator on a saved run's workloads (results.json, or .json.gz "
                             "as in bench/results/) and compare with its live measurements")
+        p.add_argument("--claims", metavar="RESULTS_JSON",
+                       help="no cluster: print the claim ratios of a saved run (results.json or .json.gz), "
+                            "recomputed from its requests")
         p.add_argument("--sim-machine", default=testbed.MACHINE_PROFILE,
                        help="with --resimulate: the profile (name or JSON path) whose prefill terms the simulator's "
                             "engine runs on, at the run's measured speed (default: %(default)s, the testbed as "

@@ -5,8 +5,10 @@ sample from the same run. Percentile bootstrap: `RESAMPLES` resamples drawn with
 (the same data gives the same interval), the interval the middle `LEVEL` of the resampled statistic. Samples
 pooled over interleaved rounds are resampled within each round (stratified: every resample keeps each round's
 size), so a round that ran on a slower machine weighs as much in every resample as in the data. A ratio's
-interval resamples its numerator's and its denominator's requests independently (different arms serve different
-requests). P99 is the linear-interpolation percentile of `kvrep_dev.loadgen.summarize` (numpy's default).
+interval resamples its numerator's and its denominator's requests independently (`ratio_ci`), unless both arms
+served the same requests (a workload replayed from one seed): then the pairs are resampled together
+(`paired_ratio_ci`), so that what differs between requests (a cold prompt, a long one) is not counted as a
+difference between arms. P99 is the linear-interpolation percentile of `kvrep_dev.loadgen.summarize` (numpy's default).
 """
 from __future__ import annotations
 
@@ -69,6 +71,30 @@ def ratio_ci(num, den, stat: str, resamples: int = RESAMPLES, level: float = LEV
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _interval(a / b, level)
     return {"value": point(num, stat) / d if d else math.nan, "lo": lo, "hi": hi}
+
+
+def paired_ratio_ci(pairs, stat: str, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> dict:
+    """Returns: {"value": stat(numerator) / stat(denominator) over the pooled pairs, "lo", "hi": its bootstrap
+    interval, "n": pairs}, each resample drawing request indices (within each round) and taking both arms' values of
+    the same requests.
+
+    Args:
+        pairs: per round, an (n, 2) array: a request's value in the numerator's arm and in the denominator's.
+    """
+    rounds = [np.asarray(g, dtype=float).reshape(-1, 2) for g in pairs]
+    rounds = [g[~np.isnan(g).any(axis=1)] for g in rounds]
+    rounds = [g for g in rounds if len(g)]
+    if not rounds:
+        return {"value": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
+    rng = np.random.default_rng(seed)
+    drawn = [g[rng.integers(0, len(g), size=(resamples, len(g)))] for g in rounds]  # (resamples, n, 2) a round
+    both = np.concatenate(drawn, axis=1)
+    pooled = np.concatenate(rounds)
+    d = float(STATS[stat](pooled[:, 1]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _interval(STATS[stat](both[..., 0]) / STATS[stat](both[..., 1]), level)
+    return {"value": float(STATS[stat](pooled[:, 0])) / d if d else math.nan, "lo": lo, "hi": hi,
+            "n": int(len(pooled))}
 
 
 def fmt(c: dict, spec: str = ".2f") -> str:

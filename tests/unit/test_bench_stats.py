@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvrep_dev import stats
-from kvrep_dev.bench import _add_cis, _ratios, claim_ratios, format_claims, format_summary, format_table, \
-    summarize_rounds
+from kvrep_dev.bench import _add_cis, _paired, _ratios, claim_ratios, format_claims, format_summary, format_table, \
+    ratio_interval, summarize_rounds
 from kvrep_dev.loadgen import _pct
 
 
@@ -97,3 +97,60 @@ def test_no_claim_without_both_arms():
     rows = [row("agent", "active", 0, [rng.random() for _ in range(20)]),
             row("agent", "smg-rr", 0, [rng.random() for _ in range(20)])]
     assert claim_ratios(rows) == []
+
+
+def keyed_row(wl, arm, rnd, reqs):
+    """A row whose requests carry keys: `reqs` = (key, sent_s, ttft_s)."""
+    r = row(wl, arm, rnd, [t for _, _, t in reqs])
+    r["requests"] = [{"key": k, "sent_s": s, "ttft_s": t, "error": None} for k, s, t in reqs]
+    return r
+
+
+def test_paired_intervals_leave_out_what_differs_between_requests():
+    """The same requests in both arms, each 5% faster in the numerator's, their TTFTs spread over two orders of
+    magnitude: resampling the pairs together gives the 0.95 exactly; resampling each arm alone gives an interval
+    as wide as the spread between requests."""
+    rng = random.Random(5)
+    den = [[rng.lognormvariate(0, 1.2) for _ in range(150)] for _ in range(3)]
+    num = [[0.95 * x for x in g] for g in den]
+    for k in ("mean", "p99"):
+        p = stats.paired_ratio_ci([list(zip(a, b)) for a, b in zip(num, den)], k)
+        assert p["value"] == pytest.approx(0.95) and p["lo"] == pytest.approx(0.95) and p["hi"] == pytest.approx(0.95)
+        assert p["n"] == 450
+        u = stats.ratio_ci(num, den, k)
+        assert u["lo"] < 0.9 and u["hi"] > 1.0
+    # noise of its own in each arm: the paired interval holds the true ratio and is narrower than the unpaired one
+    noisy = [[x * rng.uniform(0.85, 1.05) for x in g] for g in den]  # mean factor 0.95
+    p = stats.paired_ratio_ci([list(zip(a, b)) for a, b in zip(noisy, den)], "mean")
+    u = stats.ratio_ci(noisy, den, "mean")
+    assert p["lo"] < 0.95 < p["hi"] and p["hi"] - p["lo"] < (u["hi"] - u["lo"]) / 3
+    assert math.isnan(stats.paired_ratio_ci([[]], "mean")["value"])
+
+
+def test_requests_pair_by_key_in_send_order_and_only_when_nearly_all_match():
+    a = keyed_row("agent", "active", 0, [("s1", 0.0, 1.0), ("s2", 1.0, 2.0), ("s1", 2.0, 3.0)])
+    # the other arm issued the same requests at other times and in another order
+    b = keyed_row("agent", "pull", 0, [("s2", 0.5, 4.0), ("s1", 3.1, 6.0), ("s1", 0.2, 5.0)])
+    assert sorted(_paired(a, b)) == [(1.0, 5.0), (2.0, 4.0), (3.0, 6.0)]
+    c = keyed_row("agent", "pull", 0, [("s2", 0.5, 4.0), ("x", 3.1, 6.0), ("y", 0.2, 5.0)])
+    assert _paired(a, c) is None  # one in three matches
+    assert _paired(a, row("agent", "pull", 0, [1.0, 2.0, 3.0])) is None  # no keys (SGLang's client)
+    lone = ratio_interval([a], [row("agent", "pull", 0, [4.0, 5.0, 6.0])], "mean")
+    assert lone["paired"] == 0 and lone["value"] == pytest.approx(6.0 / 15.0)
+    both = ratio_interval([a], [b], "mean")
+    assert both["paired"] == 3 and both["value"] == pytest.approx(6.0 / 15.0)
+
+
+def test_claims_are_paired_where_the_arms_served_the_same_requests():
+    rng = random.Random(6)
+    rows = []
+    for rnd in range(3):
+        reqs = [(f"k{i}", float(i), rng.lognormvariate(0, 1)) for i in range(60)]
+        rows += [keyed_row("agent", "pull", rnd, reqs),
+                 keyed_row("agent", "active", rnd, [(k, s + 0.1, 0.9 * t) for k, s, t in reqs])]
+    _ratios(rows)
+    (c,) = claim_ratios(rows)
+    assert (c["num"], c["den"]) == ("active", "pull") and c["mean"]["paired"] == 180
+    assert c["mean"]["lo"] == pytest.approx(0.9) and c["mean"]["hi"] == pytest.approx(0.9)
+    text = format_claims([c])
+    assert "paired" in text and " 180 " in text and "0.90x [0.90-0.90]" in text
