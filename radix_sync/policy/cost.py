@@ -151,10 +151,12 @@ def load_profile(name_or_path: str) -> CostProfile:
 
 
 class CostModel:
-    """A profile's predictions, rescaled online by measured/predicted ratios (EWMA).
+    """A profile's predictions, rescaled by what the workers are measured to do.
 
-    Owns three scale factors; callers feed measurements with `observe_*` and read predictions with the same
-    signatures as the profile's formulas.
+    `prefill_scale` is set from outside: by the speed calibration (`radix_sync.policy.speed.SpeedCalibration`, the
+    median measured/predicted TTFT of the requests that ran alone; the router's and the planner's), 1.0 without it.
+    `transfer_scale` follows the copies measured on an idle link (`observe_transfer`, an EWMA). Decode steps are
+    the profile's (nothing live measures a decode step alone).
     """
 
     def __init__(self, profile: CostProfile, ewma_alpha: float = 0.1) -> None:
@@ -163,32 +165,13 @@ class CostModel:
         self.profile = profile
         self._alpha = ewma_alpha
         self.prefill_scale = 1.0
-        self.decode_scale = 1.0
         self.transfer_scale = 1.0
-
-    def _update(self, scale: float, predicted_s: float, measured_s: float) -> float:
-        if predicted_s <= 0.0 or measured_s <= 0.0:
-            return scale
-        return (1.0 - self._alpha) * scale + self._alpha * (measured_s / predicted_s)
-
-    def observe_prefill(self, new_len: int, cached_len: int, measured_s: float) -> None:
-        """Feeds one measured prefill.
-
-        Args:
-            new_len: uncached tokens computed.
-            cached_len: cached tokens.
-            measured_s: measured time, s.
-        """
-        self.prefill_scale = self._update(self.prefill_scale, self.profile.prefill_s(new_len, cached_len), measured_s)
-
-    def observe_decode(self, batch: int, ctx_tokens: int, measured_step_s: float) -> None:
-        """Feeds one measured decode step time."""
-        self.decode_scale = self._update(self.decode_scale, self.profile.decode_steps_s(1, batch, ctx_tokens),
-                                         measured_step_s)
 
     def observe_transfer(self, num_bytes: float, measured_s: float) -> None:
         """Feeds one measured transfer time (idle link)."""
-        self.transfer_scale = self._update(self.transfer_scale, self.profile.transfer_s(num_bytes), measured_s)
+        predicted_s = self.profile.transfer_s(num_bytes)
+        if predicted_s > 0.0 and measured_s > 0.0:
+            self.transfer_scale = (1.0 - self._alpha) * self.transfer_scale + self._alpha * (measured_s / predicted_s)
 
     def prefill_s(self, new_len: int, cached_len: int) -> float:
         """Predicted prefill time, s (see `CostProfile.prefill_s`)."""
@@ -196,7 +179,7 @@ class CostModel:
 
     def decode_steps_s(self, num_steps: int, batch: int, ctx_tokens: int) -> float:
         """Predicted decode time, s (see `CostProfile.decode_steps_s`)."""
-        return self.decode_scale * self.profile.decode_steps_s(num_steps, batch, ctx_tokens)
+        return self.profile.decode_steps_s(num_steps, batch, ctx_tokens)
 
     def transfer_s(self, num_bytes: float, bandwidth_bytes_per_s: float = 0.0) -> float:
         """Predicted transfer time on an idle link, s."""
