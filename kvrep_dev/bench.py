@@ -321,22 +321,48 @@ def scale_profile(profile, prefill: float = 1.0, decode: float = 1.0):
                    decode_s_per_ctx_token=profile.decode_s_per_ctx_token * decode)
 
 
+SIM_MACHINE_FIT = "fit"
+"""`--sim-machine`'s default: the simulator's engine runs on the prefill terms fitted to the run's own lone requests
+(`measure_machine`), else (too few) on `testbed.MACHINE_PROFILE` at the run's drift."""
+FIT_MIN_SAMPLES = 100
+FIT_MIN_CELLS = 8
+"""A run's own fit needs this many lone requests over this many cells of the (new, cached) log-2 grid (fewer: one
+part of the grid would decide the terms the rest is simulated with)."""
+
+
 def machine_profile(priced, machine: dict):
     """Returns: the profile the simulator's engine runs on: `priced` (what the live router and planner price with)
-    with the prefill terms of `machine["profile"]` (the testbed as measured, `testbed.MACHINE_PROFILE`), its
-    prefill scaled by `machine["drift"]` (this run's speed against it) and its decode by `machine["decode"]`."""
+    with the prefill terms of `machine["fit"]` (fitted to the run's own lone requests) when there is one, else of
+    `machine["profile"]` (the testbed as measured once, `testbed.MACHINE_PROFILE`) scaled by `machine["drift"]`
+    (this run's speed against it); its decode scaled by `machine["decode"]`."""
     from radix_sync.policy.cost import load_profile
 
+    if machine.get("fit"):
+        return scale_profile(replace(priced, **machine["fit"]["values"]), 1.0, machine.get("decode", 1.0))
     m = load_profile(machine["profile"])
     terms = ("prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token_pair", "prefill_s_per_cached_pair")
     return scale_profile(replace(priced, **{k: getattr(m, k) for k in terms}), machine.get("drift", 1.0),
                          machine.get("decode", 1.0))
 
 
-def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed.MACHINE_PROFILE) -> Optional[dict]:
-    """The machine during a run, from its own requests: the drift of its isolated requests' TTFTs against the
-    `name` profile (`kvrep_dev.calibration`), and the decode factor of its lone decodes (runs that recorded each
-    request's end), else of the speed probe (1.0 without one). Returns:
+def describe_machine(machine: dict) -> str:
+    """One line: what the simulator's engine runs on."""
+    decode = f"decode x{machine['decode']:.2f} ({machine['decode_from']})"
+    if machine.get("fit"):
+        f = machine["fit"]
+        return (f"prefill terms fitted to {f['samples']} requests that ran alone ({f['cells']} cells, RMS "
+                f"{f['rms']:.0%}; {machine['profile']} would be x{machine['drift']:.2f}), {decode}")
+    return (f"{machine['profile']} at prefill x{machine['drift']:.2f} (the median over {machine['isolated_requests']}"
+            f" requests that ran alone), {decode}")
+
+
+def measure_machine(rows: list[dict], speed: Optional[dict], name: str = SIM_MACHINE_FIT) -> Optional[dict]:
+    """The machine during a run, from its own requests: the prefill terms fitted to its isolated requests' TTFTs
+    (`calibration.fit_prefill`; `name` = `SIM_MACHINE_FIT` and at least `FIT_MIN_SAMPLES` of them over
+    `FIT_MIN_CELLS` cells: a machine whose cold prompts and cache hits got faster by different factors is simulated
+    as it ran), and their drift against a profile (`name`, or `testbed.MACHINE_PROFILE` for a fit), the median
+    measured/predicted; and the decode factor of its lone decodes (runs that recorded each request's end), else of
+    the speed probe (1.0 without one). Returns:
     None when fewer than `calibration.MIN_SAMPLES` requests ran alone (the simulator then scales the priced
     profile by the probe, as before)."""
     from kvrep_dev import calibration
@@ -345,6 +371,8 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed
     samples = calibration.isolated_requests(rows)
     if len(samples) < calibration.MIN_SAMPLES:
         return None
+    refit = name == SIM_MACHINE_FIT
+    name = testbed.MACHINE_PROFILE if refit else name
     prof = load_profile(name)
     steps = calibration.lone_decode_steps(rows)  # runs that recorded each request's end (since stop 31)
     if len(steps) >= calibration.MIN_SAMPLES:
@@ -354,9 +382,13 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = testbed
     # the prefill part of each TTFT: less the first-token lag the simulated engine adds (at this run's decode speed)
     part = calibration.prefill_part(samples, scale_profile(prof, 1.0, decode))
     res = calibration.residuals(prof, part)
+    fit = None
+    if refit and len(part) >= FIT_MIN_SAMPLES and len({calibration.cell(n, c) for n, c, _ in part}) >= FIT_MIN_CELLS:
+        fit = calibration.fit_prefill(part)
+        fit["rms"] = round(fit["rms"], 4)
     return {"profile": name, "drift": round(calibration.drift(prof, part), 4), "decode": decode,
             "decode_from": decode_from, "isolated_requests": len(samples),
-            "median_rel_error_before_drift": round(statistics.median(res), 4)}
+            "median_rel_error_before_drift": round(statistics.median(res), 4), "fit": fit}
 
 
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
@@ -818,13 +850,13 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
 
 
 def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = True,
-               machine_name: str = testbed.MACHINE_PROFILE, prompt_reports: Optional[bool] = None) -> int:
+               machine_name: str = SIM_MACHINE_FIT, prompt_reports: Optional[bool] = None) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
     of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups).
-    `machine_name`: the profile whose prefill terms the engine runs on, at the run's drift (`measure_machine`);
-    "probe": the priced profile scaled by the run's speed probe (the model before). `prompt_reports`: see
+    `machine_name`: `SIM_MACHINE_FIT` (the run's own fit, `measure_machine`), or the profile whose prefill terms
+    the engine runs on, at the run's drift; "probe": the priced profile scaled by the run's speed probe (the model before). `prompt_reports`: see
     `simulate`; None: as the run's agents reported (`WAITING_REPORTS` when the run saved it, else whole prompts)."""
     data = load_results(path)
     if prompt_reports is None:
@@ -851,9 +883,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
-          + (f"{machine['profile']} at prefill x{machine['drift']:.2f} (the median over {machine['isolated_requests']}"
-             f" requests that ran alone), decode x{machine['decode']:.2f} ({machine['decode_from']});"
-             f" policies priced with {profile}{', speed calibrated' if calibrated else ''}; waiting prompts "
+          + (f"{describe_machine(machine)}; policies priced with {profile}{', speed calibrated' if calibrated else ''}; waiting prompts "
              f"reported {'whole' if prompt_reports else 'uncached'})"
              if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
@@ -1128,10 +1158,7 @@ def run_bench(args) -> int:
     machine = None
     if to_simulate:  # after the cluster stopped: the machine is measured on every round's requests
         machine = measure_machine(rows, speed)
-        _say("the simulator's machine: " + (
-            f"{machine['profile']} prefill x{machine['drift']:.2f} (from {machine['isolated_requests']} requests "
-            f"that ran alone), decode x{machine['decode']:.2f} ({machine['decode_from']})" if machine
-            else "the probe (too few requests ran alone)"))
+        _say("the simulator's machine: " + (describe_machine(machine) if machine else "the probe (too few requests ran alone)"))
         for row, wl, arm in to_simulate:
             row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                   args.max_total_tokens, args.max_running, speed,
@@ -1269,10 +1296,11 @@ def add_arguments(p, *, demo: bool = False) -> None:
         p.add_argument("--claims", metavar="RESULTS_JSON",
                        help="no cluster: print the claim ratios of a saved run (results.json or .json.gz), "
                             "recomputed from its requests")
-        p.add_argument("--sim-machine", default=testbed.MACHINE_PROFILE,
-                       help="with --resimulate: the profile (name or JSON path) whose prefill terms the simulator's "
-                            "engine runs on, at the run's measured speed (default: %(default)s, the testbed as "
-                            "measured); 'probe': the --profile the run priced with, scaled by its speed probe")
+        p.add_argument("--sim-machine", default=SIM_MACHINE_FIT,
+                       help="with --resimulate: what the simulator's engine runs on: 'fit' (default): prefill terms "
+                            "fitted to the run's own requests that ran alone (too few: cpu-wide-bench at the run's "
+                            "speed); a profile (name or JSON path): its prefill terms at the run's measured speed; "
+                            "'probe': the --profile the run priced with, scaled by its speed probe")
         p.add_argument("--sim-prompt-reports", action=argparse.BooleanOptionalAction, default=None,
                        help="the simulated workers report waiting prompts whole, as the live agents did before "
                             "stop 40 (--no-sim-prompt-reports: their uncached tokens, as they do now; default: as "

@@ -90,7 +90,8 @@ def decode_drift(profile: CostProfile, steps: Sequence[tuple[int, float]]) -> fl
     return statistics.median(s / profile.decode_steps_s(1, 1, ctx) for ctx, s in steps)
 
 
-def _cell(new: int, cached: int) -> tuple[int, int]:
+def cell(new: int, cached: int) -> tuple[int, int]:
+    """The (new, cached) sample's cell of the log-2 grid the fit and the drift weigh equally."""
     return (max(0, new).bit_length(), max(0, cached).bit_length())
 
 
@@ -115,10 +116,10 @@ def fit_prefill(samples: Sequence[Sample], balance: bool = True) -> dict:
 
     if len(samples) < 4:
         raise ValueError(f"fit_prefill: {len(samples)} samples, need at least 4")
-    counts = Counter(_cell(n, c) for n, c, _ in samples)
+    counts = Counter(cell(n, c) for n, c, _ in samples)
     x = np.array([terms(n, c) for n, c, _ in samples])
     y = np.array([t for _, _, t in samples])
-    w = np.array([1.0 / math.sqrt(counts[_cell(n, c)]) if balance else 1.0 for n, c, _ in samples])
+    w = np.array([1.0 / math.sqrt(counts[cell(n, c)]) if balance else 1.0 for n, c, _ in samples])
     coef, _ = nnls(x / y[:, None] * w[:, None], w)
     rel = (x @ coef - y) / y
     overhead, per_token, per_pair, per_cached_pair = (float(v) for v in coef)
@@ -140,5 +141,5 @@ def drift(profile: CostProfile, samples: Sequence[Sample]) -> float:
         return 1.0
     cells: dict[tuple[int, int], list[float]] = {}
     for n, c, t in samples:
-        cells.setdefault(_cell(n, c), []).append(t / profile.prefill_s(n, c))
+        cells.setdefault(cell(n, c), []).append(t / profile.prefill_s(n, c))
     return statistics.median(statistics.median(v) for v in cells.values())

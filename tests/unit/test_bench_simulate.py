@@ -338,3 +338,39 @@ def test_a_saved_run_names_paths_inside_the_checkout_relative_to_its_root():
     assert saved_arg(str(ROOT / "logs" / "bench")) == "logs/bench"  # an absolute string too
     assert saved_arg("/elsewhere/traces") == "/elsewhere/traces"  # outside it: kept, nothing to shorten
     assert saved_arg("logs/bench") == "logs/bench" and saved_arg(3) == 3 and saved_arg(None) is None
+
+
+def test_the_engine_runs_on_prefill_terms_fitted_to_the_runs_own_lone_requests():
+    """A machine whose cold prompts got 4x faster than `testbed.MACHINE_PROFILE` and its cache hits 2x (another
+    CPU): one drift cannot price both; the run's own fit does, within 5%, and the simulated engine runs on it."""
+    from dataclasses import replace
+
+    from kvrep_dev import calibration, testbed
+    from kvrep_dev.bench import describe_machine, machine_profile, measure_machine
+    from radix_sync.policy.cost import load_profile
+
+    base = load_profile(testbed.MACHINE_PROFILE)
+    true = replace(base, prefill_s_per_token=base.prefill_s_per_token / 4,
+                   prefill_s_per_token_pair=base.prefill_s_per_token_pair / 4,
+                   prefill_s_per_cached_pair=base.prefill_s_per_cached_pair / 2)
+    shapes = [(n, c) for n in (16, 40, 100, 300, 700, 1500, 3000) for c in (0, 300, 1200, 2400)]
+    reqs = []
+    for i in range(150):
+        n, c = shapes[i % len(shapes)]
+        ttft = true.prefill_s(n, c) + calibration.first_token_lag_s(base, n, c)
+        reqs.append({"key": f"k{i}", "sent_s": 10.0 * i, "prompt_tokens": n + c, "cached_tokens": c,
+                     "ttft_s": ttft, "error": None})
+    rows = [{"workload": "agent", "arm": "shadow", "requests": reqs}]
+    machine = measure_machine(rows, None)
+    assert machine["fit"]["samples"] == 150 and machine["fit"]["cells"] >= 8 and machine["fit"]["rms"] < 0.02
+    engine = machine_profile(load_profile("cpu-wide"), machine)
+    for n, c in ((2400, 0), (100, 2400), (30, 1200)):
+        assert engine.prefill_s(n, c) == pytest.approx(true.prefill_s(n, c), rel=0.05)
+    assert "fitted to 150 requests that ran alone" in describe_machine(machine)
+    # the same run at one drift (the model before): a cold prompt and a hit cannot both be right
+    drifted = machine_profile(load_profile("cpu-wide"), measure_machine(rows, None, testbed.MACHINE_PROFILE))
+    errs = [drifted.prefill_s(n, c) / true.prefill_s(n, c) - 1 for n, c in ((2400, 0), (100, 2400))]
+    assert max(abs(e) for e in errs) > 0.15
+    # too few lone requests for a fit: the drift, as before
+    few = measure_machine([{**rows[0], "requests": reqs[:60]}], None)
+    assert few["fit"] is None and "at prefill x" in describe_machine(few)
