@@ -494,16 +494,18 @@ def _paired(a: dict, b: dict) -> Optional[list[tuple[float, float]]]:
 
 
 def ratio_interval(num: list[dict], den: list[dict], stat: str) -> dict:
-    """The TTFT `stat` ratio of two arms' rows (the same rounds, in order) with its bootstrap interval: paired by
-    request (`kvrep_dev.stats.paired_ratio_ci`, over the requests both answered) when every round pairs
-    (`_paired`), else each arm's requests resampled independently (`ratio_ci`). `paired`: the pairs, or 0."""
+    """The TTFT `stat` ratio of two arms' rows (the same rounds, in order) with its bootstrap interval over the
+    rounds and the requests within them (`kvrep_dev.stats.rounds_ratio_ci`): paired by request, over the requests
+    both answered, when every round pairs (`_paired`), else each arm's requests drawn independently. `paired`: the
+    pairs, or 0."""
     from kvrep_dev import stats
 
     pairs = [_paired(a, b) for a, b in zip(num, den)]
     if pairs and all(p is not None for p in pairs):
-        ci = stats.paired_ratio_ci(pairs, stat)
+        ci = stats.rounds_ratio_ci([[x for x, _ in p] for p in pairs], [[y for _, y in p] for p in pairs], stat, True)
         return {"value": ci["value"], "lo": ci["lo"], "hi": ci["hi"], "paired": ci["n"]}
-    return {**stats.ratio_ci([_ttfts(a) for a in num], [_ttfts(b) for b in den], stat), "paired": 0}
+    ci = stats.rounds_ratio_ci([_ttfts(a) for a in num], [_ttfts(b) for b in den], stat, False)
+    return {"value": ci["value"], "lo": ci["lo"], "hi": ci["hi"], "paired": 0}
 
 
 def _add_cis(rows: list[dict]) -> None:
@@ -676,10 +678,10 @@ def format_claims(claims: list[dict]) -> str:
 
     head = (f"{'workload':<8} {'ratio':<19} {'rounds':>6} {'requests':>9} {'paired':>6}  {'P99 ratio':>9} "
             f"{f'{LEVEL:.0%} CI':<13} {'per round':<18} {'mean ratio':>10} {f'{LEVEL:.0%} CI':<13} per round")
-    lines = [f"TTFT ratios over every round's requests pooled; bootstrap CI ({RESAMPLES} resamples, each round "
-             f"resampled separately, fixed seed), paired where both arms served the same requests (`paired`: how many, "
-             f"matched by key, ratio and CI over those; '-': resampled independently); per round: median [range] of "
-             f"the ratio paired within a round", head, "-" * len(head)]
+    lines = [f"TTFT ratios over every round's requests pooled; bootstrap CI ({RESAMPLES} resamples, fixed seed): "
+             f"rounds drawn with replacement, then each drawn round's requests, paired where both arms served the same "
+             f"requests (`paired`: how many, matched by key; ratio and CI over those; '-': each arm's own requests); "
+             f"per round: median [range] of the ratio within a round", head, "-" * len(head)]
     for c in claims:
         def per_round(x: dict) -> str:
             return f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]" if "median" in x and c["rounds"] > 1 else ""

@@ -4,11 +4,13 @@ A cell's TTFT mean and P99 come from one sample of requests; the interval says h
 sample from the same run. Percentile bootstrap: `RESAMPLES` resamples drawn with replacement, with a fixed seed
 (the same data gives the same interval), the interval the middle `LEVEL` of the resampled statistic. Samples
 pooled over interleaved rounds are resampled within each round (stratified: every resample keeps each round's
-size), so a round that ran on a slower machine weighs as much in every resample as in the data. A ratio's
-interval resamples its numerator's and its denominator's requests independently (`ratio_ci`), unless both arms
-served the same requests (a workload replayed from one seed): then the pairs are resampled together
-(`paired_ratio_ci`), so that what differs between requests (a cold prompt, a long one) is not counted as a
-difference between arms. P99 is the linear-interpolation percentile of `kvrep_dev.loadgen.summarize` (numpy's default).
+size), so a round that ran on a slower machine weighs as much in every resample as in the data. The claim ratios
+(one arm's statistic over another's, over interleaved rounds: `rounds_ratio_ci`) resample the rounds too, then the
+requests within each drawn round; where both arms served the same requests (a workload replayed from one seed)
+each drawn request carries both arms' values, so that what differs between requests (a cold prompt, a long one) is
+not counted as a difference between the arms. `ratio_ci` is the older ratio interval, over requests within rounds
+only (numerator and denominator resampled independently). P99 is the linear-interpolation percentile of
+`kvrep_dev.loadgen.summarize` (numpy's default).
 """
 from __future__ import annotations
 
@@ -73,28 +75,52 @@ def ratio_ci(num, den, stat: str, resamples: int = RESAMPLES, level: float = LEV
     return {"value": point(num, stat) / d if d else math.nan, "lo": lo, "hi": hi}
 
 
-def paired_ratio_ci(pairs, stat: str, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> dict:
-    """Returns: {"value": stat(numerator) / stat(denominator) over the pooled pairs, "lo", "hi": its bootstrap
-    interval, "n": pairs}, each resample drawing request indices (within each round) and taking both arms' values of
-    the same requests.
+def rounds_ratio_ci(num, den, stat: str, paired: bool, resamples: int = RESAMPLES, level: float = LEVEL,
+                    seed: int = SEED) -> dict:
+    """The ratio of two arms' `stat` over interleaved rounds, with an interval that counts the rounds as samples too:
+    each resample draws rounds with replacement, then each drawn round's requests; `paired`: both arms' values of
+    the same drawn requests (what differs between requests, a cold prompt or a long one, is then not counted as a
+    difference between the arms), else each arm's own requests of the drawn round.
+
+    Why rounds too: the arms of a round run one after the other, and an A/A run of two identical arms (stop 44's,
+    `bench/results/bench-agent-aa-s4.json.gz`) differs by up to 1.58x within a round; an interval over requests
+    alone, paired or not, excludes 1.0 for it. With 3-4 rounds the round draw is coarse (few distinct draws), so the
+    interval is read with the per-round range next to it.
 
     Args:
-        pairs: per round, an (n, 2) array: a request's value in the numerator's arm and in the denominator's.
+        num, den: per round, the requests' values in the numerator's and in the denominator's arm (paired: the same
+            requests in the same order, equal lengths).
+    Returns:
+        {"value": stat(num) / stat(den) over every round pooled, "lo", "hi": its interval, "n": requests (pairs)}.
     """
-    rounds = [np.asarray(g, dtype=float).reshape(-1, 2) for g in pairs]
-    rounds = [g[~np.isnan(g).any(axis=1)] for g in rounds]
-    rounds = [g for g in rounds if len(g)]
+    rounds = []
+    for a, b in zip(num, den):
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if paired:
+            keep = ~(np.isnan(a) | np.isnan(b))
+            a, b = a[keep], b[keep]
+        else:
+            a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+        if a.size and b.size:
+            rounds.append((a, b))
     if not rounds:
         return {"value": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
+    stat_of = STATS[stat]
     rng = np.random.default_rng(seed)
-    drawn = [g[rng.integers(0, len(g), size=(resamples, len(g)))] for g in rounds]  # (resamples, n, 2) a round
-    both = np.concatenate(drawn, axis=1)
-    pooled = np.concatenate(rounds)
-    d = float(STATS[stat](pooled[:, 1]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lo, hi = _interval(STATS[stat](both[..., 0]) / STATS[stat](both[..., 1]), level)
-    return {"value": float(STATS[stat](pooled[:, 0])) / d if d else math.nan, "lo": lo, "hi": hi,
-            "n": int(len(pooled))}
+    out = np.empty(resamples)
+    for k in range(resamples):
+        drawn = [rounds[i] for i in rng.integers(0, len(rounds), len(rounds))]
+        xs, ys = [], []
+        for a, b in drawn:
+            ia = rng.integers(0, a.size, a.size)
+            xs.append(a[ia])
+            ys.append(b[ia] if paired else b[rng.integers(0, b.size, b.size)])
+        d = stat_of(np.concatenate(ys))
+        out[k] = stat_of(np.concatenate(xs)) / d if d else math.nan
+    d = float(stat_of(np.concatenate([b for _, b in rounds])))
+    lo, hi = _interval(out, level)
+    return {"value": float(stat_of(np.concatenate([a for a, _ in rounds]))) / d if d else math.nan, "lo": lo, "hi": hi,
+            "n": int(sum(a.size for a, _ in rounds))}
 
 
 def fmt(c: dict, spec: str = ".2f") -> str:

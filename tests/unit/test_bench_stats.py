@@ -108,23 +108,50 @@ def keyed_row(wl, arm, rnd, reqs):
 
 def test_paired_intervals_leave_out_what_differs_between_requests():
     """The same requests in both arms, each 5% faster in the numerator's, their TTFTs spread over two orders of
-    magnitude: resampling the pairs together gives the 0.95 exactly; resampling each arm alone gives an interval
-    as wide as the spread between requests."""
+    magnitude: drawing both arms' values of the same requests gives the 0.95 exactly; drawing each arm's requests
+    alone gives an interval as wide as the spread between requests."""
     rng = random.Random(5)
     den = [[rng.lognormvariate(0, 1.2) for _ in range(150)] for _ in range(3)]
     num = [[0.95 * x for x in g] for g in den]
     for k in ("mean", "p99"):
-        p = stats.paired_ratio_ci([list(zip(a, b)) for a, b in zip(num, den)], k)
+        p = stats.rounds_ratio_ci(num, den, k, paired=True)
         assert p["value"] == pytest.approx(0.95) and p["lo"] == pytest.approx(0.95) and p["hi"] == pytest.approx(0.95)
         assert p["n"] == 450
-        u = stats.ratio_ci(num, den, k)
-        assert u["lo"] < 0.9 and u["hi"] > 1.0
+        u = stats.rounds_ratio_ci(num, den, k, paired=False)
+        assert u["lo"] < 0.9 and u["hi"] > 1.0 and u["value"] == pytest.approx(0.95)
     # noise of its own in each arm: the paired interval holds the true ratio and is narrower than the unpaired one
     noisy = [[x * rng.uniform(0.85, 1.05) for x in g] for g in den]  # mean factor 0.95
-    p = stats.paired_ratio_ci([list(zip(a, b)) for a, b in zip(noisy, den)], "mean")
-    u = stats.ratio_ci(noisy, den, "mean")
+    p = stats.rounds_ratio_ci(noisy, den, "mean", paired=True)
+    u = stats.rounds_ratio_ci(noisy, den, "mean", paired=False)
     assert p["lo"] < 0.95 < p["hi"] and p["hi"] - p["lo"] < (u["hi"] - u["lo"]) / 3
-    assert math.isnan(stats.paired_ratio_ci([[]], "mean")["value"])
+    assert math.isnan(stats.rounds_ratio_ci([[]], [[]], "mean", paired=True)["value"])
+
+
+def test_rounds_are_samples_too_an_arm_slower_in_one_round_is_not_a_sure_difference():
+    """Two arms equal in two rounds and 1.5x apart in the third (the machine slower while one arm ran): an
+    interval over the requests within rounds would exclude 1.0; drawing the rounds too it does not."""
+    rng = random.Random(7)
+    den = [[rng.lognormvariate(0, 1.0) for _ in range(150)] for _ in range(3)]
+    num = [list(den[0]), list(den[1]), [1.5 * x for x in den[2]]]
+    c = stats.rounds_ratio_ci(num, den, "mean", paired=True)
+    assert c["value"] > 1.1 and c["lo"] <= 1.0 + 1e-9 < c["hi"]
+
+
+def test_an_a_a_run_of_two_identical_arms_is_not_called_a_difference():
+    """Stop 44's A/A run (`shadow` and `shadow@1`, the same arm twice, 4 rounds of agent sessions): its claim
+    interval covers 1.0 (the rounds differ by 0.80-1.58x: the arms of a round run one after the other)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    data = json.loads(gzip.decompress((Path(__file__).parents[2] / "bench/results/bench-agent-aa-s4.json.gz")
+                                      .read_bytes()))
+    cells = {(r["arm"], r["repeat"]): r for r in data["rows"]}
+    a = [cells[("shadow@1", k)] for k in range(4)]
+    b = [cells[("shadow", k)] for k in range(4)]
+    for k in ("mean", "p99"):
+        c = ratio_interval(a, b, k)
+        assert c["paired"] > 600 and c["lo"] < 1.0 < c["hi"]
 
 
 def test_requests_pair_by_key_in_send_order_and_only_when_nearly_all_match():
