@@ -181,3 +181,19 @@ def test_claims_are_paired_where_the_arms_served_the_same_requests():
     assert c["mean"]["lo"] == pytest.approx(0.9) and c["mean"]["hi"] == pytest.approx(0.9)
     text = format_claims([c])
     assert "paired" in text and " 180 " in text and "0.90x [0.90-0.90]" in text
+
+
+def test_claims_of_a_saved_run_are_recomputed_from_its_requests(capsys):
+    """`kvrep bench --claims FILE`: the claim table of a saved run with today's intervals (no cluster)."""
+    from pathlib import Path
+
+    from kvrep_dev.bench import run_bench
+
+    class Args:
+        claims = str(Path(__file__).parents[2] / "bench/results/bench-agent-aa-s4.json.gz")
+
+    assert run_bench(Args()) == 0
+    out = capsys.readouterr().out
+    assert "--arms shadow,shadow@1,active" in out.splitlines()[0]  # the run's own command
+    line = next(x for x in out.splitlines() if "active/shadow" in x)
+    assert " 684 " in line and line.split()[2] == "4"  # 4 rounds, 684 requests paired
