@@ -8,14 +8,12 @@ size), so a round that ran on a slower machine weighs as much in every resample 
 (one arm's statistic over another's, over interleaved rounds: `rounds_ratio_ci`) resample the rounds too, then the
 requests within each drawn round; where both arms served the same requests (a workload replayed from one seed)
 each drawn request carries both arms' values, so that what differs between requests (a cold prompt, a long one) is
-not counted as a difference between the arms. `ratio_ci` is the older ratio interval, over requests within rounds
-only (numerator and denominator resampled independently). P99 is the linear-interpolation percentile of
+not counted as a difference between the arms. P99 is the linear-interpolation percentile of
 `kvrep_dev.loadgen.summarize` (numpy's default).
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
 
@@ -62,17 +60,6 @@ def ci(samples, stat: str, resamples: int = RESAMPLES, level: float = LEVEL, see
     """Returns: {"value": `stat` of the pooled samples, "lo", "hi": its bootstrap interval, "n": samples}."""
     lo, hi = _interval(resample(samples, stat, resamples, np.random.default_rng(seed)), level)
     return {"value": point(samples, stat), "lo": lo, "hi": hi, "n": int(sum(g.size for g in _groups(samples)))}
-
-
-def ratio_ci(num, den, stat: str, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> dict:
-    """Returns: {"value": stat(num) / stat(den) over the pooled samples, "lo", "hi": its bootstrap interval}
-    (numerator and denominator resampled independently, each within its rounds)."""
-    rng = np.random.default_rng(seed)
-    a, b = resample(num, stat, resamples, rng), resample(den, stat, resamples, rng)
-    d = point(den, stat)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lo, hi = _interval(a / b, level)
-    return {"value": point(num, stat) / d if d else math.nan, "lo": lo, "hi": hi}
 
 
 def rounds_ratio_ci(num, den, stat: str, paired: bool, resamples: int = RESAMPLES, level: float = LEVEL,
