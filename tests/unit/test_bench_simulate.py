@@ -120,7 +120,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-wait-s2.json.gz", "bench-agent-wait-s3.json.gz",
                                        "bench-cpu-account.json.gz", "bench-fanflash-speed-s5.json.gz",
                                        "bench-fanflash-split.json.gz",
-                                       "bench-fanout-conn-s3.json.gz", "bench-fanout-lru-s3.json.gz",
+                                       "bench-fanout-abl47-s5.json.gz", "bench-fanout-conn-s3.json.gz", "bench-fanout-lru-s3.json.gz",
                                        "bench-fanout-pulled-s3.json.gz",
                                        "bench-fanout-s3.json.gz",
                                        "bench-flash-s4.json.gz", "bench-flash-seed1.json.gz", "bench-flash-wait-s1.json.gz",
