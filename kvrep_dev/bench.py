@@ -690,6 +690,10 @@ def format_claims(claims: list[dict]) -> str:
                      f"{c['p99']['value']:>8.2f}x {fmt(c['p99']):<13} "
                      f"{per_round(c['p99']):<18} {c['mean']['value']:>9.2f}x {fmt(c['mean']):<13} "
                      f"{per_round(c['mean'])}")
+    if any(c["rounds"] == 1 for c in claims):
+        lines.append("one round: its intervals are over requests only; they do not count how far two runs of the same "
+                     "arm differ (stop 44's A/A run: 0.80-1.58x on the mean per round; docs/bench.md), so take more "
+                     "rounds (--repeats) before reading a ratio as a difference")
     return "\n".join(lines)
 
 

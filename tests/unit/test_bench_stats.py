@@ -197,3 +197,14 @@ def test_claims_of_a_saved_run_are_recomputed_from_its_requests(capsys):
     assert "--arms shadow,shadow@1,active" in out.splitlines()[0]  # the run's own command
     line = next(x for x in out.splitlines() if "active/shadow" in x)
     assert " 684 " in line and line.split()[2] == "4"  # 4 rounds, 684 requests paired
+
+
+def test_a_one_round_claim_table_says_its_intervals_do_not_count_rounds():
+    rows = [keyed_row("agent", "pull", 0, [(f"k{i}", float(i), 1.0 + i) for i in range(20)]),
+            keyed_row("agent", "active", 0, [(f"k{i}", float(i), 0.9 + i) for i in range(20)])]
+    _ratios(rows)
+    assert "one round: its intervals are over requests only" in format_claims(claim_ratios(rows))
+    three = [keyed_row("agent", a, k, [(f"k{i}", float(i), 1.0 + i) for i in range(20)])
+             for k in range(3) for a in ("pull", "active")]
+    _ratios(three)
+    assert "one round" not in format_claims(claim_ratios(three))
