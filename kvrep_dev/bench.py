@@ -753,7 +753,8 @@ SIM_RATIOS = (("active", "pull"), ("active", BASELINE))
 def sim_ratio_checks(rows: list[dict]) -> list[dict]:
     """Per workload, each of `SIM_RATIOS` whose two arms ran and were simulated: the TTFT P99 and mean ratio,
     measured (over every round's requests pooled, with its bootstrap interval `lo`-`hi`, rounds resampled
-    separately, paired by request where the arms pair: `ratio_interval`) and simulated, whether they are within `SIM_RATIO_TOLERANCE` (`ok`), and whether the simulated
+    separately, paired by request where the arms pair: `ratio_interval`) and simulated, whether they are within
+    `SIM_RATIO_TOLERANCE` (`ok`), and whether the simulated
     ratio lies inside the measured one's interval (`in_ci`: a live ratio whose interval is wider than the tolerance
     cannot be matched to it, only not contradicted)."""
     live: dict[tuple[str, str], dict[int, dict]] = {}
@@ -862,8 +863,9 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
     of this machine's (what-if: the bounds on a bigger host; the validation table then compares unlike set-ups).
     `machine_name`: `SIM_MACHINE_FIT` (the run's own fit, `measure_machine`), or the profile whose prefill terms
-    the engine runs on, at the run's drift; "probe": the priced profile scaled by the run's speed probe (the model before). `prompt_reports`: see
-    `simulate`; None: as the run's agents reported (`WAITING_REPORTS` when the run saved it, else whole prompts)."""
+    the engine runs on, at the run's drift; "probe": the priced profile scaled by the run's speed probe (the model
+    before). `prompt_reports`: see `simulate`; None: as the run's agents reported (`WAITING_REPORTS` when the run
+    saved it, else whole prompts)."""
     data = load_results(path)
     if prompt_reports is None:
         prompt_reports = data.get("waiting_reports") != WAITING_REPORTS
@@ -889,7 +891,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
-          + (f"{describe_machine(machine)}; policies priced with {profile}{', speed calibrated' if calibrated else ''}; waiting prompts "
+          + (f"{describe_machine(machine)}; policies priced with {profile}"
+             f"{', speed calibrated' if calibrated else ''}; waiting prompts "
              f"reported {'whole' if prompt_reports else 'uncached'})"
              if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
@@ -1164,7 +1167,8 @@ def run_bench(args) -> int:
     machine = None
     if to_simulate:  # after the cluster stopped: the machine is measured on every round's requests
         machine = measure_machine(rows, speed)
-        _say("the simulator's machine: " + (describe_machine(machine) if machine else "the probe (too few requests ran alone)"))
+        _say("the simulator's machine: "
+             + (describe_machine(machine) if machine else "the probe (too few requests ran alone)"))
         for row, wl, arm in to_simulate:
             row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                   args.max_total_tokens, args.max_running, speed,
