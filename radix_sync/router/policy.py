@@ -127,6 +127,9 @@ class Decision:
     pull: Optional[PullPlan] = None
     """A copy on the critical path that beats every option of `ranked` (workers named by URL): copy, then send to
     its target; on refusal, failure or deadline, `ranked` as is (`radix_sync.router.pull`)."""
+    wait_copy: Optional[CopyInFlight] = None
+    """With `wait_inflight`: the copy to the first choice the request waits for (the deepest one in flight there that
+    covers its prompt; ends named as in the ranking): it is held until that copy is done, not every copy there."""
     idle: frozenset = frozenset()
     """The workers a request sent now runs alone at (`radix_sync.policy.speed.runs_alone`, this router's own
     requests counted): its time to first token there is its own prefill (the router's speed calibration)."""
@@ -235,7 +238,7 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                              nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s if w.copies else 0.0)
                   for i, w in enumerate(order))
     cached = tuple(min(prompt_len, int(matched.get(w.worker_id, 0))) for w in order)
-    inflight = []
+    inflight, covering = [], {}
     for c in copies:
         if c.namespace != namespace or c.target not in index or c.source not in index:
             continue
@@ -244,6 +247,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
             continue
         eta = now + model.transfer_s(depth * model.profile.kv_bytes_per_token)
         inflight.append(HolderView(index[c.target], REPLICA, depth, eta_s=eta))
+        if depth > covering.get(c.target, (0, None))[0]:  # the deepest, as the router's `_scan` prices it
+            covering[c.target] = (depth, c)
     host = (tuple(max(0, min(prompt_len - c, int(host_matched.get(w.worker_id, 0)))) for w, c in zip(order, cached))
             if host_matched and host_load_bytes_per_s else ())
     req = RequestView(0, prompt_len, cached_len=cached, inflight=tuple(inflight), host_len=tuple(host))
@@ -262,10 +267,11 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         plan = plan_pull(route, first, model.prefill_s(prompt_len - route.pull_len, route.pull_len), now, pull_cfg)
         if plan is not None:
             pull = replace(plan, source=order[plan.source].worker_id, target=order[plan.target].worker_id)
+    waited = covering.get(order[first.worker_id].worker_id, (0, None))[1] if first.wait_inflight else None
     return Decision(tuple(order[r.worker_id].worker_id for r in options),
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
                     first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull,
-                    frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)))
+                    waited, frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)))
 
 
 class ApproxPrefixIndex:

@@ -30,7 +30,7 @@ from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
 from radix_sync.router.directory_replica import DirectoryReplica
 from radix_sync.router.limits import PromptBounds, TokenBuckets
 from radix_sync.router.metrics import RouterMetrics
-from radix_sync.router.policy import DIRECTORY, ApproxPrefixIndex, Decision, cost_model, rank_by_ttft
+from radix_sync.router.policy import DIRECTORY, ApproxPrefixIndex, CopyInFlight, Decision, cost_model, rank_by_ttft
 from radix_sync.router.pool import WorkerPool
 from radix_sync.router.proxy import NoWorker, Proxy
 from radix_sync.router.pull import PullRunner
@@ -212,13 +212,22 @@ class Router:
             self.metrics.fallback_decisions.inc()
         return decision, hashes, page_size
 
-    async def _wait_for_copy(self, url: str) -> None:
-        """Holds a request (bounded) until the copy in flight to `url` is no longer pending/running."""
+    async def _wait_for_copy(self, url: str, copy: Optional[CopyInFlight] = None) -> None:
+        """Holds a request (bounded by `max_wait_inflight_s`) until the copy it waits for (`Decision.wait_copy`, its
+        ends named by url) is no longer pending/running at the coordinator nor among this router's pulls; without
+        one, until no copy to `url` is. Other copies landing there do not hold it: a worker the planner sends
+        several copies to would otherwise hold a request for all of them."""
         cid = self.pool.coordinator_ids.get(url)
+        src = self.pool.coordinator_ids.get(copy.source) if copy is not None else None
+
+        def waited(c: CopyInFlight) -> bool:
+            return c.target == cid and (copy is None or (c.source == src and c.namespace == copy.namespace
+                                                         and c.num_tokens == copy.num_tokens))
         deadline = time.monotonic() + self.cfg.max_wait_inflight_s
         while time.monotonic() < deadline and self.link is not None:
             state = await self.link.cluster_state()
-            if (state is None or not any(c.target == cid for c in state.copies)) and cid not in self.puller.targets():
+            if not any(waited(c) for c in (state.copies if state is not None else ())) \
+                    and not any(waited(c) for c in self.puller.in_flight.values()):
                 return
             await asyncio.sleep(0.02)
 
@@ -246,8 +255,10 @@ class Router:
                      if pull is None and attempts == [0] else None)
             self._on_finished(url, ids, hashes, hash_page_size, tenant, stop, ttft_s, alone)
 
-        return await self.proxy.forward(request, path, body, decision, len(ids), self._wait_for_copy, dispatched,
-                                        finished)
+        async def wait_for_copy(url: str) -> None:
+            await self._wait_for_copy(url, decision.wait_copy if url == decision.ranked[0] else None)
+
+        return await self.proxy.forward(request, path, body, decision, len(ids), wait_for_copy, dispatched, finished)
 
     async def any_worker(self, request: web.Request, method: str, path: str) -> web.Response:
         """Proxies a read-only call (models, server info) to the first worker that answers."""

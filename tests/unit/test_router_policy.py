@@ -141,3 +141,41 @@ def test_a_backend_that_recomputes_the_cached_prefix_prices_hits_and_queued_hits
     d = rank_by_ttft([busy, w("b")], {"a": 80}, (), 100, "", 0.0, model)
     assert d.ranked == ("b", "a")
     assert d.expected_ttft_s[1] == pytest.approx(0.4 + 2 * 0.5005 + 0.2 + 3240e-6)
+
+
+def test_a_request_waits_for_the_copy_that_covers_it_not_for_every_copy_to_that_worker():
+    """Three copies to b: one of this prompt's prefix (80 tokens a holds), a shallower one of the same prefix, and one
+    of another tenant's. The decision names the deepest copy covering the prompt; the router holds the request until
+    that one is done, while the other copies to b are still in flight."""
+    import asyncio
+
+    from radix_sync.router.config import RouterConfig
+    from radix_sync.router.service import Router
+
+    covering, shallow, other = (CopyInFlight("a", "b", "", 80), CopyInFlight("a", "b", "", 48),
+                                CopyInFlight("a", "b", "other-tenant", 80))
+    d = rank([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [other, shallow, covering])
+    assert d.ranked[0] == "b" and d.wait_inflight and d.wait_copy == covering
+    assert rank([w("a"), w("b")], {"a": 80}, [covering]).wait_copy is None  # not waiting: a holds it, idle
+
+    class Link:
+        """The coordinator's view: the copies in flight (coordinator ids), the covering one done after 3 looks."""
+        def __init__(self):
+            self.looks = 0
+
+        async def cluster_state(self):
+            self.looks += 1
+            done = self.looks > 3
+            copies = [CopyInFlight("ca", "cb", "other-tenant", 80), CopyInFlight("ca", "cb", "", 48)]
+            return type("State", (), {"copies": copies + ([] if done else [CopyInFlight("ca", "cb", "", 80)])})()
+
+    r = Router.__new__(Router)
+    r.cfg = RouterConfig(worker_urls=("http://a",), max_wait_inflight_s=5.0)
+    r.pool = type("Pool", (), {"coordinator_ids": {"a": "ca", "b": "cb"}})()
+    r.puller = type("Puller", (), {"in_flight": {}})()
+    r.link = Link()
+    asyncio.run(asyncio.wait_for(r._wait_for_copy("b", d.wait_copy), 2.0))
+    assert r.link.looks == 4  # returned once the covering copy was done; two others to b still in flight
+    r.link = Link()
+    with pytest.raises(asyncio.TimeoutError):  # without the copy named: every copy to b holds it (the bound: 5 s)
+        asyncio.run(asyncio.wait_for(r._wait_for_copy("b"), 0.5))
