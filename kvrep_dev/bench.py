@@ -437,19 +437,28 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     return stats.to_dict()
 
 
+def by_occurrence(reqs: list[dict]) -> dict[tuple[str, int], dict]:
+    """A run's requests by (`key`, n): the n-th request with that key by send time (two requests may share a key,
+    e.g. flash-crowd requests whose unique tails are shorter than a page). Requests without a key are left out. The
+    same request in two replays of one workload (two arms, or live and simulated) has the same (key, n)."""
+    seen: dict[str, int] = {}
+    out = {}
+    for q in sorted(reqs, key=lambda q: q.get("sent_s") or 0.0):
+        if q.get("key"):
+            n = seen[q["key"]] = seen.get(q["key"], -1) + 1
+            out[(q["key"], n)] = q
+    return out
+
+
 def compare_requests(live: list[dict], sim: list[dict]) -> dict:
-    """Matches a live replay's requests with the simulator's by `request_key` (requests with the same key, e.g.
-    two flash-crowd requests whose unique tails are shorter than a page, in the order they were sent). Returns:
-    how many matched, the median of (simulated - measured) / measured TTFT over them, and the median of the same
-    for the requests the live run served with and without a cache hit."""
-    by_key: dict[str, list[dict]] = {}
-    for r in sorted(sim, key=lambda r: r.get("sent_s", 0.0)):
-        by_key.setdefault(r["key"], []).append(r)
+    """Matches a live replay's requests with the simulator's (`by_occurrence`). Returns: how many matched, the
+    median of (simulated - measured) / measured TTFT over them, and the median of the same for the requests the
+    live run served with and without a cache hit."""
+    twins = by_occurrence(sim)
+    pairs = [(r, twins[k]) for k, r in by_occurrence(live).items() if k in twins]
     errs, hit, miss = [], [], []
-    for r in sorted(live, key=lambda r: r.get("sent_s", 0.0)):
-        twins = by_key.get(r.get("key"))
-        s = twins.pop(0) if twins else None
-        if s is None or not r.get("ttft_s"):
+    for r, s in pairs:
+        if not r.get("ttft_s"):
             continue
         e = s["ttft_s"] / r["ttft_s"] - 1
         errs.append(e)
@@ -471,26 +480,18 @@ them at other times, so they are matched by key, not by order)."""
 
 
 def _paired(a: dict, b: dict) -> Optional[list[tuple[float, float]]]:
-    """The TTFTs of the requests two rows (two arms, one round) both answered, matched by `key` (the n-th request
-    with a key in one arm to the n-th in the other, by send time); None when a row has no keys or too few match."""
-    def keyed(r: dict) -> Optional[dict]:
-        seen: dict[str, int] = {}
-        out = {}
-        for q in sorted(r.get("requests", []), key=lambda q: q.get("sent_s") or 0.0):
-            if q.get("ttft_s") is None or q.get("error"):
-                continue
-            if not q.get("key"):
-                return None
-            n = seen[q["key"]] = seen.get(q["key"], -1) + 1
-            out[(q["key"], n)] = q["ttft_s"]
-        return out
-    ka, kb = keyed(a), keyed(b)
+    """The TTFTs of the requests two rows (two arms, one round) both answered, matched by `by_occurrence`; None when
+    an answered request has no key or too few match."""
+    def answered(r: dict) -> Optional[dict]:
+        qs = [q for q in r.get("requests", []) if q.get("ttft_s") is not None and not q.get("error")]
+        return by_occurrence(qs) if all(q.get("key") for q in qs) else None
+    ka, kb = answered(a), answered(b)
     if not ka or not kb:
         return None
     both = [k for k in ka if k in kb]
     if len(both) < PAIRED_MIN_MATCH * max(len(ka), len(kb)):
         return None
-    return [(ka[k], kb[k]) for k in both]
+    return [(ka[k]["ttft_s"], kb[k]["ttft_s"]) for k in both]
 
 
 def ratio_interval(num: list[dict], den: list[dict], stat: str) -> dict:
