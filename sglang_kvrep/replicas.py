@@ -8,7 +8,7 @@ A real request that caches through a replica raises its path to the request's pr
 cache ("promotion") and no longer expires.
 
 A critical copy (a router's pull: its request waits for it, `ExpectReplica.critical`) is inserted at
-`PULLED_PRIORITY`, what SGLang gives a finished request's prompt: ordinary cache, in LRU order from its insertion, as
+`PULLED_PRIORITY`, what SGLang gives a prompt it has just computed: ordinary cache, in LRU order from its insertion, as
 the simulator models pulled pages. At a replica's priority, on a full pool (every serving worker's steady state) it
 was the next allocation's first victim: pulled fan-out trunks were evicted before the branches they were pulled for
 were admitted, which recomputed them (docs/bench.md, "Fan-out after two fixes"). It keeps its TTL: unused, it expires
@@ -34,9 +34,15 @@ from sglang_kvrep.dataplane.staging import Incoming
 log = logging.getLogger("kvrep.replicas")
 
 REPLICA_PRIORITY_BASE = -(1 << 60)
-PULLED_PRIORITY = 1
-"""SGLang 0.5.23 inserts a finished request's prompt at its priority + 1 (0 + 1 by default) and the output after it
-at the priority (`UnifiedRadixCache.cache_finished_req`, "Split the leaf at the prompt boundary")."""
+PULLED_PRIORITY = 0
+"""A request's default priority: SGLang 0.5.23 caches a prompt it computed at it (`cache_unfinished_req`, and
+`cache_finished_req` for the whole sequence), and raises the prompt to it + 1 only when the answer's own pages follow
+it ("Split the leaf at the prompt boundary": a page-aligned prompt with a 1-8 token answer stays at 0). Under
+`priority` eviction a priority only ever goes up (an insert keeps the max along its path), so a copy at 1 outranked
+every prompt left at 0 for good: on a fan-out run's full pools the copies of earlier rounds piled up at 1 and the
+newest prompts were the first victims (traced: a pull's allocation evicted all 1,808 tokens of a trunk prefilled 0.1 s
+before, and its six branches recomputed it; docs/bench.md, "Copies that outranked fresh prompts"). At 0 a copy ranks
+as the prompt it stands for, just computed: by recency among the entries SGLang leaves at 0, below those it raised."""
 UPLOAD_SLICE_BYTES = 16 << 20
 UPLOAD_SLICE_S = 0.005
 """A GPU target uploads a transfer from (pageable) host memory in slices, at most this much scheduler time per

@@ -78,8 +78,8 @@ class SchedulerView:
         return int(res.prefix_len)
 
     def raise_priority(self, token_ids, namespace: str, priority: int) -> int:
-        """Raises the eviction priority of the cached path of `token_ids` to at least `priority`, as SGLang raises a
-        finished request's prompt (`UnifiedRadixCache.cache_finished_req`): an insert of the path's own slots with
+        """Raises the eviction priority of the cached path of `token_ids` to at least `priority`, as SGLang caches a
+        request's prompt (`UnifiedRadixCache.cache_finished_req`): an insert of the path's own slots with
         `prev_prefix_len` covering them (nothing is freed, no hit is counted; the tree keeps the max priority along
         the path). Scheduler thread, between iterations. Returns: the tokens raised (0: not cached)."""
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams

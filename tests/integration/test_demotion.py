@@ -142,6 +142,37 @@ def test_a_pulled_prefix_is_ordinary_cache_and_a_speculative_replica_goes_first(
     assert coord.get("/status")[1]["integrity"] == "ok"
 
 
+def test_a_pulled_prefix_does_not_outrank_a_fresher_prompt(cluster, small):
+    """A copy ranks as a prompt SGLang just computed, not above it. SGLang leaves a page-aligned prompt with a short
+    answer at priority 0 (its prompt is raised to 1 only when the answer's pages follow it), and a priority never
+    goes down: copies inserted at 1 outranked every such prompt for good. On the fan-out runs' full pools the copies
+    of earlier rounds piled up at 1 and the next pull's allocation evicted a trunk prefilled 0.1 s before (its
+    branches recomputed it). Here the older pulled copies go first and the fresher prompt stays."""
+    coord, a, c = cluster.coord, cluster.a, small
+    status = urllib.request.urlopen(urllib.request.Request(c.url + "/flush_cache", data=b"", method="POST"),
+                                    timeout=30).status
+    assert status == 200
+    pulls = [prompt(341 + i, 512) for i in range(3)]
+    trunk, big = prompt(345, 1024), prompt(346, 2048)
+    wait_until(lambda: all(cluster.lookup(ids).get(c.worker_id, 0) == 0 for ids in pulls), 10,
+               what="C's cache flushed")
+    before = cluster.free_plus_evictable(c)
+    for ids in pulls:
+        a.generate(ids, 1)
+    wait_until(lambda: all(cluster.lookup(ids).get(a.worker_id, 0) == 512 for ids in pulls), 10,
+               what="the prefixes on A")
+    for ids in pulls:  # three critical copies onto C: 1,536 tokens of ordinary cache, the oldest entries there
+        assert cluster.replicate(a, c, ids, critical=True)["state"] == "done"
+    c.generate(trunk, 1)  # a fresh prompt (1,024 tokens, a 1-token answer: SGLang caches it at priority 0)
+    wait_until(lambda: cluster.lookup(trunk).get(c.worker_id, 0) == 1024, 10, what="the trunk on C")
+    c.generate(big, 1)  # 2,048 tokens into 1,536 free: 512 or more must be evicted
+    wait_until(lambda: cluster.lookup(pulls[0]).get(c.worker_id, 0) < 512, 10, what="the oldest copy evicted")
+    assert cluster.lookup(trunk).get(c.worker_id, 0) == 1024  # before: the trunk went, the copies stayed
+    assert cached(c, trunk + [5] * PAGE_SIZE) == 1024
+    assert cluster.free_plus_evictable(c) == before  # every slot is back: free or evictable cache
+    assert coord.get("/status")[1]["integrity"] == "ok"
+
+
 def test_a_speculative_replica_a_queued_request_wants_is_not_the_next_victim(cluster, small):
     """A replica is evicted before ordinary cache, but not while a request routed to it waits in the queue (no
     lock until admitted): the agent raises it to ordinary cache then. Here C runs two requests (its limit), the
