@@ -127,6 +127,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-fanout-lru-s3.json.gz",
                                        "bench-fanout-pulled-s3.json.gz",
                                        "bench-fanout-s3.json.gz",
+                                       "bench-flash-abl48-s5.json.gz",
                                        "bench-flash-s4.json.gz", "bench-flash-seed1.json.gz", "bench-flash-wait-s1.json.gz",
                                        "bench-flash-wait-s2.json.gz", "bench-flash-wait-s3.json.gz",
                                        "bench-routers4-s2.json.gz", "bench-sgl-s0.json.gz",
