@@ -58,14 +58,15 @@ from kvrep_dev.report import bench_progress as _say
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "smg-rr", "smg-ca")
+ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "shadow-lowid", "smg-rr", "smg-ca")
 """The ablation of ours, one part added per arm (routing alone; + copies on the request's path; + demotion of a moved
 session's stale copies; + the predictive planner; its copies landing as ordinary cache, not evict-first; `active`
-priced at the profile's prefill times, not the measured speed), then today's router (smg 1.13) in two policies."""
+priced at the profile's prefill times, not the measured speed; routing alone with every full tie to the lowest id, as
+before stop 49), then today's router (smg 1.13) in two policies."""
 DEFAULT_ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
 """`kvrep bench`'s arms unless `--arms` says (`demote` only when asked: one more arm is minutes a round)."""
 SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_pull_demote", "active": "kvrep",
-              "active-lru": "kvrep_lru", "active-fixed": "kvrep",
+              "active-lru": "kvrep_lru", "active-fixed": "kvrep", "shadow-lowid": "kvrep_shadow",
               "smg-rr": "round_robin",
               "smg-ca": "cache_aware",
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
@@ -91,8 +92,23 @@ PULL_ARMS = ("pull", "demote", "active", "active-lru")
 FIXED_SPEED_ARMS = ("active-fixed",)
 """The arms served by a router started with `--pull --no-speed-calibration` (and whose planner, `kvrep_fixed`,
 prices prefills at the profile's times): every other arm of ours learns the workers' speed."""
+TIES = "turns"
+"""Saved as a run's `ties`: its routers' full ties took turns over the workers (`--tie-turns`, the default since
+stop 49; absent: every one to the lowest id, and `--resimulate` simulates the run's routers so)."""
+LOWEST_ID_ARMS = ("shadow-lowid",)
+"""The arms served by a router started with `--no-tie-turns` (every full tie to the lowest id; the simulated router
+the same): the tie rotation's ablation."""
 MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
+
+
+def router_flags(arm: str) -> tuple[str, ...]:
+    """The flags of our router serving `arm` (an arm of `ARMS`, no `@N`), past its profile."""
+    if arm in FIXED_SPEED_ARMS:
+        return "--pull", "--no-speed-calibration"
+    if arm in LOWEST_ID_ARMS:
+        return ("--no-tie-turns",)
+    return ("--pull",) if arm in PULL_ARMS else ()
 
 
 def saved_arg(value):
@@ -394,7 +410,8 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = SIM_MAC
 def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.PROFILE,
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
-             machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False) -> dict:
+             machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False,
+             tie_turns: bool = True) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -406,7 +423,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     `prompt_reports`: the workers' load reports count waiting prompts whole, as the live agent's did before
     stop 40 (`EngineConfig.prompt_token_reports`; False: their uncached tokens, as the live agent's do now).
     `speed_calibration`: the simulated router learns the prefill speed from the requests that ran alone, as the
-    live router's `--speed-calibration` (`radix_sync.policy.speed`; its planner shares the cost model)."""
+    live router's `--speed-calibration` (`radix_sync.policy.speed`; its planner shares the cost model).
+    `tie_turns`: full ties take turns over the workers (False: the lowest id, as the live router's `--no-tie-turns`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.speed import SpeedCalibration
     from radix_sync.policy.planner import PlannerConfig
@@ -428,6 +446,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
                           PlannerConfig(endpoint_wait=endpoint_wait))
     if speed_calibration and hasattr(policy.router, "speed"):
         policy.router.speed = SpeedCalibration()
+    if hasattr(policy.router, "tie_turns"):
+        policy.router.tie_turns = tie_turns
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
@@ -642,7 +662,8 @@ def format_front_doors(front: list[dict]) -> str:
 
 
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
-          ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"), ("active", "active-fixed"))
+          ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"), ("active", "active-fixed"),
+          ("shadow", "shadow-lowid"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
 prediction), where both arms ran."""
@@ -871,6 +892,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     if prompt_reports is None:
         prompt_reports = data.get("waiting_reports") != WAITING_REPORTS
     calibrated = data.get("prefill_speed") == PREFILL_SPEED
+    turns = data.get("ties") == TIES
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
@@ -888,7 +910,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
             built[r["workload"]] = build_workload(r["workload"], args)
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
-                            machine, prompt_reports, calibrated and r["arm"] not in FIXED_SPEED_ARMS)
+                            machine, prompt_reports, calibrated and r["arm"] not in FIXED_SPEED_ARMS,
+                            turns and r["arm"] not in LOWEST_ID_ARMS)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -1020,12 +1043,13 @@ def run_bench(args) -> int:
                                  extra_args=("--profile", args.profile, "--pull"))
             procs.append(pull_router)
             routers = {a: pull_router for a in PULL_ARMS}
-        if any(a in FIXED_SPEED_ARMS for a in bases):  # the profile's times: the speed calibration's ablation
-            fixed = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name="router-fixed",
-                           extra_args=("--profile", args.profile, "--pull", "--no-speed-calibration"))
-            procs.append(fixed)
-            routers.update({a: fixed for a in FIXED_SPEED_ARMS})
-            fixed.wait_http(fixed.url + "/health", 120)
+        for group, name in ((FIXED_SPEED_ARMS, "router-fixed"), (LOWEST_ID_ARMS, "router-lowid")):
+            if any(a in group for a in bases):  # an ablation's router: the same one less one part
+                other = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name=name,
+                               extra_args=("--profile", args.profile, *router_flags(group[0])))
+                procs.append(other)
+                routers.update({a: other for a in group})
+                other.wait_http(other.url + "/health", 120)
         router_urls = {a: r.url for a, r in routers.items()}
         router.wait_http(router_url + "/health", 120)
         if pull_router is not None:
@@ -1070,10 +1094,7 @@ def run_bench(args) -> int:
                         else:
                             front = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model),
                                            name=f"router-{arm}-{j}",
-                                           extra_args=("--profile", args.profile,
-                                                       *(("--pull",) if base in PULL_ARMS else ()),
-                                                       *(("--pull", "--no-speed-calibration")
-                                                         if base in FIXED_SPEED_ARMS else ())))
+                                           extra_args=("--profile", args.profile, *router_flags(base)))
                         procs.append(front)
                         extra.append(front)
                     for front in extra:
@@ -1175,7 +1196,8 @@ def run_bench(args) -> int:
                                   args.max_total_tokens, args.max_running, speed,
                                   endpoint_wait=getattr(args, "sim_endpoint_wait", True), machine=machine,
                                   prompt_reports=bool(getattr(args, "sim_prompt_reports", False)),
-                                  speed_calibration=arm not in FIXED_SPEED_ARMS)
+                                  speed_calibration=arm not in FIXED_SPEED_ARMS,
+                                  tie_turns=arm not in LOWEST_ID_ARMS)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -1204,7 +1226,7 @@ def run_bench(args) -> int:
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
                    "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS,
-                   "prefill_speed": PREFILL_SPEED},
+                   "prefill_speed": PREFILL_SPEED, "ties": TIES},
                   f, indent=2,
                   default=str)
     try:

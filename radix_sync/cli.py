@@ -143,6 +143,9 @@ def _add_router(sub) -> None:
     p.add_argument("--speed-calibration", action=argparse.BooleanOptionalAction, default=C.speed_calibration,
                    help="scale the profile's prefill times by the workers' measured speed (the requests that ran "
                         "alone; --no-speed-calibration: the profile as it is)")
+    p.add_argument("--tie-turns", action=argparse.BooleanOptionalAction, default=C.tie_turns,
+                   help="workers take turns at prompts that tie on expected TTFT and load (--no-tie-turns: the "
+                        "lowest id takes every tie, as before)")
     p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
     p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
     p.add_argument("--worker-keepalive-s", type=float, default=C.worker_keepalive_s,
@@ -209,7 +212,7 @@ def _run_router(args) -> int:
                               hints_per_s=args.hints_per_s, hints_burst=args.hints_burst,
                               pull=args.pull, pull_policy=PullConfig(args.pull_min_wait_s, args.pull_max_wait_s,
                                                                      args.pull_ttl_s),
-                              speed_calibration=args.speed_calibration)
+                              speed_calibration=args.speed_calibration, tie_turns=args.tie_turns)
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile

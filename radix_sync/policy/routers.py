@@ -116,7 +116,8 @@ class CacheAwareConfig:
 _pull_eta_s = pull_eta_s  # (the name the baselines import)
 
 
-def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[WorkerView]) -> tuple[float, int, int]:
+def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[WorkerView],
+                  tie_start: int = 0) -> tuple[float, int, int]:
     """The order of `ExpectedTtftRouter`'s options, best first (its choice is the lowest; `kvrep router` ranks
     its failover order by it too).
 
@@ -124,20 +125,40 @@ def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[Work
         expected_ttft_s: the option's expected TTFT, s.
         worker_id: the option's worker (an index into `workers`).
         workers: every worker's load, indexed by worker id.
+        tie_start: the worker a full tie goes to first (`next_tie_start`).
     Returns:
-        (expected TTFT rounded to 1 ns, the worker's outstanding requests, its id): so ties go to fewer
-        outstanding requests, then to the lower id.
+        (expected TTFT rounded to 1 ns, the worker's outstanding requests, its distance from `tie_start` in
+        cyclic id order): so ties go to fewer outstanding requests, then to the worker at or after `tie_start`.
     """
-    return round(expected_ttft_s, 9), _load(workers[worker_id]), worker_id
+    return round(expected_ttft_s, 9), _load(workers[worker_id]), (worker_id - tie_start) % max(1, len(workers))
 
 
+def full_tie(ranked: Sequence[tuple], workers: Sequence[WorkerView]) -> bool:
+    """Whether the first two of `ranked` ((expected TTFT, worker id, ...), best first by `ttft_rank_key`) tie on
+    time and load, so that only the tie rotation (`next_tie_start`) chose between them."""
+    if len(ranked) < 2:
+        return False
+    (t0, w0), (t1, w1) = ranked[0][:2], ranked[1][:2]
+    return round(t0, 9) == round(t1, 9) and _load(workers[w0]) == _load(workers[w1])
+
+
+def next_tie_start(ranked: Sequence[tuple], workers: Sequence[WorkerView], tie_start: int) -> int:
+    """Where the next full tie starts: after the worker that took this one if `ranked` starts with a full tie
+    (`full_tie`), else `tie_start` unchanged.
+
+    So ties rotate over the workers. They are mostly prompts no worker holds (new sessions, a tree's trunk) arriving
+    while the workers are equally loaded; sent to the lowest id every time, worker 0 became most sessions' home (72%
+    of agent requests on 2 workers, stop 48's saved runs) and their follow-ups queued there or recomputed their
+    history elsewhere (15-25% of requests).
+    """
+    return (ranked[0][1] + 1) % len(workers) if full_tie(ranked, workers) else tie_start
 
 
 @ROUTERS.register("expected_ttft")
 class ExpectedTtftRouter(RouterPolicy):
     """Ours (`kvrep` and `oracle`): the worker with the lowest expected TTFT = queue wait + prefill of the
     uncached part, counting copies in flight with their arrival time and, when `allow_pull`, a copy on the
-    critical path from the best holder (as Mooncake does). Ties: fewer outstanding requests, then lower id.
+    critical path from the best holder (as Mooncake does). Ties: fewer outstanding requests, then in turn.
 
     A request that waits for a copy (in flight, or its own pull) cannot start before the copy lands, and neither can
     the requests this router sent there earlier to wait for a copy: their prefill is not work the worker does while
@@ -187,6 +208,10 @@ class ExpectedTtftRouter(RouterPolicy):
         as the live router's `--speed-calibration` does; None: the profile's times as they are."""
         self._alone: dict[int, tuple[int, int, float]] = {}
         """Request id -> (uncached, cached tokens, when sent) of the requests sent where they run alone."""
+        self.tie_start = 0
+        """The worker the next full tie goes to first (`next_tie_start`)."""
+        self.tie_turns = True
+        """Whether full ties take turns; False: the lowest id takes each (the live router's `--no-tie-turns`)."""
 
     def _own_len(self, i: int, pages: Sequence[int], prompt_len: int) -> int:
         """Tokens of a prompt with page hashes `pages` that this router's requests sent to worker `i` and not
@@ -282,7 +307,11 @@ class ExpectedTtftRouter(RouterPolicy):
         # fastest can tie with it (the rest need no key)
         opts = self._scan(req, workers, now)
         near = min(o[0] for o in opts) + 2e-9
-        best = min((o for o in opts if o[0] <= near), key=lambda o: ttft_rank_key(o[0], o[1], workers))
+        ranked = sorted((o for o in opts if o[0] <= near),
+                        key=lambda o: ttft_rank_key(o[0], o[1], workers, self.tie_start))
+        best = ranked[0]
+        if self.tie_turns:
+            self.tie_start = next_tie_start(ranked, workers, self.tie_start)
         if best[2]:  # waits for a copy: its prefill is gated until it lands
             self._gated.setdefault(best[1], {})[req.request_id] = (best[6], best[7])
         else:

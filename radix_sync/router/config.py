@@ -94,6 +94,10 @@ class RouterConfig:
     """Learn the workers' prefill speed from the requests that ran alone (`radix_sync.policy.speed`): the TTFT rule's
     prefill terms scaled by it, and each such request reported to the coordinator with its finish (its planner's
     scale). False: the profile's times as they are."""
+    tie_turns: bool = True
+    """Full ties (equal expected TTFT and load) take turns over the workers
+    (`radix_sync.policy.routers.next_tie_start`); False: the lowest id takes every one, as before stop 49 (kept for
+    the ablation's `shadow-lowid` arm)."""
     host_load_bytes_per_s: float = 0.0
     """The workers run SGLang's hierarchical cache (`--enable-hierarchical-cache`): a prompt prefix in a worker's
     host-memory tier (the directory feed's host-tier holdings) is priced as loaded back at this rate, bytes/s.

@@ -26,7 +26,7 @@ from radix_sync.policy.cost import CostModel, CostProfile
 from radix_sync.policy.forecast import queue_wait_s, split_iteration
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.pull import PullConfig, PullPlan, plan_pull
-from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, ttft_rank_key
+from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, full_tie, ttft_rank_key
 from radix_sync.policy.snapshot import REPLICA, HolderView, RequestView, WorkerView
 from radix_sync.policy.speed import runs_alone
 
@@ -133,6 +133,9 @@ class Decision:
     idle: frozenset = frozenset()
     """The workers a request sent now runs alone at (`radix_sync.policy.speed.runs_alone`, this router's own
     requests counted): its time to first token there is its own prefill (the router's speed calibration)."""
+    tie_taken: Optional[str] = None
+    """The first choice when it won a full tie (equal expected TTFT and load: `policy.routers.full_tie`): the next tie
+    goes to the worker after it (`rank_by_ttft`'s `tie_after`); None: no tie."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ def _own_prefill_s(model: CostModel, w: WorkerState) -> float:
 def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],
                  prompt_len: int, namespace: str, now: float, model: CostModel, allow_pull: bool = False,
                  pull_cfg: PullConfig = PullConfig(), host_matched: Mapping[str, int] = {},
-                 host_load_bytes_per_s: float = 0.0) -> Decision:
+                 host_load_bytes_per_s: float = 0.0, tie_after: Optional[str] = None) -> Decision:
     """Ranks workers by expected TTFT (the policy engine's `ExpectedTtftRouter`, no pull), and with `allow_pull`
     says whether a copy on the critical path beats the ranking's first (the same router with pulls).
 
@@ -218,10 +221,13 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         pull_cfg: the deadline bounds of a pull.
         host_matched: tokens of the prompt past `matched` that each worker's host-memory tier holds (SGLang's
             hierarchical cache loads them back before the prefill), priced at `host_load_bytes_per_s` (0: not).
+        tie_after: the worker that took the last full tie (`Decision.tie_taken`), None: none yet.
     Returns:
-        every worker, best first; ties go to fewer outstanding requests, then to the lower id.
+        every worker, best first; ties go to fewer outstanding requests, then in turn: to the first worker after
+        `tie_after` in id order (`ExpectedTtftRouter`'s rotation, `next_tie_start`).
     """
     order = sorted(workers, key=lambda w: w.worker_id)
+    tie_start = next((i for i, w in enumerate(order) if tie_after is not None and w.worker_id > tie_after), 0)
     index = {w.worker_id: i for i, w in enumerate(order)}
     kvb = model.profile.kv_bytes_per_token
     egress, ingress = [0.0] * len(order), [0.0] * len(order)
@@ -256,14 +262,17 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                                 host_load_bytes_per_s=host_load_bytes_per_s)
     options = policy.options(req, views, now)
     # NOTE: the key ExpectedTtftRouter.route picks by, so ranked[0] is exactly its choice.
-    options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views))
+    options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views, tie_start))
     first = options[0]
+    tied = full_tie([(r.expected_ttft_s, r.worker_id) for r in options], views)
     pull = None
     if allow_pull:
         # NOTE: a live view counts the prefill in progress as queued; a copy waits for it at both ends
         iterating = tuple(split_iteration(model, v, now, _own_prefill_s(model, w)) for v, w in zip(views, order))
-        route = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True,
-                                   host_load_bytes_per_s=host_load_bytes_per_s).route(req, iterating, now)
+        puller = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True,
+                                    host_load_bytes_per_s=host_load_bytes_per_s)
+        puller.tie_start = tie_start
+        route = puller.route(req, iterating, now)
         plan = plan_pull(route, first, model.prefill_s(prompt_len - route.pull_len, route.pull_len), now, pull_cfg)
         if plan is not None:
             pull = replace(plan, source=order[plan.source].worker_id, target=order[plan.target].worker_id)
@@ -271,7 +280,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     return Decision(tuple(order[r.worker_id].worker_id for r in options),
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
                     first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull,
-                    waited, frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)))
+                    waited, frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)),
+                    order[first.worker_id].worker_id if tied else None)
 
 
 class ApproxPrefixIndex:

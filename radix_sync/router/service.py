@@ -73,6 +73,8 @@ class Router:
         self.link: Optional[CoordinatorLink] = None
         self.metrics = RouterMetrics(lambda: self.link.num_arrivals_dropped if self.link is not None else 0)
         self.index = ApproxPrefixIndex()
+        self._tie_after: Optional[str] = None
+        """The worker that took the last full tie (`Decision.tie_taken`): the next one goes to the worker after it."""
         if cfg.profile:
             from radix_sync.policy.cost import CostModel, load_profile
             self.model = CostModel(load_profile(cfg.profile))
@@ -205,7 +207,9 @@ class Router:
             decision = rank_by_ttft(workers, pool.by_url(matched), pool.copies_by_url(copies), len(ids),
                                     namespace, time.monotonic(), self.model, allow_pull=self.cfg.pull,
                                     pull_cfg=self.cfg.pull_policy, host_matched=pool.by_url(host),
-                                    host_load_bytes_per_s=self.cfg.host_load_bytes_per_s)
+                                    host_load_bytes_per_s=self.cfg.host_load_bytes_per_s, tie_after=self._tie_after)
+            if decision.tie_taken is not None and self.cfg.tie_turns:
+                self._tie_after = decision.tie_taken
         else:
             workers = [pool.with_local_load(pool.known[u], False) for u in cands]
             decision = self.index.rank(workers, hashes, len(ids))

@@ -190,6 +190,14 @@ def test_routing_follows_the_directory_and_arrivals_are_reported(env):
     wait_until(lambda: env.coord.get("/status")[1]["num_recent_arrivals"] >= before + 6, what="arrivals reported")
 
 
+def test_prompts_no_worker_holds_take_turns_over_idle_workers(env):
+    # one after the other, nothing held, both workers idle: a full tie each time; the workers take turns (before:
+    # all to the first in id order, which became most sessions' home)
+    got = [served_by(env, ids(500 + k) + [k]) for k in range(4)]
+    assert all(env.status()["last_decisions"][-1 - k]["cached_tokens"] == 0 for k in range(4))
+    assert got[0] != got[1] and got[2:] == got[:2], got
+
+
 def test_tenants_namespace_is_set_by_the_router_and_keys_are_checked(env):
     p1 = ids(1)  # held by B in ns-acme only (previous test)
     env.agents[1].store(p1, env.ns_acme)

@@ -2,6 +2,7 @@
 every fan-out branch (the simulator's `duration_s` stops issuing requests, so it must not cut sessions still going
 after the last start), each recorded under the same `request_key` as the live result."""
 import argparse
+import collections
 import copy
 
 import pytest
@@ -162,6 +163,24 @@ def test_the_pull_arm_runs_the_live_routers_rule_in_the_simulator_too():
     wl = build_workload("fanout", bench_args())
     result = simulate(copy.deepcopy(wl), "pull", 3, 0)
     assert result["num_requests"] == workload_size(wl)["requests"]
+
+
+def test_the_tie_rotations_ablation_arm_routes_every_full_tie_to_the_lowest_id_live_and_simulated():
+    from kvrep_dev.bench import ARMS, CLAIMS, LOWEST_ID_ARMS, SIM_POLICY, router_flags
+
+    assert LOWEST_ID_ARMS == ("shadow-lowid",) and "shadow-lowid" in ARMS
+    assert SIM_POLICY["shadow-lowid"] == "kvrep_shadow"
+    assert "shadow-lowid" not in bench_args().arms.split(",") and ("shadow", "shadow-lowid") in CLAIMS
+    assert router_flags("shadow-lowid") == ("--no-tie-turns",) and router_flags("shadow") == ()
+    assert router_flags("active") == ("--pull",)
+    assert router_flags("active-fixed") == ("--pull", "--no-speed-calibration")
+    # simulated: the same workload, the two tie rules; a fan-out's trunks are prompts no worker holds
+    wl = build_workload("fanout", bench_args())
+    turns = simulate(copy.deepcopy(wl), "shadow", 2, 0)
+    lowest = simulate(copy.deepcopy(wl), "shadow", 2, 0, tie_turns=False)
+    assert turns["num_requests"] == lowest["num_requests"] == workload_size(wl)["requests"]
+    per_worker = [sorted(collections.Counter(q["worker"] for q in r["requests"]).values()) for r in (turns, lowest)]
+    assert per_worker[0] != per_worker[1], per_worker
 
 
 def _validation_row(arm, live_ttfts, sim_ttfts, rnd=0):

@@ -277,6 +277,26 @@ def test_ttft_rank_key_orders_by_rounded_ttft_then_load_then_id():
     assert r.route(q, ws, 0.0) == best and best.worker_id == 2
 
 
+def test_full_ties_rotate_over_the_workers_and_other_choices_leave_the_turn_alone():
+    from radix_sync.policy.routers import full_tie, next_tie_start, ttft_rank_key
+
+    # idle, equal workers: prompts nobody holds tie on time and load; they go 0, 1, 2, 0, ... (not always to 0)
+    r = router("expected_ttft", allow_pull=False)
+    ws = workers(3)
+    picks = [r.route(req(10, cached=(0, 0, 0), rid=k), ws, 0.0).worker_id for k in range(4)]
+    assert picks == [0, 1, 2, 0]
+    # a prompt w2 holds is no tie: it goes there and the turn (w1 next) stays
+    assert r.route(req(10, cached=(0, 0, 8), rid=9), ws, 0.0).worker_id == 2
+    assert r.route(req(10, cached=(0, 0, 0), rid=10), ws, 0.0).worker_id == 1
+    # equal time, unequal load: fewer outstanding wins, and that is no full tie either
+    busy = workers(2, w0=dict(num_running=1))
+    assert not full_tie([(0.1, 1), (0.1, 0)], busy) and full_tie([(0.1, 0), (0.1, 1)], ws)
+    assert next_tie_start([(0.1, 1), (0.1, 0)], busy, 0) == 0
+    assert next_tie_start([(0.1, 1), (0.1, 2)], ws, 0) == 2 and next_tie_start([(0.1, 2), (0.1, 0)], ws, 0) == 0
+    # the key puts the worker at the turn first among tied ones
+    assert sorted(range(3), key=lambda i: ttft_rank_key(0.1, i, ws, 2)) == [2, 0, 1]
+
+
 def test_expected_ttft_queues_behind_its_own_requests_waiting_for_the_same_copy():
     # a replica lands on w1 at 0.5 s; w0 (the holder) has 10 s of queue. The first request waits for it: 0.5 + 0.1
     r = router("expected_ttft", allow_pull=False)

@@ -26,6 +26,23 @@ def test_idle_workers_holder_wins_by_uncached_prefill():
     assert (d.mode, d.cached_tokens, d.wait_inflight) == ("directory", 80, False)
 
 
+def test_a_full_tie_goes_to_the_worker_after_the_last_one_that_took_one():
+    model = cost_model(COSTS)
+    ws = [w("a"), w("b"), w("c")]
+    d = rank_by_ttft(ws, {}, (), 100, "", 0.0, model)
+    assert d.ranked[0] == "a" and d.tie_taken == "a"  # nothing held anywhere: a tie, the first in id order
+    d = rank_by_ttft(ws, {}, (), 100, "", 0.0, model, tie_after=d.tie_taken)
+    assert d.ranked == ("b", "c", "a") and d.tie_taken == "b"
+    d = rank_by_ttft(ws, {}, (), 100, "", 0.0, model, tie_after="c")
+    assert d.ranked[0] == "a"  # wraps around
+    # a holder is no tie: it wins whatever the turn, and says so (the router keeps its turn)
+    d = rank_by_ttft(ws, {"a": 80}, (), 100, "", 0.0, model, tie_after="a")
+    assert d.ranked[0] == "a" and d.tie_taken is None
+    # equal time, one busier: the less loaded wins, no full tie
+    d = rank_by_ttft([w("a"), w("b", running=1)], {}, (), 100, "", 0.0, cost_model(COSTS), tie_after="a")
+    assert d.ranked[0] == "a" and d.tie_taken is None
+
+
 def test_queue_at_the_holder_sends_the_request_elsewhere():
     # a: wait 100 queued tokens (1.0 s) + 0.2 s; b: recompute 100 tokens = 1.0 s
     d = rank([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80})
