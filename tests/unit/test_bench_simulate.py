@@ -118,6 +118,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-seed1.json.gz",
                                        "bench-agent-speed-s3.json.gz", "bench-agent-speed-s4.json.gz",
                                        "bench-agent-split.json.gz", "bench-agent-ties49-s3.json.gz",
+                                       "bench-agent-ties49-s4.json.gz",
                                        "bench-agent-touch-s1.json.gz",
                                        "bench-agent-touch-s2.json.gz",
                                        "bench-agent-wait-s2.json.gz", "bench-agent-wait-s3.json.gz",
