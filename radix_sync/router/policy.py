@@ -134,8 +134,9 @@ class Decision:
     """The workers a request sent now runs alone at (`radix_sync.policy.speed.runs_alone`, this router's own
     requests counted): its time to first token there is its own prefill (the router's speed calibration)."""
     tie_taken: Optional[str] = None
-    """The first choice when it won a full tie (equal expected TTFT and load: `policy.routers.full_tie`): the next tie
-    goes to the worker after it (`rank_by_ttft`'s `tie_after`); None: no tie."""
+    """The first choice when it won a full tie (equal expected TTFT and load: `policy.routers.full_tie`) and is where
+    the request goes (no pull): the next tie goes to the worker after it (`rank_by_ttft`'s `tie_after`); None: no
+    tie decided the request."""
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,7 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
                     first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull,
                     waited, frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)),
-                    order[first.worker_id].worker_id if tied else None)
+                    order[first.worker_id].worker_id if tied and pull is None else None)
 
 
 class ApproxPrefixIndex:

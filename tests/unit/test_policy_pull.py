@@ -218,3 +218,13 @@ def test_a_pull_counts_as_in_flight_from_its_decision_so_a_sibling_waits_for_it_
     assert copies == [CopyInFlight("a", "b", "", 80)]
     assert sibling.pull is None and sibling.ranked[0] == "b" and sibling.wait_inflight  # waits for the copy
     assert record["outcome"] == "done" and decision.ranked[0] == "b" and runner.in_flight == {}
+
+
+def test_a_pull_to_one_of_two_tied_workers_is_not_taken_for_the_tie():
+    # a holds 80 tokens behind a long queue; b and c tie cold (1.0 s each, both idle): without --pull b takes the
+    # tie (the turn moves on), with it a pull a -> b wins and decides the request, so the turn stays
+    ws = [w("a", waiting=1, waiting_tokens=100), w("b"), w("c")]
+    plain = rank_by_ttft(ws, {"a": 80}, (), 100, "", 0.0, MODEL)
+    assert plain.ranked[:2] == ("b", "c") and plain.pull is None and plain.tie_taken == "b"
+    pulled = decide(ws, {"a": 80})
+    assert pulled.pull is not None and pulled.tie_taken is None
