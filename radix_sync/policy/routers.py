@@ -18,7 +18,7 @@ from radix_sync.policy.cost import CostModel
 from radix_sync.policy.forecast import queue_wait_s
 from radix_sync.policy.pull import best_holder, pull_eta_s, pull_ttft_s
 from radix_sync.policy.registry import Registry
-from radix_sync.policy.snapshot import RequestView, Route, WorkerView
+from radix_sync.policy.snapshot import LoadsReport, RequestView, Route, WorkerView
 from radix_sync.policy.speed import SpeedCalibration, runs_alone
 
 ROUTERS: Registry["RouterPolicy"] = Registry("router")
@@ -48,6 +48,14 @@ class RouterPolicy:
 
     def on_finished(self, worker_id: int, request_id: int, now: float) -> None:
         """Feeds the completion (or rejection) of a request this router placed (default: nothing)."""
+
+    poll_period_s = 0.0
+    """> 0: the router polls every worker's `LoadsReport` this often (the caller calls `on_poll`), first at
+    `poll_phase_s`; 0: it does not poll."""
+    poll_phase_s = 0.0
+
+    def on_poll(self, reports: Sequence[LoadsReport], now: float) -> None:
+        """Feeds one poll's reports, indexed by worker id (default: nothing)."""
 
 
 def _load(w: WorkerView) -> int:

@@ -81,6 +81,23 @@ class WorkerView(NamedTuple):
     """The same for pulls into this worker."""
 
 
+class LoadsReport(NamedTuple):
+    """What SGLang's `GET /v1/loads` reports of one worker (`load_inquirer.py::get_loads`, sglang 0.5.23): the fields
+    a router that polls it reads (smg 1.13's load monitor, `radix_sync.policy.baselines.smg`)."""
+
+    num_running: int = 0
+    """`num_running_reqs`: requests in the running (decode) batch."""
+    num_waiting: int = 0
+    """`num_waiting_reqs`: requests in the waiting queue."""
+    waiting_uncached_tokens: int = 0
+    """`num_waiting_uncached_tokens`: prompt tokens the queued (and the chunked) requests still have to prefill."""
+    token_usage: float = 0.0
+    """`token_usage`: KV tokens held by requests (not evictable cache) / the pool's capacity."""
+    gen_throughput: float = 0.0
+    """`gen_throughput`: decode tokens/s over the last `decode_log_interval` (40) decode steps, wall time since the
+    previous such window; 0 once no window ended for 30 s (`metrics_reporter.py`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HolderView:
     """A worker holding (or receiving) the first `depth_len` tokens of a prefix."""

@@ -27,8 +27,8 @@ from radix_sync.sim.views import (LoadViews, cached_lens, gate_fields, hinted, h
 from radix_sync.sim.worker import IDLE, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload
 
-ARRIVE, ITER, XFER, EXPIRE, TICK, START, REPORT = range(7)
-PERIODIC = (TICK, REPORT)
+ARRIVE, ITER, XFER, EXPIRE, TICK, START, REPORT, POLL = range(8)
+PERIODIC = (TICK, REPORT, POLL)
 PENDING_TIMEOUT_S = 30.0
 """A planned copy whose source has not got the pages this long after the expected time is dropped, s."""
 
@@ -119,6 +119,9 @@ class Engine:
         if self.loads.stale:
             for w in self.workers:
                 self._push(self.loads.first_report_s(w.wid), REPORT, w.wid)
+        router = self.policy.router
+        if router.poll_period_s > 0:
+            self._push(router.poll_phase_s, POLL, None)
         heap = self._heap
         next_report = 0.0
         while heap:
@@ -147,6 +150,10 @@ class Engine:
                 self.loads.report(obj, t)
                 if self._num_events:
                     self._push(t + self.loads.period_s, REPORT, obj)
+            elif kind == POLL:  # the router's own poll of every worker (smg's load monitor)
+                router.on_poll(tuple([w.loads_report(t) for w in self.workers]), t)
+                if self._num_events:
+                    self._push(t + router.poll_period_s, POLL, None)
             if self._progress is not None and t >= next_report:
                 self._progress(t)
                 next_report = t + 1.0

@@ -18,11 +18,17 @@ from collections import deque
 from typing import Protocol
 
 from radix_sync.policy.cost import CostProfile
+from radix_sync.policy.snapshot import LoadsReport
 from radix_sync.sim.cache import WorkerCache
 from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.workload import SimRequest
 
 IDLE, PREFILL, DECODE = 0, 1, 2
+GEN_WINDOW_STEPS = 40
+"""SGLang's `decode_log_interval` (server_args default): `gen_throughput` is measured over this many decode steps."""
+GEN_STALE_S = 30.0
+"""`GEN_THROUGHPUT_STALENESS_SECONDS` (`metrics_reporter.py`): the reported throughput drops to 0 after this long
+without a window ending."""
 FIRST, DONE = 0, 1  # kinds of a request's outputs held back by `EngineConfig.overlap_lag`
 
 
@@ -91,6 +97,10 @@ class SimWorker:
         self.waiting_cached_tokens = 0
         self.waiting_attn_pairs = 0.0
         self.num_rejected = 0
+        # SGLang's `gen_throughput` (`LoadsReport`): decode tokens since the last window's end, when it ended
+        self._gen_tokens = 0
+        self._gen_tic_s = 0.0
+        self._gen_throughput = 0.0
 
     # ---- queue ----
     def enqueue(self, req: SimRequest, now: float) -> None:
@@ -327,8 +337,13 @@ class SimWorker:
                 for req in done:
                     self._prefilled(req, now)
         elif self.state == DECODE:
+            before = self.steps
             self.steps += self._macro_k
             self.sum_ctx += self._macro_k * self._macro_b
+            self._gen_tokens += self._macro_k * self._macro_b
+            if self.steps // GEN_WINDOW_STEPS > before // GEN_WINDOW_STEPS:  # a window ended within these steps
+                self._gen_throughput = self._gen_tokens / max(now - self._gen_tic_s, 1e-9)
+                self._gen_tic_s, self._gen_tokens = now, 0
             while self.running and self.running[0][0] <= self.steps:
                 _, _, req = heapq.heappop(self.running)
                 self.sum_ctx -= req.prompt_len + 1 + (self.steps - req.join_step)
@@ -413,6 +428,15 @@ class SimWorker:
             self._busy_memo = (self.version, end)
             return end
         return now
+
+    def loads_report(self, now: float) -> LoadsReport:
+        """Returns: what SGLang's `/v1/loads` would report of this worker now. Approximations: the uncached tokens
+        count every prefilling request's rest (SGLang counts the chunked one's; an unchunked prompt in the batch
+        running is in neither queue), and the window of `gen_throughput` ends with the macro step it ends in."""
+        if now - self._gen_tic_s > GEN_STALE_S:
+            self._gen_throughput = 0.0
+        return LoadsReport(len(self.running), len(self.waiting) - self.num_admitted, self.waiting_new_tokens,
+                           self.sum_ctx / self.cache.capacity_tokens, self._gen_throughput)
 
     @property
     def num_waiting(self) -> int:

@@ -1,9 +1,10 @@
 """Shepherd Model Gateway (smg) and its predecessor sglang-router: `cache_aware` (smg 1.13), `cache_aware_v03`
 (sglang-router 0.3.2) and `sticky` (smg `prefix_hash`).
 
-smg's load is the router's own in-flight counter (+1 when it sends, -1 when the request ends: `worker.rs`
-`load_counter`), not an engine metric; `cache_aware` and `sticky` keep it themselves from their decisions and
-`on_finished`, so they never need the workers' reports.
+smg's in-flight count is the router's own counter (+1 when it sends, -1 when the request ends: `worker.rs`
+`load_counter`); `cache_aware` and `sticky` keep it themselves from their decisions and `on_finished`. smg 1.13's
+`cache_aware` also polls the workers' `/v1/loads` every 10 s and scores an expected wait from the last poll
+(`SmgCacheAwareRouter`); the simulator calls its `on_poll`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,28 @@ import heapq
 import math
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.routers import ROUTERS, CacheAwareConfig, RouterPolicy, _load
-from radix_sync.policy.snapshot import RequestView, Route, WorkerView
+from radix_sync.policy.snapshot import LoadsReport, RequestView, Route, WorkerView
 
 MATCHED_TENANTS_CAP = 8
 """smg returns at most this many holders of the matched node (`crates/kv_index/src/common.rs`)."""
 MIN_ABSOLUTE_MARGIN = 4.0
 """smg 1.13's floor of the spill gate's adaptive absolute margin, requests (`cache_aware.rs` l.150)."""
+LOAD_MONITOR_INTERVAL_S = 10.0
+"""smg 1.13's `--load-monitor-interval` default, s (`main.rs`; `config/types.rs` l.604)."""
+MEAN_PREFILL_TOKENS = 1024
+DEFAULT_THROUGHPUT = 2000.0
+KV_PRESSURE_WEIGHT = 0.15
+"""The expected-wait scorer's fixed parameters inside `cache_aware` (`LeastLoadPolicy::new()`,
+`worker/expected_wait.rs` l.7-11): tokens credited per request sent (HTTP text is not tokenized), the drain rate
+of a worker reporting no generation (tokens/s), the weight of KV pressure (seconds)."""
+OVERLOAD_WAITING = 8
+OVERLOAD_TOKEN_USAGE = 0.8
+"""smg 1.13's worker overload protection defaults (`main.rs` l.430-461): a worker reporting this many waiting
+requests, or this token usage, is not eligible until a poll says otherwise."""
 
 
 def _hash64(text: str) -> int:
@@ -59,37 +72,63 @@ class _InFlight(RouterPolicy):
 
 @ROUTERS.register("cache_aware")
 class SmgCacheAwareRouter(_InFlight):
-    """smg 1.13.0 `cache_aware`, HTTP (approximate-tree) path (PyPI sdist `smg==1.13.0`,
+    """smg 1.13.0 `cache_aware`, HTTP (approximate-tree) path, with its defaults (PyPI sdist `smg==1.13.0`,
     `model_gateway/src/policies/cache_aware.rs`: `select_worker_scanned` l.1479, `select_worker_with_text` l.3215,
     `select_final_from_affinity` l.2068, `over_count_pressure_gate` l.1805, `absolute_margin` l.1827;
-    `policies/least_load.rs` expected wait; `crates/kv_index/src/string_tree.rs` `matched_tenants`; defaults from
-    `main.rs`: cache threshold 0.3, balance abs 64, rel 1.5, eviction every 120 s, tree 2^26 characters).
+    `policies/least_load.rs` `select_min_expected_wait_with_freshness` l.495, `score` l.291; `worker/monitor.rs`
+    (the load monitor); `worker/expected_wait.rs`; `crates/kv_index/src/string_tree.rs` `matched_tenants`; defaults
+    from `main.rs`: cache threshold 0.3, balance abs 64, rel 1.5, eviction every 120 s, tree 2^26 characters, load
+    monitor every 10 s, overload veto at 8 waiting requests or token usage 0.8).
 
     - The tree is approximate: the prompts this router sent, per worker (smg's one tree with a tenant per
       worker), page-granular (as smg's token tree, page-aligned). match rate = longest match / prompt.
-    - avg = mean load (in-flight requests) over the workers; spill(w) = load(w) > avg x 1.5 AND load(w) >
-      avg + min(64, max(ceil(2 sqrt(avg)), 4)).
-    - If match rate > 0.3: the holders of the deepest matched node (the workers whose match is the longest; at
-      most 8, in a fixed arbitrary order, as a hash map's iteration order) are the affinity group; else the group
-      is empty.
+    - Load monitor: every `LOAD_MONITOR_INTERVAL_S` smg polls each worker's `GET /v1/loads` (SGLang answers it;
+      the live bench's worker logs show the polls) into a `LoadsReport` (`on_poll`); each poll resets the
+      worker's since-poll credit (requests sent to it since, 1,024 tokens each: smg does not tokenize HTTP text)
+      and sets its overload verdict (>= 8 waiting requests or token usage >= 0.8: not eligible).
+    - Eligible = not overloaded. avg = mean in-flight requests (smg's own `load()`: +1 when sent, -1 when done) over
+      the eligible; spill(w) = load(w) > avg x 1.5 AND load(w) > avg + min(64, max(ceil(2 sqrt(avg)), 4)).
+    - If match rate > 0.3: the eligible holders of the deepest matched node (at most 8, in a fixed arbitrary
+      order, as a hash map's iteration order) are the affinity group; else the group is empty.
     - The choice (`select_final_from_affinity`): the group's members that do not spill, if any; else, for an
-      empty group (a miss), every worker; else (every holder spills) the workers that do not spill, or every worker
-      if none. Among them, the lowest expected wait; with no engine load reports (the HTTP default: no load
-      polling), that is the fewest in-flight requests, exact ties uniformly at random.
+      empty group (a miss), every eligible worker; else (every holder spills) the eligible workers that do not
+      spill, or every eligible worker if none. Among them, the lowest expected wait (`expected_wait`), exact ties
+      (within 1e-6 s) uniformly at random; the winner is credited 1,024 tokens until the next poll. Expected
+      wait of a worker with a report r: (Q + 1024 x credited requests) / drain + 0.15 k / (1 - k), Q =
+      r.waiting_uncached_tokens (or 1024 per waiting request if 0) + 1024 per running request + 1024 per request
+      in flight beyond r's running + waiting + credited ones, drain = r.gen_throughput (2,000 tokens/s if 0), k =
+      r.token_usage (at most 0.999). Before the first poll (no report): the fewest in-flight requests.
+      Every worker overloaded: the fewest in-flight requests, no insert, no credit (`overload_fallback`).
     - The prompt is inserted into the chosen worker's tree (so a spill target becomes a holder). Every 120 s the
       trees are trimmed to the shared total budget (2^26 characters, ~2^24 tokens at ~4 characters per token),
       evicting the least recently used leaves of any worker first (smg >= #2137: one per-model budget).
-    The KV-usage triggers are off by default (thresholds 1.0) and so not modelled; the event-driven path (gRPC
-    with KV events, its warm-up and sampling) is not this one."""
+    Not modelled: failed polls (the credit then grows on), retries and the circuit breaker (no failures here), the
+    KV-usage triggers (off by default: thresholds 1.0); the event-driven path (gRPC with KV events, its warm-up
+    and sampling) is not this one. `load_monitor_s=0` models `--disable-load-monitoring` (in-flight counts
+    only: how this project modelled smg 1.13 before stop 50)."""
 
     def __init__(self, page_len: int = 1, cfg: CacheAwareConfig = CacheAwareConfig(), seed: int = 0,
-                 **_: object) -> None:
+                 load_monitor_s: float = LOAD_MONITOR_INTERVAL_S, **_: object) -> None:
         super().__init__(seed)
         self.cfg = cfg
         self.page_len = page_len
         self._trees: list[PageTree] = []
         self._order: list[int] = []
         self._next_trim_s = cfg.eviction_interval_s
+        if load_monitor_s < 0:
+            raise ValueError(f"load_monitor_s={load_monitor_s!r} must be >= 0")
+        self.poll_period_s = load_monitor_s
+        # smg was started before the run: its polls fall anywhere in the first period (a fixed phase per seed)
+        self.poll_phase_s = random.Random(f"smg-poll/{seed}").uniform(0.0, load_monitor_s)
+        self._reports: Optional[list[LoadsReport]] = None
+        self._credit: list[int] = []
+        self._overloaded: list[bool] = []
+
+    def on_poll(self, reports: Sequence[LoadsReport], now: float) -> None:
+        self._reports = list(reports)
+        self._credit = [0] * len(reports)
+        self._overloaded = [r.num_waiting >= OVERLOAD_WAITING or r.token_usage >= OVERLOAD_TOKEN_USAGE
+                            for r in reports]
 
     def _spills(self, load: int, avg: float) -> bool:
         margin = min(float(self.cfg.balance_abs_threshold), max(math.ceil(2.0 * math.sqrt(avg)), MIN_ABSOLUTE_MARGIN))
@@ -101,17 +140,46 @@ class SmgCacheAwareRouter(_InFlight):
         ties = [i for i in cands if loads[i] == lo]
         return ties[0] if len(ties) == 1 else self._rng.choice(ties)
 
-    def choose(self, group: list[int], n: int) -> int:
-        """Returns: smg's `select_final_from_affinity` over the affinity `group` (worker ids; empty: a miss)."""
+    def expected_wait(self, i: int) -> float:
+        """Returns: smg's expected wait of worker `i` (seconds), from its last report (there must be one)."""
+        r, credit = self._reports[i], self._credit[i]
+        queued = r.waiting_uncached_tokens if r.waiting_uncached_tokens > 0 else r.num_waiting * MEAN_PREFILL_TOKENS
+        unaccounted = max(0, self._loads[i] - (r.num_running + r.num_waiting + credit))
+        q = queued + (r.num_running + unaccounted + credit) * MEAN_PREFILL_TOKENS
+        drain = r.gen_throughput if r.gen_throughput > 0 else DEFAULT_THROUGHPUT
+        k = min(max(r.token_usage, 0.0), 0.999)
+        return q / drain + KV_PRESSURE_WEIGHT * k / (1.0 - k)
+
+    def _least_wait(self, cands: list[int]) -> int:
+        if self._reports is None or len(self._reports) <= max(cands):
+            return self._least_in_flight(cands)
+        scores = [self.expected_wait(i) for i in cands]
+        lo = min(scores)
+        ties = [i for i, s in zip(cands, scores) if s - lo <= 1e-6]
+        best = ties[0] if len(ties) == 1 else self._rng.choice(ties)
+        self._credit[best] += 1
+        return best
+
+    def _eligible(self, n: int) -> list[int]:
+        over = self._overloaded
+        return [i for i in range(n) if i >= len(over) or not over[i]]
+
+    def choose(self, group: list[int], n: int) -> Optional[int]:
+        """Returns: smg's `select_final_from_affinity` over the affinity `group` (worker ids; empty: a miss); None:
+        every worker is overloaded."""
+        elig = self._eligible(n)
+        if not elig:
+            return None
         loads = self._loads
-        avg = sum(loads[:n]) / n
+        avg = sum(loads[i] for i in elig) / len(elig)
+        group = [i for i in group if i in elig]
         safe = [i for i in group if not self._spills(loads[i], avg)]
         if safe:
-            return self._least_in_flight(safe)
+            return self._least_wait(safe)
         if not group:
-            return self._least_in_flight(list(range(n)))
-        targets = [i for i in range(n) if not self._spills(loads[i], avg)]
-        return self._least_in_flight(targets or list(range(n)))
+            return self._least_wait(elig)
+        targets = [i for i in elig if not self._spills(loads[i], avg)]
+        return self._least_wait(targets or elig)
 
     def route(self, req: RequestView, workers: Sequence[WorkerView], now: float) -> Route:
         n = len(workers)
@@ -126,6 +194,10 @@ class SmgCacheAwareRouter(_InFlight):
         rate = min(best * self.page_len, req.prompt_len) / req.prompt_len if req.prompt_len else 0.0
         group = [i for i in self._order if lens[i] == best][:MATCHED_TENANTS_CAP] if rate > self.cfg.cache_threshold else []
         target = self.choose(group, n)
+        if target is None:  # `overload_fallback`: no tree insert, no credit
+            target = self._least_in_flight(list(range(n)))
+            self._sent(req.request_id, target)
+            return Route(target)
         tree = self._trees[target]
         tree.insert(pages, len(pages), now)
         if pages:
