@@ -71,8 +71,8 @@ def _simple(name: str) -> None:
         return PolicyBundle(name, make_router(name, **_ctx(profile, page_len, seed)))
 
 
-for _name in ("round_robin", "least_load", "cache_aware", "cache_aware_v03", "cost", "pull", "sticky", "precise",
-              "e2"):
+for _name in ("round_robin", "least_load", "cache_aware", "cache_aware_inflight", "cache_aware_v03", "cost", "pull",
+              "sticky", "precise", "e2"):
     _simple(_name)
 
 

@@ -14,6 +14,7 @@ from the `CostProfile` (ground truth of the simulation).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from typing import Protocol
 
@@ -430,13 +431,23 @@ class SimWorker:
         return now
 
     def loads_report(self, now: float) -> LoadsReport:
-        """Returns: what SGLang's `/v1/loads` would report of this worker now. Approximations: the uncached tokens
+        """Returns: what SGLang's `/v1/loads` would report of this worker now; token usage = (capacity - free -
+        evictable) / capacity (`pool_stats_observer.py::_get_token_info`): the pages the admitted and running
+        requests lock, and the reservations. Approximations: the uncached tokens
         count every prefilling request's rest (SGLang counts the chunked one's; an unchunked prompt in the batch
         running is in neither queue), and the window of `gen_throughput` ends with the macro step it ends in."""
         if now - self._gen_tic_s > GEN_STALE_S:
             self._gen_throughput = 0.0
+        cache = self.cache
+        nodes, locked = cache.tree.nodes, set()
+        for req in itertools.chain((r for _, _, r in self.running), (r for r in self.waiting if r.admitted)):
+            page = req.lock_page
+            while page is not None and page not in locked and page in nodes:  # its pages, shared ones once
+                locked.add(page)
+                page = nodes[page].parent
+        used = min(cache.capacity_tokens, len(locked) * cache.page_len + cache.reserved_tokens)
         return LoadsReport(len(self.running), len(self.waiting) - self.num_admitted, self.waiting_new_tokens,
-                           self.sum_ctx / self.cache.capacity_tokens, self._gen_throughput)
+                           used / cache.capacity_tokens, self._gen_throughput)
 
     @property
     def num_waiting(self) -> int:

@@ -125,6 +125,7 @@ class SmgCacheAwareRouter(_InFlight):
         self._overloaded: list[bool] = []
 
     def on_poll(self, reports: Sequence[LoadsReport], now: float) -> None:
+        self._grow(len(reports))
         self._reports = list(reports)
         self._credit = [0] * len(reports)
         self._overloaded = [r.num_waiting >= OVERLOAD_WAITING or r.token_usage >= OVERLOAD_TOKEN_USAGE
@@ -192,7 +193,8 @@ class SmgCacheAwareRouter(_InFlight):
         lens = [t.match_len(pages) for t in self._trees[:n]]
         best = max(lens)
         rate = min(best * self.page_len, req.prompt_len) / req.prompt_len if req.prompt_len else 0.0
-        group = [i for i in self._order if lens[i] == best][:MATCHED_TENANTS_CAP] if rate > self.cfg.cache_threshold else []
+        hit = rate > self.cfg.cache_threshold
+        group = [i for i in self._order if lens[i] == best][:MATCHED_TENANTS_CAP] if hit else []
         target = self.choose(group, n)
         if target is None:  # `overload_fallback`: no tree insert, no credit
             target = self._least_in_flight(list(range(n)))
@@ -221,6 +223,17 @@ class SmgCacheAwareRouter(_InFlight):
             s = tree.lru_leaf_s()
             if s is not None:
                 heapq.heappush(heap, (s, i))
+
+
+@ROUTERS.register("cache_aware_inflight")
+class SmgCacheAwareInFlightRouter(SmgCacheAwareRouter):
+    """`cache_aware` without the load monitor: the fewest in-flight requests instead of the expected wait from the
+    last poll (smg 1.13 if its polls of `/v1/loads` fail; this project's model of smg 1.13 before stop 50, kept to
+    reproduce the numbers made with it and to show what the polls cost smg)."""
+
+    def __init__(self, page_len: int = 1, cfg: CacheAwareConfig = CacheAwareConfig(), seed: int = 0,
+                 **_: object) -> None:
+        super().__init__(page_len, cfg, seed, load_monitor_s=0.0)
 
 
 @ROUTERS.register("cache_aware_v03")
