@@ -411,7 +411,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
              machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False,
-             tie_turns: bool = True) -> dict:
+             tie_turns: bool = True, frontend: bool = False) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -424,7 +424,10 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     stop 40 (`EngineConfig.prompt_token_reports`; False: their uncached tokens, as the live agent's do now).
     `speed_calibration`: the simulated router learns the prefill speed from the requests that ran alone, as the
     live router's `--speed-calibration` (`radix_sync.policy.speed`; its planner shares the cost model).
-    `tie_turns`: full ties take turns over the workers (False: the lowest id, as the live router's `--no-tie-turns`)."""
+    `tie_turns`: full ties take turns over the workers (False: the lowest id, as the live router's `--no-tie-turns`).
+    `frontend`: each request's CPU in the processes beside the workers runs on the same cores
+    (`EngineConfig.frontend_cpu_s`, as measured on the testbed for the arm's front door: `testbed.FRONTEND_CPU_S`);
+    False: not modelled (the default: docs/bench.md, stop 50, says why)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.speed import SpeedCalibration
     from radix_sync.policy.planner import PlannerConfig
@@ -452,7 +455,9 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
                         overlap_lag=True, record_requests=True, endpoint_wait=endpoint_wait,
-                        prompt_token_reports=prompt_reports)
+                        prompt_token_reports=prompt_reports,
+                        frontend_cpu_s=(testbed.FRONTEND_CPU_S["smg" if arm in SMG_POLICY else "kvrep"]
+                                        if frontend else 0.0))
     stats = Engine(profile, wl, policy, ecfg).run()
     return stats.to_dict()
 
@@ -879,7 +884,8 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
 
 
 def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = True,
-               machine_name: str = SIM_MACHINE_FIT, prompt_reports: Optional[bool] = None) -> int:
+               machine_name: str = SIM_MACHINE_FIT, prompt_reports: Optional[bool] = None,
+               frontend: bool = False) -> int:
     """Re-runs the simulator on a saved `kvrep bench` run (results.json: its arguments, the live requests and the
     machine speed measured then) and prints the validation table: a model change is checked against live
     measurements without running the cluster again. `cores`: simulate the workers sharing that many cores instead
@@ -887,7 +893,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     `machine_name`: `SIM_MACHINE_FIT` (the run's own fit, `measure_machine`), or the profile whose prefill terms
     the engine runs on, at the run's drift; "probe": the priced profile scaled by the run's speed probe (the model
     before). `prompt_reports`: see `simulate`; None: as the run's agents reported (`WAITING_REPORTS` when the run
-    saved it, else whole prompts)."""
+    saved it, else whole prompts). `frontend`: see `simulate`."""
     data = load_results(path)
     if prompt_reports is None:
         prompt_reports = data.get("waiting_reports") != WAITING_REPORTS
@@ -911,13 +917,14 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
                             machine, prompt_reports, calibrated and r["arm"] not in FIXED_SPEED_ARMS,
-                            turns and r["arm"] not in LOWEST_ID_ARMS)
+                            turns and r["arm"] not in LOWEST_ID_ARMS, frontend)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
           + (f"{describe_machine(machine)}; policies priced with {profile}"
              f"{', speed calibrated' if calibrated else ''}; waiting prompts "
-             f"reported {'whole' if prompt_reports else 'uncached'})"
+             f"reported {'whole' if prompt_reports else 'uncached'}"
+             f"{'; front-end CPU on the shared cores' if frontend else ''})"
              if machine else f"{profile} scaled by the speed probe then: {probe})"))
     print(validation_table(rows, profile))
     print()
@@ -963,7 +970,8 @@ def run_bench(args) -> int:
         return print_claims(Path(args.claims))
     if getattr(args, "resimulate", None):
         return resimulate(Path(args.resimulate), cores=args.sim_cores, endpoint_wait=args.sim_endpoint_wait,
-                          machine_name=args.sim_machine, prompt_reports=args.sim_prompt_reports)
+                          machine_name=args.sim_machine, prompt_reports=args.sim_prompt_reports,
+                          frontend=args.sim_frontend_cpu)
     from transformers import AutoTokenizer
 
     from kvrep_dev.loadgen import Renderer, ReplayConfig, replay, summarize, workload_size
@@ -1340,6 +1348,10 @@ def add_arguments(p, *, demo: bool = False) -> None:
                             "the run's agents did, saved with it)")
         p.add_argument("--sim-cores", type=int, default=None,
                        help="with --resimulate: the workers share this many cores (default: this machine's)")
+        p.add_argument("--sim-frontend-cpu", action="store_true",
+                       help="with --resimulate: each request's CPU in the router, coordinator, SGLang's HTTP and "
+                            "detokenizer processes and the client runs on the workers' cores (measured: "
+                            "kvrep_dev.testbed.FRONTEND_CPU_S; default: not modelled)")
         p.add_argument("--sim-endpoint-wait", action=argparse.BooleanOptionalAction, default=True,
                        help="the simulator's copies start between scheduler iterations at both ends, as the live "
                             "agents' (--no-sim-endpoint-wait: pages move during iterations, the model before)")

@@ -30,6 +30,14 @@ MACHINE_PROFILE = "cpu-wide-bench"
 with prefill terms fitted on the requests of saved bench runs that ran alone (`scripts/calibrate_cpu.py
 --from-bench`); the live router and planner price with `PROFILE`, and so do the simulated ones."""
 GPU_PROFILE = "llama3.1-8b-h200"
+FRONTEND_CPU_S = {"kvrep": 0.0165, "smg": 0.0092}
+"""CPU seconds a request costs the testbed's processes other than the workers' schedulers, above what they use idle
+(what `EngineConfig.frontend_cpu_s` runs on the shared cores beside the workers in `kvrep bench --simulate` and
+`--resimulate`), through our router ("kvrep": router 4.7 ms, coordinator 2.3, the two SGLang HTTP/tokenizer
+processes 6.4 together, the detokenizers 1.6, the client 1.5) and through smg 1.13 ("smg": smg 1.0, coordinator
+0.2, SGLang 5.3, detokenizer 1.3, client 1.3). Measured 2026-12-07 with `scripts/front_door_cpu.py --requests 150
+--rate 4 --idle-s 20` on a `kvrep up --workers 2 --model wide` cluster, each front door in turn (150 streamed
+~1,900-token prompts, 8 output tokens)."""
 
 
 def copy_to_prefill_ratio(profile_name: str = GPU_PROFILE) -> float:

@@ -2,7 +2,7 @@
 
 Sends `--requests` streamed `/generate` requests sharing a ~1,900-token prefix (a distinct tail each) at `--rate`
 a second (Poisson) to `--url`, and reads each process's CPU time (every thread, `/proc/PID/task/*/stat`) before and
-after. With a `kvrep up` cluster and smg 1.13 started in front of the same workers:
+after (this client's own included; `--idle-s`: less what each uses when idle). With a `kvrep up` cluster and smg 1.13 started in front of the same workers:
 
     .venv/bin/kvrep up --workers 2 --model wide --logs /tmp/up &        # prints the router and worker URLs
     .venv/bin/python -m smg.launch_router --host 127.0.0.1 --port 18888 --policy cache_aware \\
@@ -32,7 +32,7 @@ def cpu_s(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-async def run(url: str, key: str, n: int, rate: float, pids: dict[str, int], seed: int) -> None:
+async def run(url: str, key: str, n: int, rate: float, pids: dict[str, int], seed: int, idle_s: float = 0.0) -> None:
     import aiohttp
 
     rnd = random.Random(seed)
@@ -52,6 +52,13 @@ async def run(url: str, key: str, n: int, rate: float, pids: dict[str, int], see
                     first = time.perf_counter() - start
         ttfts.append(first if first is not None else float("nan"))
 
+    pids = {**pids, "client": os.getpid()}
+    idle = {k: 0.0 for k in pids}
+    if idle_s > 0:  # each process's CPU with no request: polling loops, timers (subtracted below)
+        i0, t = {k: cpu_s(p) for k, p in pids.items()}, time.monotonic()
+        await asyncio.sleep(idle_s)
+        span = time.monotonic() - t
+        idle = {k: (cpu_s(p) - i0[k]) / span for k, p in pids.items()}
     async with aiohttp.ClientSession() as session:
         before, t0 = {k: cpu_s(p) for k, p in pids.items()}, time.monotonic()
         tasks = []
@@ -64,9 +71,15 @@ async def run(url: str, key: str, n: int, rate: float, pids: dict[str, int], see
     ms = sorted(t * 1000 for t in ttfts)
     print(f"{url}: {n} requests in {wall:.1f} s; TTFT median {statistics.median(ms):.1f} ms, "
           f"mean {statistics.fmean(ms):.1f} ms")
+    total = 0.0
     for k in pids:
         used = after[k] - before[k]
-        print(f"  {k:10s} {used:6.2f} s CPU   {used / n * 1000:6.2f} ms a request")
+        extra = used - idle[k] * wall
+        total += extra
+        print(f"  {k:10s} {used:6.2f} s CPU   {used / n * 1000:6.2f} ms a request"
+              + (f"   idle {idle[k]:.3f} cores; above idle {extra / n * 1000:6.2f} ms a request" if idle_s > 0 else ""))
+    if idle_s > 0:
+        print(f"  every process above idle: {total / n * 1000:.2f} ms a request")
 
 
 def main() -> int:
@@ -77,10 +90,12 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=4.0, help="requests a second (Poisson)")
     p.add_argument("--pids", required=True, help="NAME=PID,... the processes whose CPU time to count")
     p.add_argument("--seed", type=int, default=2)
+    p.add_argument("--idle-s", type=float, default=0.0,
+                   help="first measure each process's CPU this long with no request, and subtract it (0: do not)")
     args = p.parse_args()
     pids = {name: int(pid) for name, pid in (x.split("=", 1) for x in args.pids.split(","))}
     key = open(args.api_key_file).read().strip() if args.api_key_file else ""
-    asyncio.run(run(args.url, key, args.requests, args.rate, pids, args.seed))
+    asyncio.run(run(args.url, key, args.requests, args.rate, pids, args.seed, args.idle_s))
     return 0
 
 

@@ -65,6 +65,11 @@ class EngineConfig:
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
     of its speed while k workers are busy, re-timed whenever k changes."""
+    frontend_cpu_s: float = 0.0
+    """With `shared_cores`: CPU seconds the processes other than the workers' schedulers spend per request (the
+    front door, the coordinator, SGLang's HTTP/tokenizer and detokenizer processes, the client), run as one job on
+    the shared cores from the request's arrival: while j such jobs run beside k busy workers, each runs at
+    min(1, N/(k+j)). 0: not modelled (every core the workers do not use is idle)."""
 
     host_tier_ratio: float = 0.0
     """> 1: every worker has a host-memory KV tier, SGLang's hierarchical cache with `--hicache-ratio` set to this
@@ -88,8 +93,9 @@ class EngineConfig:
             raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
         if not (self.view_staleness_s >= 0 and self.hint_jitter >= 0):
             raise ValueError(f"view_staleness_s={self.view_staleness_s!r}, hint_jitter={self.hint_jitter!r} must be >= 0")
-        if self.shared_cores < 0:
-            raise ValueError(f"shared_cores={self.shared_cores!r} must be >= 0")
+        if self.shared_cores < 0 or self.frontend_cpu_s < 0:
+            raise ValueError(f"shared_cores={self.shared_cores!r}, frontend_cpu_s={self.frontend_cpu_s!r} "
+                             "must be >= 0")
         if self.eviction not in ("lru", "tlru"):
             raise ValueError(f"eviction={self.eviction!r} must be 'lru' or 'tlru'")
         if self.tlru_threshold_tokens < 0 or self.tlru_next_prompt_tokens < 0:

@@ -19,6 +19,8 @@ from radix_sync.policy.snapshot import REPLICA, ClusterSnapshot, HolderView, Req
 from radix_sync.policy.tracker import NodeTracker
 from radix_sync.sim.cache import Directory, worker_cache
 from radix_sync.sim.config import EngineConfig
+from radix_sync.sim.cores import FrontEndJobs
+from radix_sync.sim.demote import demote_on, demote_others
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer, reestimate_pending
 from radix_sync.sim.policies import PolicyBundle
@@ -27,8 +29,8 @@ from radix_sync.sim.views import (LoadViews, cached_lens, gate_fields, hinted, h
 from radix_sync.sim.worker import IDLE, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload
 
-ARRIVE, ITER, XFER, EXPIRE, TICK, START, REPORT, POLL = range(8)
-PERIODIC = (TICK, REPORT, POLL)
+ARRIVE, ITER, XFER, EXPIRE, TICK, START, REPORT, POLL, FRONTEND = range(9)
+PERIODIC = (TICK, REPORT, POLL, FRONTEND)
 PENDING_TIMEOUT_S = 30.0
 """A planned copy whose source has not got the pages this long after the expected time is dropped, s."""
 
@@ -78,6 +80,7 @@ class Engine:
         self._needs_cached = policy.router.uses_cached_len or self.tracker is not None
         self._no_views = (None,) * cfg.num_workers
         self.loads = LoadViews(self)
+        self.frontend = FrontEndJobs(cfg.frontend_cpu_s if cfg.shared_cores > 0 else 0.0)
         self._num_events = 0
         self.pull_log: deque = deque()
         """(start, source, target) of the critical-path pulls, oldest first (trimmed by `views.gate_fields`)."""
@@ -92,17 +95,20 @@ class Engine:
 
     def core_speed(self) -> float:
         """Speed of an iteration now (1.0 = the profile's time) when the workers share `EngineConfig.shared_cores`
-        cores: min(1, cores / busy workers)."""
-        busy = sum(1 for w in self.workers if w.state != IDLE)
+        cores: min(1, cores / (busy workers + front-end jobs running))."""
+        busy = sum(1 for w in self.workers if w.state != IDLE) + len(self.frontend)
         return min(1.0, self.cfg.shared_cores / busy) if busy else 1.0
 
     def on_busy_changed(self, now: float) -> None:
-        """A worker started or stopped working (`shared_cores` only): every iteration in progress (prefill or
-        decode) continues at the speed the number of busy workers now allows."""
+        """A worker or a front-end job started or stopped (`shared_cores` only): every iteration in progress
+        (prefill or decode) and every front-end job continues at the speed the cores now allow."""
+        self.frontend.advance(now)
         speed = self.core_speed()
         for w in self.workers:
             if w.state != IDLE and w.ps_speed != speed:
                 w.reshare(now, speed)
+        if (t := self.frontend.respeed(now, speed)) is not None:
+            self._push(t, FRONTEND, None, self.frontend.version)
 
     def schedule_iter_end(self, worker: SimWorker, t: float) -> None:
         self._push(t, ITER, worker, worker.version)
@@ -150,6 +156,10 @@ class Engine:
                 self.loads.report(obj, t)
                 if self._num_events:
                     self._push(t + self.loads.period_s, REPORT, obj)
+            elif kind == FRONTEND:
+                if version == self.frontend.version:
+                    self.frontend.finish(t)
+                    self.on_busy_changed(t)
             elif kind == POLL:  # the router's own poll of every worker (smg's load monitor)
                 router.on_poll(tuple([w.loads_report(t) for w in self.workers]), t)
                 if self._num_events:
@@ -163,6 +173,9 @@ class Engine:
     # ---- requests ----
     def _arrive(self, req: SimRequest, now: float) -> None:
         req.arrival_s = now
+        if self.frontend.cpu_s > 0:
+            self.frontend.start(now)
+            self.on_busy_changed(now)
         self.stats.on_arrival(req)
         workers = self.workers
         cached: tuple = ()
@@ -244,7 +257,8 @@ class Engine:
         # only when this worker holds all of the turn it follows (not just a shared part of it)
         if (req.followup and matched_pages and matched_pages >= req.global_match_len and self.policy.demote_stale
                 and worker.cache.oracle_pages is None):
-            self._demote_others(worker.wid, req.pages, matched_pages, now)
+            demote_others(self.workers, self.directory.holders, self.demotion_gate, worker.wid, req.pages,
+                          matched_pages, now)
         by_first = self.copies[worker.wid]
         if not by_first or matched_pages == 0:
             return
@@ -270,29 +284,6 @@ class Engine:
         if used:
             req.copy_hit_len = used * self.page_len
             self.stats.on_copy_hit(req, matched_pages * self.page_len)
-
-    def _demote_others(self, wid: int, pages, matched_pages: int, now: float) -> None:
-        """A session's next turn runs on `wid`: the other workers' copies of its history that go no further become
-        evict-first (a hit on an old copy takes this back), where the demotion gate lets it (`demotion_gate`)."""
-        holders = self.directory.holders
-        last = pages[matched_pages - 1]
-        bits = holders.get(last, 0) & ~(1 << wid)
-        if matched_pages < len(pages):
-            bits &= ~holders.get(pages[matched_pages], 0)  # those holding more of the prompt keep theirs
-        if bits and self.demotion_gate is not None:
-            stale = [i for i in range(bits.bit_length()) if bits >> i & 1]
-            if not self.demotion_gate.decide(last, stale, now):
-                return
-        self._demote_on(bits, last)
-
-    def _demote_on(self, bits: int, last: int) -> None:
-        """Demotes the chain ending at page `last` on every worker in the bitmask `bits`."""
-        i = 0
-        while bits:
-            if bits & 1:
-                self.workers[i].cache.tree.demote(last)
-            bits >>= 1
-            i += 1
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
         self.loads.on_started(req)
@@ -464,7 +455,7 @@ class Engine:
         for n in self.tracker.prune(now, planner.cfg.demote_idle_p, planner.cfg.demote_horizon_s):
             if not (self.policy.shadow or self.policy.oracle):
                 last = n.pages[n.num_pages - 1]
-                self._demote_on(self.directory.holders.get(last, 0), last)
+                demote_on(self.workers, self.directory.holders.get(last, 0), last)
         if not self.tracker.nodes:
             return
         reestimate_pending(self.pending, self.net, self.tracker.nodes, now)

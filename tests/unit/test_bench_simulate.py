@@ -402,3 +402,22 @@ def test_the_engine_runs_on_prefill_terms_fitted_to_the_runs_own_lone_requests()
     # too few lone requests for a fit: the drift, as before
     few = measure_machine([{**rows[0], "requests": reqs[:60]}], None)
     assert few["fit"] is None and "at prefill x" in describe_machine(few)
+
+
+def test_front_end_cpu_is_simulated_only_when_asked_and_per_front_door(monkeypatch):
+    import radix_sync.sim.engine as engine
+    from kvrep_dev.testbed import FRONTEND_CPU_S
+
+    seen = []
+    real = engine.Engine.__init__
+
+    def spy(self, profile, wl, policy, cfg):
+        seen.append(cfg.frontend_cpu_s)
+        real(self, profile, wl, policy, cfg)
+    monkeypatch.setattr(engine.Engine, "__init__", spy)
+    wl = build_workload("fanout", bench_args())
+    for arm, frontend in (("active", False), ("active", True), ("smg-ca", True)):
+        simulate(copy.deepcopy(wl), arm, 2, 0, frontend=frontend)
+    assert seen == [0.0, FRONTEND_CPU_S["kvrep"], FRONTEND_CPU_S["smg"]]
+    assert FRONTEND_CPU_S["smg"] < FRONTEND_CPU_S["kvrep"]
+    assert bench_args("--sim-frontend-cpu").sim_frontend_cpu and not bench_args().sim_frontend_cpu

@@ -185,3 +185,41 @@ def test_overlap_scheduler_on_a_synchronous_device_streams_outputs_one_iteration
     a, b = go([(0.0, 100, 1, [1]), (0.05, 100, 1, [2])])
     assert (a.first_token_s, b.first_token_s) == pytest.approx((0.22, 0.22))
     assert (a.finish_s, b.finish_s) == pytest.approx((0.22, 0.22))
+
+
+def _first_token_with_frontend(cores, frontend_cpu_s):
+    wl = Fixed([(0.0, 100, 3, list(range(1, 11)))])
+    cfg = EngineConfig(num_workers=1, duration_s=100.0, shared_cores=cores, frontend_cpu_s=frontend_cpu_s)
+    eng = Engine(PROFILE, wl, build_policy("round_robin", PROFILE, wl.page_len, 0), cfg)
+    eng.run()
+    assert len(eng.frontend) == 0
+    return wl.open_requests[0].first_token_s
+
+
+def test_front_end_cpu_shares_the_cores_with_the_workers():
+    # one core: the request's 20 ms front-end job and its 0.11 s prefill share it (0.5 each) until the job ends at
+    # 0.04 s (0.02 of the prefill done), then the prefill runs alone: first token at 0.04 + 0.09 = 0.13 s
+    assert _first_token_with_frontend(1, 0.02) == pytest.approx(0.13)
+    # two cores: the job runs on the core the worker does not use; not modelled: the same
+    assert _first_token_with_frontend(2, 0.02) == pytest.approx(0.11)
+    assert _first_token_with_frontend(1, 0.0) == pytest.approx(0.11)
+
+
+def test_front_end_jobs_progress_together_and_end_in_order():
+    from radix_sync.sim.cores import FrontEndJobs
+
+    jobs = FrontEndJobs(0.01)
+    jobs.start(0.0)
+    jobs.start(0.0)
+    assert jobs.respeed(0.0, 0.5) == pytest.approx(0.02)  # both at half speed: 0.01 s of work in 0.02 s
+    jobs.advance(0.01)
+    jobs.start(0.01)  # the third starts when the first two have 0.005 s done
+    v = jobs.version
+    assert jobs.respeed(0.01, 1.0 / 3) == pytest.approx(0.01 + 0.005 * 3) and jobs.version == v + 1
+    jobs.finish(0.025)
+    assert len(jobs) == 1
+    assert jobs.respeed(0.025, 1.0) == pytest.approx(0.025 + 0.005)
+    jobs.finish(0.03)
+    assert len(jobs) == 0 and jobs.respeed(0.03, 1.0) is None
+    with pytest.raises(ValueError):
+        EngineConfig(frontend_cpu_s=-1.0)
