@@ -1132,6 +1132,8 @@ def run_bench(args) -> int:
                             smg.stop()
                             procs.remove(smg)
                         continue
+                    if args.flush_caches:  # every arm starts on empty caches, as the simulator's does
+                        flush_workers(workers)
                     demoted_before = coord.get("/status")[1]["demotions"]
                     renderer = Renderer(tok, salt=zlib.crc32(
                         f"{args.seed}/{wname}/{arm}{f'/{rnd}' if rnd else ''}".encode()))
@@ -1234,7 +1236,7 @@ def run_bench(args) -> int:
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
                    "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS,
-                   "prefill_speed": PREFILL_SPEED, "ties": TIES},
+                   "prefill_speed": PREFILL_SPEED, "ties": TIES, "flushed": bool(args.flush_caches)},
                   f, indent=2,
                   default=str)
     try:
@@ -1245,15 +1247,23 @@ def run_bench(args) -> int:
     return 0 if all(r["live"]["errors"] == 0 for r in rows) else 1
 
 
-def flush_workers(workers: list[Worker]) -> None:
-    """Empties every worker's prefix cache (SGLang's `/flush_cache`, with the workers' key)."""
+def flush_workers(workers: list[Worker], wait_s: float = 30.0) -> None:
+    """Empties every worker's prefix cache (SGLang's `/flush_cache`, with the workers' key). SGLang refuses (HTTP
+    400) while a request is queued or running: asked again every 0.5 s for up to `wait_s`."""
+    import urllib.error
     import urllib.request
 
     for w in workers:
-        req = urllib.request.Request(w.url + "/flush_cache", data=b"", method="POST", headers=w.headers)
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{w.url}/flush_cache: HTTP {resp.status}")
+        deadline = time.monotonic() + wait_s
+        while True:
+            req = urllib.request.Request(w.url + "/flush_cache", data=b"", method="POST", headers=w.headers)
+            try:
+                with urllib.request.urlopen(req, timeout=60):
+                    break
+            except urllib.error.HTTPError as e:
+                if e.code != 400 or time.monotonic() >= deadline:
+                    raise RuntimeError(f"{w.url}/flush_cache: HTTP {e.code}: {e.read()[:200]!r}") from None
+            time.sleep(0.5)
 
 
 def gsp_config(args) -> sglclient.GspConfig:
@@ -1292,6 +1302,10 @@ def add_arguments(p, *, demo: bool = False) -> None:
                    help=f"comma-separated, from {', '.join(ARMS)}; ARM@N: the arm behind N front doors (ours: N "
                         f"routers on the coordinator's one directory; smg: N gateways), requests spread in turn")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--flush-caches", action=argparse.BooleanOptionalAction, default=True,
+                   help="empty every worker's prefix cache before each arm (SGLang's /flush_cache), so that every arm "
+                        "starts from the same state, as in the simulator (--no-flush-caches: each arm starts on the "
+                        "caches the arm before left, as before stop 50; SGLang's own client always flushes)")
     p.add_argument("--arm-order", choices=("fixed", "shuffled"), default="fixed",
                    help="the arms' order in each round: as given, or shuffled per round (seeded): no arm always "
                         "runs after the same one")

@@ -48,6 +48,11 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     assert f"simulator ({testbed.PROFILE} profile) vs live" in proc.stdout
     assert "within 20% of the measured value" in proc.stdout and "within 0.1 of the measured ratio" in proc.stdout
     res = json.loads((out_dir / "results.json").read_text())
+    # every arm started on empty caches: each worker flushed once per arm (5 here)
+    assert res["flushed"] is True
+    for i in range(2):
+        log = (out_dir / "logs" / f"worker-{i}.log").read_text()
+        assert log.count("Cache flushed successfully") >= 5, log.count("Cache flushed successfully")
     fronts = {r["arm"]: r for r in res["rows"] if "@" in r["arm"]}
     rows = {r["arm"]: r for r in res["rows"] if "@" not in r["arm"]}
     assert set(rows) == {"shadow", "active", "smg-ca"}

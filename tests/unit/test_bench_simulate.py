@@ -421,3 +421,7 @@ def test_front_end_cpu_is_simulated_only_when_asked_and_per_front_door(monkeypat
     assert seen == [0.0, FRONTEND_CPU_S["kvrep"], FRONTEND_CPU_S["smg"]]
     assert FRONTEND_CPU_S["smg"] < FRONTEND_CPU_S["kvrep"]
     assert bench_args("--sim-frontend-cpu").sim_frontend_cpu and not bench_args().sim_frontend_cpu
+
+
+def test_every_arm_starts_on_empty_caches_unless_told_otherwise():
+    assert bench_args().flush_caches and not bench_args("--no-flush-caches").flush_caches
