@@ -104,8 +104,8 @@ class SmgCacheAwareRouter(_InFlight):
       evicting the least recently used leaves of any worker first (smg >= #2137: one per-model budget).
     Not modelled: failed polls (the credit then grows on), retries and the circuit breaker (no failures here), the
     KV-usage triggers (off by default: thresholds 1.0); the event-driven path (gRPC with KV events, its warm-up
-    and sampling) is not this one. `load_monitor_s=0` models `--disable-load-monitoring` (in-flight counts
-    only: how this project modelled smg 1.13 before stop 50)."""
+    and sampling) is not this one. `load_monitor_s=0`: no load report ever arrives (every poll failing), so the
+    fewest requests in flight decide (`cache_aware_inflight`; how this project modelled smg 1.13 before stop 50)."""
 
     def __init__(self, page_len: int = 1, cfg: CacheAwareConfig = CacheAwareConfig(), seed: int = 0,
                  load_monitor_s: float = LOAD_MONITOR_INTERVAL_S, **_: object) -> None:
