@@ -668,10 +668,11 @@ def format_front_doors(front: list[dict]) -> str:
 
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
           ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"), ("active", "active-fixed"),
-          ("shadow", "shadow-lowid"))
+          ("shadow", "shadow-lowid"), ("shadow@1", "shadow"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
-prediction), where both arms ran."""
+prediction), where both arms ran; and `shadow@1`/`shadow`, an A/A control (the same router, its own prompts): how far
+two identical arms drift in the run."""
 
 
 def claim_ratios(rows: list[dict]) -> list[dict]:

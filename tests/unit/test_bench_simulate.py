@@ -100,7 +100,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
     from pathlib import Path
 
     files = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json.gz"))
-    assert [f.name for f in files] == ["bench-agent-aa-s4.json.gz", "bench-agent-abl45-s4.json.gz",
+    assert [f.name for f in files] == ["bench-agent-aa-s4.json.gz", "bench-agent-aa50-s6.json.gz",
+                                       "bench-agent-abl45-s4.json.gz",
                                        "bench-agent-abl47-s3.json.gz", "bench-agent-abl47-s4.json.gz",
                                        "bench-agent-abl48-s3.json.gz",
                                        "bench-agent-ablation-s4.json.gz", "bench-agent-ablation.json.gz",
@@ -175,6 +176,7 @@ def test_the_tie_rotations_ablation_arm_routes_every_full_tie_to_the_lowest_id_l
     assert LOWEST_ID_ARMS == ("shadow-lowid",) and "shadow-lowid" in ARMS
     assert SIM_POLICY["shadow-lowid"] == "kvrep_shadow"
     assert "shadow-lowid" not in bench_args().arms.split(",") and ("shadow", "shadow-lowid") in CLAIMS
+    assert ("shadow@1", "shadow") in CLAIMS  # the A/A control, where a run has it
     assert router_flags("shadow-lowid") == ("--no-tie-turns",) and router_flags("shadow") == ()
     assert router_flags("active") == ("--pull",)
     assert router_flags("active-fixed") == ("--pull", "--no-speed-calibration")
