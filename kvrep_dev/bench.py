@@ -125,16 +125,32 @@ def saved_arg(value):
 
 
 def round_order(arms: list[str], rnd: int, seed: int, mode: str = "fixed") -> list[str]:
-    """The order the arms run in, in round `rnd`: as given (`fixed`), or shuffled per round (`shuffled`, seeded by
+    """The order the arms run in, in round `rnd`: as given (`fixed`); shuffled per round (`shuffled`, seeded by
     `seed` and the round: reproducible), so no arm always runs after the same one (a slow drift or what the
-    previous arm left in the workers' caches then hits every arm alike)."""
+    previous arm left in the workers' caches then hits every arm alike); or `balanced`: a Williams design over the
+    arms (their labels shuffled by `seed`), so that over every n rounds (2n for an odd number n of arms) each arm
+    runs in each place of the round equally often and right after each other arm equally often (a random shuffle
+    does not: 2 arms in 3 rounds came out in the same order every round, stop 50's A/A run)."""
     if mode == "fixed":
         return list(arms)
-    if mode != "shuffled":
-        raise ValueError(f"arm order must be fixed or shuffled, got {mode!r}")
+    if mode not in ("shuffled", "balanced"):
+        raise ValueError(f"arm order must be fixed, shuffled or balanced, got {mode!r}")
     order = list(arms)
-    random.Random(seed * 1_000_003 + rnd).shuffle(order)
-    return order
+    if mode == "shuffled":
+        random.Random(seed * 1_000_003 + rnd).shuffle(order)
+        return order
+    random.Random(seed * 1_000_003).shuffle(order)
+    n = len(order)
+    first = [0]  # 0, 1, n-1, 2, n-2, ...
+    lo, hi = 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    row = [order[(j + rnd) % n] for j in first]
+    return row[::-1] if n % 2 and (rnd // n) % 2 else row
 
 
 def split_arm(arm: str) -> tuple[str, int]:
@@ -1307,7 +1323,7 @@ def add_arguments(p, *, demo: bool = False) -> None:
                    help="empty every worker's prefix cache before each arm (SGLang's /flush_cache), so that every arm "
                         "starts from the same state, as in the simulator (--no-flush-caches: each arm starts on the "
                         "caches the arm before left, as before stop 50; SGLang's own client always flushes)")
-    p.add_argument("--arm-order", choices=("fixed", "shuffled"), default="fixed",
+    p.add_argument("--arm-order", choices=("fixed", "shuffled", "balanced"), default="fixed",
                    help="the arms' order in each round: as given, or shuffled per round (seeded): no arm always "
                         "runs after the same one")
     p.add_argument("--repeats", type=int, default=1,

@@ -286,8 +286,24 @@ def test_the_arms_can_run_in_a_shuffled_order_per_round_reproducibly():
     assert bench_args().arm_order == "fixed"
     import pytest
 
-    with pytest.raises(ValueError, match="fixed or shuffled"):
+    with pytest.raises(ValueError, match="fixed, shuffled or balanced"):
         round_order(arms, 0, 0, "random")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_a_balanced_order_puts_each_arm_in_each_place_and_after_each_other_arm_equally_often(n):
+    from kvrep_dev.bench import round_order
+
+    arms = [f"a{i}" for i in range(n)]
+    rounds = n if n % 2 == 0 else 2 * n
+    orders = [round_order(arms, rnd, 7, "balanced") for rnd in range(rounds)]
+    assert all(sorted(o) == arms for o in orders)
+    places = collections.Counter((a, i) for o in orders for i, a in enumerate(o))
+    assert set(places.values()) == {rounds // n} and len(places) == n * n
+    after = collections.Counter((o[i], o[i + 1]) for o in orders for i in range(n - 1))
+    assert len(after) == n * (n - 1) and len(set(after.values())) == 1
+    assert orders == [round_order(arms, rnd, 7, "balanced") for rnd in range(rounds)]  # reproducible
+    assert bench_args("--arm-order", "balanced").arm_order == "balanced"
 
 
 def test_the_bench_simulates_copies_between_iterations_as_the_live_agents_make_them(monkeypatch):
