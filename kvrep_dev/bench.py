@@ -1324,8 +1324,10 @@ def add_arguments(p, *, demo: bool = False) -> None:
                         "starts from the same state, as in the simulator (--no-flush-caches: each arm starts on the "
                         "caches the arm before left, as before stop 50; SGLang's own client always flushes)")
     p.add_argument("--arm-order", choices=("fixed", "shuffled", "balanced"), default="fixed",
-                   help="the arms' order in each round: as given, or shuffled per round (seeded): no arm always "
-                        "runs after the same one")
+                   help="the arms' order in each round: as given; shuffled per round (seeded): no arm always "
+                        "runs after the same one; or balanced (a Williams design, seeded): over every n rounds (2n "
+                        "for an odd n of arms) each arm runs in each place and right after each other arm equally "
+                        "often")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every arm (interleaved); > 1 adds medians and ranges over the rounds")
     p.add_argument("--duration-s", type=float, default=30.0, help="arrivals (or session starts) within this time")

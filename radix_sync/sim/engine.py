@@ -102,13 +102,15 @@ class Engine:
     def on_busy_changed(self, now: float) -> None:
         """A worker or a front-end job started or stopped (`shared_cores` only): every iteration in progress
         (prefill or decode) and every front-end job continues at the speed the cores now allow."""
-        self.frontend.advance(now)
+        fe = self.frontend if self.frontend.cpu_s > 0 else None
+        if fe is not None:
+            fe.advance(now)
         speed = self.core_speed()
         for w in self.workers:
             if w.state != IDLE and w.ps_speed != speed:
                 w.reshare(now, speed)
-        if (t := self.frontend.respeed(now, speed)) is not None:
-            self._push(t, FRONTEND, None, self.frontend.version)
+        if fe is not None and (t := fe.respeed(now, speed)) is not None:
+            self._push(t, FRONTEND, None, fe.version)
 
     def schedule_iter_end(self, worker: SimWorker, t: float) -> None:
         self._push(t, ITER, worker, worker.version)
