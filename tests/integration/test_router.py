@@ -121,7 +121,7 @@ def test_chat_session_through_the_router(cluster, router):
         post(router + "/v1/chat/completions", {"messages": messages, "max_tokens": 4, "temperature": 0}, ACME)
         return last_decision(router)
     # the first turn's pages reach the directory through KV events; retry until they have
-    d2 = wait_until(lambda: (lambda d: d if d["cached_tokens"] >= floor_page(d1["prompt_len"]) - PAGE_SIZE
+    d2 = wait_until(lambda: (lambda d: d if (d["cached_tokens"] or 0) >= floor_page(d1["prompt_len"]) - PAGE_SIZE
                              else None)(second_turn_hits()), timeout_s=20, what="second turn routed to the cache")
     if d2["worker"] != holder.url:  # only a replica made meanwhile (the coordinator runs the rule policy) may win
         reps = cluster.coord.get("/replications")[1]
@@ -134,7 +134,10 @@ def test_two_tenants_never_share_cached_tokens(cluster, router):
     wait_until(lambda: generate(router, prompt, ACME)["cached_tokens"] > 0, what="acme hits its own cache")
     # globex sends the same prompt and even claims acme's namespace: the router overrides it
     g1 = generate(router, prompt, GLOBEX, cache_salt=namespace("ns-acme"), extra_key=namespace("ns-acme"))
-    assert g1["cached_tokens"] == 0 and last_decision(router)["cached_tokens"] == 0
+    # the router saw none of acme's pages as globex's at any worker (`cached_tokens` is None on a failover, when
+    # the first choice dropped the request before answering: the worker's own count above still holds)
+    d = last_decision(router)
+    assert g1["cached_tokens"] == 0 and d["cached_tokens"] in (0, None) and not any(d["cached_by_worker"]), d
     assert a1["prompt_tokens"] == g1["prompt_tokens"]
     wait_until(lambda: generate(router, prompt, GLOBEX)["cached_tokens"] > 0, what="globex hits its own cache")
 
