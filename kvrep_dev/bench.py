@@ -1063,13 +1063,14 @@ def run_bench(args) -> int:
         router_url = router.url
         routers: dict[str, Router] = {}
         pull_router = None
-        if any(a in PULL_ARMS for a in bases):  # the same router with --pull, for the arms that copy on the path
+        per_cell = bool(getattr(args, "router_per_cell", False))  # (then only each cell's own routers serve)
+        if not per_cell and any(a in PULL_ARMS for a in bases):  # the same router with --pull, for the arms that copy
             pull_router = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name="router-pull",
                                  extra_args=("--profile", args.profile, "--pull"))
             procs.append(pull_router)
             routers = {a: pull_router for a in PULL_ARMS}
         for group, name in ((FIXED_SPEED_ARMS, "router-fixed"), (LOWEST_ID_ARMS, "router-lowid")):
-            if any(a in group for a in bases):  # an ablation's router: the same one less one part
+            if not per_cell and any(a in group for a in bases):  # an ablation's router: the same one less one part
                 other = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name=name,
                                extra_args=("--profile", args.profile, *router_flags(group[0])))
                 procs.append(other)
@@ -1079,6 +1080,9 @@ def run_bench(args) -> int:
         router.wait_http(router_url + "/health", 120)
         if pull_router is not None:
             pull_router.wait_http(router_urls["pull"] + "/health", 120)
+        if per_cell:  # up once (its keys written, the same every cell's router reads), then out of the way
+            router.stop()
+            procs.remove(router)
         _say(f"cluster up in {time.monotonic() - t_start:.0f} s; warming up every worker")
         for w in workers:  # first-call code paths (both short and long prompts) before anything is measured
             w.generate(list(range(100, 1100)), 4)
@@ -1106,7 +1110,14 @@ def run_bench(args) -> int:
                     # minutes) that this arm's copies need
                     coord.post("/replicas/drop", {})
                     _wait_no_replicas(coord)
-                    ours = router_urls.get(base, router_url)
+                    cell_router = None  # (--router-per-cell) this cell's own router process
+                    if per_cell and base not in SMG_POLICY:
+                        cell_router = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model),
+                                             name=f"router-{arm.replace('@', '-')}-r{rnd}",
+                                             extra_args=("--profile", args.profile, *router_flags(base)))
+                        procs.append(cell_router)
+                        cell_router.wait_http(cell_router.url + "/health", 120)
+                    ours = cell_router.url if cell_router is not None else router_urls.get(base, router_url)
                     url, hints = ours, ours + "/kvrep/hints"
                     if base in SMG_POLICY:
                         smg = SmgRouter(SMG_POLICY[base], [w.url for w in workers], logs, workers[0].api_key)
@@ -1148,6 +1159,9 @@ def run_bench(args) -> int:
                         if smg is not None:
                             smg.stop()
                             procs.remove(smg)
+                        for front in extra + ([cell_router] if cell_router is not None else []):
+                            front.stop()
+                            procs.remove(front)
                         continue
                     if args.flush_caches:  # every arm starts on empty caches, as the simulator's does
                         flush_workers(workers)
@@ -1177,7 +1191,8 @@ def run_bench(args) -> int:
                     if fronts > 1:
                         row["fronts"] = fronts
                     if base not in SMG_POLICY:
-                        row["router_decisions"] = cell_decisions(routers.get(base, router), cfg.request_id_prefix)
+                        row["router_decisions"] = cell_decisions(cell_router or routers.get(base, router),
+                                                                 cfg.request_id_prefix)
                         st = coord.get("/status")[1]
                         # what the planner learned of the sessions, and (shadow) the copies it would have made
                         row["sessions"] = st.get("sessions")
@@ -1206,6 +1221,8 @@ def run_bench(args) -> int:
                     if smg is not None:
                         smg.stop()
                         procs.remove(smg)
+                    if cell_router is not None:
+                        extra.append(cell_router)
                     if extra:
                         stop_all(extra)
                         for front in extra:
@@ -1328,6 +1345,10 @@ def add_arguments(p, *, demo: bool = False) -> None:
                         "runs after the same one; or balanced (a Williams design, seeded): over every n rounds (2n "
                         "for an odd n of arms) each arm runs in each place and right after each other arm equally "
                         "often")
+    p.add_argument("--router-per-cell", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve each of our arms' cells from a router process of its own, started before the cell and "
+                        "stopped after it, as smg's gateway is (--no-router-per-cell: one long-lived router per "
+                        "router configuration, shared by the arms that use it, as before stop 51)")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every arm (interleaved); > 1 adds medians and ranges over the rounds")
     p.add_argument("--duration-s", type=float, default=30.0, help="arrivals (or session starts) within this time")

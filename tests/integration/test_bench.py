@@ -62,6 +62,11 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
         assert r["fronts"] == 2 and "sim" not in r and r["live"]["errors"] == 0
         assert r["live"]["requests"] == rows[r["arm"].split("@")[0]]["live"]["requests"]
     assert (out_dir / "logs" / "router-shadow@2-1.log").exists()  # the second front door of ours ran
+    # each of our cells was served by a router process of its own (as smg's are), no long-lived shared one
+    assert res["args"]["router_per_cell"] is True
+    for name in ("router-shadow-r0", "router-active-r0", "router-shadow-2-r0"):
+        assert "listening on" in (out_dir / "logs" / f"{name}.log").read_text(), name
+    assert not (out_dir / "logs" / "router-pull.log").exists()
     # P99 ratios are against the baseline users run today, measured in the same run
     assert rows["active"]["ratio_vs"] == "smg-ca" and rows["active"]["p99_ratio"] > 0
     assert rows["smg-ca"]["replication"]["count"] == 0 and "router_decisions" not in rows["smg-ca"]
