@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from kvrep_dev import sglclient, testbed
-from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, free_port, http_json, local_keys, model_path,
-                               stop_all, stream_generate)
+from kvrep_dev.cluster import (ROOT, Coordinator, Proc, Router, Worker, cpu_seconds, free_port, http_json, local_keys,
+                               model_path, stop_all, stream_generate)
 from kvrep_dev.report import bench_progress as _say
 
 if TYPE_CHECKING:
@@ -1175,8 +1175,10 @@ def run_bench(args) -> int:
                                        on_done=_progress(label, workload_size(wl)["requests"]),
                                        request_id_prefix=f"{len(rows)}-")
                     t0 = time.monotonic()
+                    cpu0, own0 = cpu_seconds(procs), os.times()
                     results = asyncio.run(replay(todo, renderer, cfg))
                     _wait_idle(coord)
+                    cpu1, own1 = cpu_seconds(procs), os.times()
                     reps = [r for r in coord.get("/replications")[1] if r["id"] not in before]
                     row = {"workload": wname, "arm": arm, "repeat": rnd, "live": summarize(results),
                            "replication": _replication_stats(reps), "wall_s": time.monotonic() - t0,
@@ -1188,6 +1190,12 @@ def run_bench(args) -> int:
                                          "output_tokens": r.output_tokens, "key": r.key, "error": r.error,
                                          "request_id": r.request_id}
                                         for r in results]}
+                    # the CPU time every process used over the cell (s; a server's with its scheduler's), the client's
+                    # (this process: the load generator) among them: what the testbed's workers share their cores with
+                    door = (cell_router or smg or routers.get(base) or router).name  # the arm's front door
+                    row["cpu_s"] = {**{("front_door" if k == door else k): round(cpu1[k] - cpu0[k], 3)
+                                       for k in cpu1 if k in cpu0},
+                                    "client": round(own1.user + own1.system - own0.user - own0.system, 3)}
                     if fronts > 1:
                         row["fronts"] = fronts
                     if base not in SMG_POLICY:

@@ -263,6 +263,29 @@ def stop_all(procs: list["Proc"], timeout_s: float = STOP_TIMEOUT_S) -> None:
             _RUNNING.remove(p)
 
 
+def cpu_seconds(procs: list["Proc"]) -> dict[str, float]:
+    """Returns: the CPU time (user + system, s) each running process of `procs` and its live descendants used so far,
+    by the process's name (SGLang's scheduler and detokenizer counted in their server's)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for proc in procs:
+        try:
+            tree = [psutil.Process(proc.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.Error:
+            continue
+        total = 0.0
+        for q in tree:
+            try:
+                t = q.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        out[proc.name] = total
+    return out
+
+
 class Proc:
     def __init__(self, name: str, argv: list[str], log_path: Path, env: Optional[dict] = None,
                  cpu: Optional[int] = None) -> None:

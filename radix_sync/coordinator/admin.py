@@ -29,7 +29,7 @@ from radix_sync import api
 from radix_sync.admin_auth import bearer_middleware
 from radix_sync.secret_files import AdminTokens, ensure_tokens, read_tokens as load_tokens
 from radix_sync.api import AdminError
-from radix_sync.coordinator.replications import check_token_ids
+from radix_sync.coordinator.replications import STATES, check_token_ids
 from radix_sync.coordinator.state import hash_prompt
 from radix_sync.coordinator.pull import wait_replication
 from radix_sync.integrity import IntegrityError
@@ -139,8 +139,15 @@ class AdminServer:
             return _json([w.to_info() for w in self.coord.state.workers.values()])
 
     async def replications(self, request: web.Request) -> web.Response:
+        """`GET /replications[?state=pending,running]`: every copy kept (up to `max_replications_kept`), or those in
+        the given states only (a router's view of copies in flight: not the whole history every refresh)."""
+        text = request.query.get("state")
+        states = None if text is None else {s.strip() for s in text.split(",")}
+        if states is not None and not states <= set(STATES):
+            raise AdminError(f"state must be comma-separated, from {', '.join(STATES)}")
         with self.coord.lock:
-            return _json([r.to_info() for r in self.coord.state.replications.values()])
+            return _json([r.to_info() for r in self.coord.state.replications.values()
+                          if states is None or r.state in states])
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.coord.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -178,7 +178,9 @@ class CoordinatorLink:
         workers = await self._call("GET", "/workers", list[api.WorkerInfo])
         if workers is None:
             return
-        reps = await self._call("GET", "/replications", list[api.ReplicationInfo])
+        # only the copies in flight: the whole history (up to the coordinator's `max_replications_kept`, 10,000)
+        # every `state_ttl_s` cost both processes CPU that grew with every copy made (stop 51)
+        reps = await self._call("GET", "/replications?state=pending,running", list[api.ReplicationInfo])
         if reps is None:
             return
         copies = tuple(CopyInFlight(r.source, r.target, r.namespace, r.num_tokens)

@@ -248,10 +248,12 @@ class Router:
         request_id = client_request_id(request)
         attempts: list[int] = []
 
+        held: list[float] = []
+
         def dispatched(url: str, attempt: int) -> None:
             attempts.append(attempt)
             self._on_dispatched(url, endpoint, decision, ids, hashes, tenant, body, attempt, hash_page_size, pull,
-                                request_id)
+                                request_id, held[0] if held and attempt == 0 else None)
 
         def finished(url: str, stop: Optional[str], first_output_s: Optional[float]) -> None:
             ttft_s = None if first_output_s is None else first_output_s - t0
@@ -260,7 +262,9 @@ class Router:
             self._on_finished(url, ids, hashes, hash_page_size, tenant, stop, ttft_s, alone)
 
         async def wait_for_copy(url: str) -> None:
+            t = time.monotonic()
             await self._wait_for_copy(url, decision.wait_copy if url == decision.ranked[0] else None)
+            held.append(time.monotonic() - t)
 
         return await self.proxy.forward(request, path, body, decision, len(ids), wait_for_copy, dispatched, finished)
 
@@ -280,7 +284,8 @@ class Router:
     # ---------------------------------------------------------------------------------------------- reporting
     def _on_dispatched(self, url: str, endpoint: str, decision: Decision, ids: list[int], hashes: list[int],
                        tenant: Tenant, body: dict, attempt: int, hash_page_size: int = 0,
-                       pull: Optional[dict] = None, request_id: Optional[str] = None) -> None:
+                       pull: Optional[dict] = None, request_id: Optional[str] = None,
+                       held_s: Optional[float] = None) -> None:
         now = time.monotonic()
         self.index.observe(url, hashes, self.pool.page_size(url, self.cfg.page_size), now)
         self.metrics.requests.labels(url, endpoint, decision.mode).inc()
@@ -293,7 +298,9 @@ class Router:
                                "cached_by_worker": list(decision.cached_by_worker),
                                "cached_tokens": decision.cached_tokens if attempt == 0 else None,
                                **({"pull": pull} if pull is not None else {}),
-                               **({"request_id": request_id} if request_id is not None else {})})
+                               **({"request_id": request_id} if request_id is not None else {}),
+                               # held for a copy in flight to its first choice (`Decision.wait_inflight`), seconds
+                               **({"held_s": round(held_s, 4)} if held_s is not None else {})})
         if self.link is not None and ids:
             item = {**self._report_fields(url, ids, hashes, hash_page_size, tenant), "prompt_len": len(ids)}
             session_id = body.get("session_id") or body.get("user")

@@ -194,6 +194,11 @@ def test_replication_facts_come_only_from_its_parties_and_its_source_must_hold_t
         assert "not a prefix of those granted" in b.recv().error
         [state] = [r["state"] for r in coord.get("/replications")[1] if r["id"] == rep["id"]]
         assert state == "pending" and lookup(coord, prompt)["other-2"] == 0 and lookup(coord, prompt)["dst-2"] == 0
+        # a router asks for the copies in flight only; a state not known is refused
+        assert rep["id"] in [r["id"] for r in coord.get("/replications?state=pending,running")[1]]
+        assert rep["id"] not in [r["id"] for r in coord.get("/replications?state=done,failed")[1]]
+        status, answer = coord.get("/replications?state=pending,gone")
+        assert status == 400 and "state must be" in answer["error"]
     finally:
         for w in (a, b, c):
             w.close()

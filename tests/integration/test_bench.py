@@ -67,6 +67,10 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     for name in ("router-shadow-r0", "router-active-r0", "router-shadow-2-r0"):
         assert "listening on" in (out_dir / "logs" / f"{name}.log").read_text(), name
     assert not (out_dir / "logs" / "router-pull.log").exists()
+    # what every process used of the CPU over each cell: the workers (their schedulers counted), the front door
+    for r in rows.values():
+        assert {"coordinator", "worker-0", "worker-1", "front_door", "client"} <= set(r["cpu_s"]), r["cpu_s"]
+        assert r["cpu_s"]["worker-0"] + r["cpu_s"]["worker-1"] > 0 and r["cpu_s"]["front_door"] >= 0
     # P99 ratios are against the baseline users run today, measured in the same run
     assert rows["active"]["ratio_vs"] == "smg-ca" and rows["active"]["p99_ratio"] > 0
     assert rows["smg-ca"]["replication"]["count"] == 0 and "router_decisions" not in rows["smg-ca"]

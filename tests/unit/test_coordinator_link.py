@@ -52,7 +52,10 @@ def test_answers_are_decoded_with_the_api_structs_and_a_misfit_is_a_failed_call(
     answers = {"/workers": [worker], "/replications": [rep, {**rep, "id": "r2", "state": "done"}]}
     hints = []
 
+    asked = []
+
     async def get(request):
+        asked.append(request.path_qs)
         return web.json_response(answers[request.path])
 
     async def hint(request):
@@ -79,6 +82,7 @@ def test_answers_are_decoded_with_the_api_structs_and_a_misfit_is_a_failed_call(
     link, state, refused, sent, broken = asyncio.run(main())
     assert state.workers == (worker,)
     assert [(c.source, c.target, c.namespace, c.num_tokens) for c in state.copies] == [("w1", "w2", "t", 32)]
+    assert asked[:2] == ["/workers", "/replications?state=pending,running"]  # not the whole history
     assert refused[0] == 400 and "at `$.k`" in refused[1]["error"]
     assert sent == (200, {"recorded": 1, "kind": "fanout", "prefix_len": 16})
     assert hints == [{"kind": "fanout", "input_ids": list(range(16)), "cache_salt": "", "k": 8}]

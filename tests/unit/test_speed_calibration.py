@@ -168,3 +168,34 @@ def test_the_simulated_router_learns_the_same_way_and_its_planner_shares_the_sca
     plain.route(_view(1, 600, (512, 0)), [idle, busy], 0.0)
     plain.on_first_token(0, 1, 0.01)
     assert plain.cost.prefill_scale == 1.0 and plain.speed is None
+
+
+def test_a_request_held_for_a_copy_in_flight_records_how_long():
+    """`Decision.wait_inflight`: the decision's record says how long the request waited for the copy (`held_s`);
+    a request not held records nothing; a failover's record (attempt 1) neither."""
+    import asyncio
+    from types import SimpleNamespace
+
+    r = _router()
+    recorded = []
+    r._on_dispatched = lambda url, *args: recorded.append((url, args[6], args[-1]))  # (url, attempt, held_s)
+
+    async def slow_copy(url, copy=None):
+        await asyncio.sleep(0.05)
+    r._wait_for_copy = slow_copy
+
+    class Proxy:
+        async def forward(self, request, path, body, decision, prompt_len, wait_for_copy, dispatched, finished):
+            if decision.wait_inflight:
+                await wait_for_copy(decision.ranked[0])
+            dispatched(decision.ranked[0], 0)
+            dispatched(decision.ranked[1], 1)
+    r.proxy = Proxy()
+    request = SimpleNamespace(headers={})
+    d = Decision(("http://a", "http://b"), (0.5, 0.9), DIRECTORY, 512, cached_by_worker=(512, 0))
+    for wait in (True, False):
+        asyncio.run(r.forward(request, "/generate", {}, dataclasses.replace(d, wait_inflight=wait), "generate",
+                              [1] * 600, [], None))
+    (a0, b0, a1, b1) = recorded
+    assert a0[0] == "http://a" and a0[1] == 0 and a0[2] >= 0.05 and b0[2] is None
+    assert a1[2] is None and b1[2] is None
