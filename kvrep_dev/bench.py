@@ -102,6 +102,17 @@ MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
 
 
+CHECKPOINT = "live-rows.json"
+"""The live rows measured so far (rewritten after every cell; removed once `results.json` is written): what a run
+that fails after its cells (in the simulation, the tables) keeps of them."""
+
+
+def checkpoint(out_dir: Path, rows: list[dict]) -> None:
+    tmp = out_dir / (CHECKPOINT + ".tmp")
+    tmp.write_text(json.dumps(rows))
+    tmp.replace(out_dir / CHECKPOINT)
+
+
 def router_flags(arm: str) -> tuple[str, ...]:
     """The flags of our router serving `arm` (an arm of `ARMS`, no `@N`), past its profile."""
     if arm in FIXED_SPEED_ARMS:
@@ -880,7 +891,7 @@ def validation_table(rows: list[dict], profile_name: str) -> str:
         within += (abs(e50) <= SIM_TOLERANCE) + (abs(e99) <= SIM_TOLERANCE)
         total += 2
         cached = f"{r['live']['cached_token_ratio']:.0%}/{r['sim']['prefix_hit_rate']:.0%}"
-        lines.append(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[r['arm']]:<15} {live['p50']:>8.2f} "
+        lines.append(f"{r['workload']:<8} {r['arm']:<7} {SIM_POLICY[split_arm(r['arm'])[0]]:<15} {live['p50']:>8.2f} "
                      f"{sim['p50']:>8.2f} {e50:>+6.0%} {live['p99']:>8.2f} {sim['p99']:>8.2f} {e99:>+6.0%} "
                      f"{cached:>15} {per_req['median_rel_error']:>+7.0%}")
     lines.append(f"within {SIM_TOLERANCE:.0%} of the measured value: {within} of {total} (P50 and P99)")
@@ -929,12 +940,15 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     rows = [r for r in data["rows"] if r.get("requests")]
     machine = None if machine_name == "probe" else measure_machine(rows, data.get("speed"), machine_name)
     for r in rows:
+        if r.get("client") == "sglang" or r.get("fronts", 1) > 1:  # not simulated live either
+            continue
         if r["workload"] not in built:
             built[r["workload"]] = build_workload(r["workload"], args)
-        r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), r["arm"], args.workers, args.seed, profile,
+        arm = split_arm(r["arm"])[0]  # (`shadow@1`, the A/A arm, as `shadow`)
+        r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), arm, args.workers, args.seed, profile,
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
-                            machine, prompt_reports, calibrated and r["arm"] not in FIXED_SPEED_ARMS,
-                            turns and r["arm"] not in LOWEST_ID_ARMS, frontend)
+                            machine, prompt_reports, calibrated and arm not in FIXED_SPEED_ARMS,
+                            turns and arm not in LOWEST_ID_ARMS, frontend)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -1220,9 +1234,10 @@ def run_bench(args) -> int:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
                     samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
                     if args.simulate and rnd == 0 and fronts == 1:  # deterministic: once is enough; one router
-                        to_simulate.append((row, wl, arm))
+                        to_simulate.append((row, wl, base))  # (`shadow@1`, an A/A arm, is simulated as `shadow`)
                     row["position"] = position  # its place in the round (`--arm-order`)
                     rows.append(row)
+                    checkpoint(out_dir, rows)
                     t = row["live"]["ttft_s"]
                     _say(f"{label}: TTFT mean {t['mean']:.2f} s, P99 {t['p99']:.2f} s, "
                          f"{row['replication']['count']} copies ({row['wall_s']:.0f} s)")
@@ -1281,6 +1296,7 @@ def run_bench(args) -> int:
                    "prefill_speed": PREFILL_SPEED, "ties": TIES, "flushed": bool(args.flush_caches)},
                   f, indent=2,
                   default=str)
+    (out_dir / CHECKPOINT).unlink(missing_ok=True)
     try:
         plot(rows, samples, out_dir / "ttft_cdf.png")
         print(f"\nresults: {out_dir / 'results.json'}   TTFT CDFs: {out_dir / 'ttft_cdf.png'}   logs: {logs}")

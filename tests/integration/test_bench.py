@@ -39,7 +39,7 @@ def run_watched(argv: list[str], out_dir, timeout_s: float = 600) -> tuple[subpr
 def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     out_dir = tmp_path / "bench"
     argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2",
-            "--workloads", "fanout", "--arms", "shadow,active,smg-ca,shadow@2,smg-ca@2", "--duration-s", "8",
+            "--workloads", "fanout", "--arms", "shadow,active,smg-ca,shadow@2,smg-ca@2,shadow@1", "--duration-s", "8",
             "--fanout-rate", "2",
             "--fanout-k", "3", "--simulate", "--out-dir", str(out_dir)]
     proc, started = run_watched(argv, tmp_path / "run")
@@ -48,12 +48,16 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     assert f"simulator ({testbed.PROFILE} profile) vs live" in proc.stdout
     assert "within 20% of the measured value" in proc.stdout and "within 0.1 of the measured ratio" in proc.stdout
     res = json.loads((out_dir / "results.json").read_text())
-    # every arm started on empty caches: each worker flushed once per arm (5 here)
+    # every arm started on empty caches: each worker flushed once per arm (6 here)
     assert res["flushed"] is True
     for i in range(2):
         log = (out_dir / "logs" / f"worker-{i}.log").read_text()
-        assert log.count("Cache flushed successfully") >= 5, log.count("Cache flushed successfully")
-    fronts = {r["arm"]: r for r in res["rows"] if "@" in r["arm"]}
+        assert log.count("Cache flushed successfully") >= 6, log.count("Cache flushed successfully")
+    # `shadow@1`, the A/A control: `shadow` again on a router of its own, simulated as `shadow`
+    [aa] = [r for r in res["rows"] if r["arm"] == "shadow@1"]
+    assert aa["live"]["errors"] == 0 and aa["sim"]["ttft_s"]["p99"] > 0 and "fronts" not in aa
+    assert not (out_dir / "live-rows.json").exists()  # the cells' checkpoint, gone once the results are written
+    fronts = {r["arm"]: r for r in res["rows"] if "@" in r["arm"] and r["arm"] != "shadow@1"}
     rows = {r["arm"]: r for r in res["rows"] if "@" not in r["arm"]}
     assert set(rows) == {"shadow", "active", "smg-ca"}
     # `ARM@N`: the same arm behind N front doors (ours: N routers on one directory; smg: N gateways), served in turn
@@ -102,8 +106,8 @@ def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
             c = r["ci"][k]
             assert 0 < c["lo"] <= c["hi"] and c["value"] == pytest.approx(r["live"]["ttft_s"][k], abs=1e-3)
     claims = {(c["num"], c["den"]): c for c in res["claims"]}
-    assert set(claims) == {("active", "shadow"), ("active", "smg-ca")}
-    for c in claims.values():
+    assert set(claims) == {("active", "shadow"), ("active", "smg-ca"), ("shadow@1", "shadow")}
+    for c in (claims[("active", "shadow")], claims[("active", "smg-ca")]):
         assert 0 < c["p99"]["lo"] <= c["p99"]["hi"] and c["rounds"] == 1
         assert c["p99"]["value"] == pytest.approx(rows[c["num"]]["p99_ratio"] / rows[c["den"]]["p99_ratio"], rel=0.02)
     assert "active/smg-ca" in proc.stdout

@@ -71,14 +71,16 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
     wl = build_workload("shared", bench_args("--duration-s", "10"))
     own = simulate(copy.deepcopy(wl), "smg-rr", 3, 0, "cpu-local", 32768, 8)
     live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
+    row = {"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"]}
+    # an A/A arm (`ARM@1`) is simulated as its arm; one behind 2 front doors is not simulated (nor live)
     saved = {"args": args, "speed": None,
-             "rows": [{"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"]}]}
+             "rows": [row, {**row, "arm": "smg-rr@1"}, {**row, "arm": "smg-rr@2", "fronts": 2}]}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(saved))
     # "probe": the engine on the run's own profile (no speed measured: x1), as this "live" run had it
     assert resimulate(path, machine_name="probe") == 0
     out = capsys.readouterr().out
-    assert "within 20% of the measured value: 2 of 2" in out
+    assert "within 20% of the measured value: 4 of 4" in out
     row = next(x for x in out.splitlines() if x.startswith("shared   smg-rr  round_robin"))
     assert row.endswith("+0%")
     # and the references: free copies are not slower than smg 1.13 cache_aware on these requests
