@@ -657,6 +657,9 @@ def front_door_ratios(rows: list[dict], resamples: int = 2000, seed: int = 0) ->
         total = sum(float(a[:, 0].sum()) for a in arrays)
         return sum(float(a[:, 1].sum()) for a in arrays) / total if total else float("nan")
 
+    def quotient(x: float, y: float) -> float:  # (no cached token in the one-door arm, as with no sharing: none)
+        return x / y if y else float("nan")
+
     rng = np.random.default_rng(seed)
     out = []
     for (wl, arm), many in cells.items():
@@ -672,11 +675,11 @@ def front_door_ratios(rows: list[dict], resamples: int = 2000, seed: int = 0) ->
         for _ in range(resamples):
             ra = [x[rng.integers(0, len(x), len(x))] for x in a if len(x)]
             rb = [x[rng.integers(0, len(x), len(x))] for x in b if len(x)]
-            boot.append(pooled(ra) / pooled(rb))
-        lo, hi = np.nanquantile(boot, [0.025, 0.975])
-        per_round = [pooled([x]) / pooled([y]) for x, y in zip(a, b)]
+            boot.append(quotient(pooled(ra), pooled(rb)))
+        lo, hi = np.nanquantile(boot, [0.025, 0.975]) if not np.isnan(boot).all() else (math.nan, math.nan)
+        per_round = [quotient(pooled([x]), pooled([y])) for x, y in zip(a, b)]
         out.append({"workload": wl, "arm": arm, "vs": arm.split("@")[0], "rounds": len(rounds),
-                    "cached": pooled(a), "cached_vs": pooled(b), "ratio": pooled(a) / pooled(b),
+                    "cached": pooled(a), "cached_vs": pooled(b), "ratio": quotient(pooled(a), pooled(b)),
                     "ratio_ci": [float(lo), float(hi)], "per_round": per_round})
     return out
 

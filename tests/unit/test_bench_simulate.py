@@ -111,6 +111,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-burst-s2.json.gz",
                                        "bench-agent-cal-sessions.json.gz",
                                        "bench-agent-cal.json.gz", "bench-agent-carry-s1.json.gz",
+                                       "bench-agent-cell51-s6.json.gz",
                                        "bench-agent-demand-s2.json.gz", "bench-agent-fade-s2.json.gz",
                                        "bench-agent-fix-s1.json.gz",
                                        "bench-agent-fix-s2.json.gz", "bench-agent-flush50-s6.json.gz",
@@ -139,7 +140,8 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-flash-wait-s2.json.gz", "bench-flash-wait-s3.json.gz",
                                        "bench-routers4-s2.json.gz", "bench-sgl-s0.json.gz",
                                        "bench-sgl49-s0.json.gz",
-                                       "bench-unique-flush50-s8.json.gz", "bench-unique-split.json.gz",
+                                       "bench-unique-cell51-s8.json.gz", "bench-unique-flush50-s8.json.gz",
+                                       "bench-unique-split.json.gz",
                                        "bench-val1.json.gz",
                                        "bench-val2-agent.json.gz",
                                        "bench-val2.json.gz"]

@@ -48,3 +48,18 @@ def test_front_doors_compare_cached_token_ratios_pooled_over_rounds_and_per_roun
     assert f["ratio_ci"][0] <= f["ratio"] <= f["ratio_ci"][1]
     text = format_front_doors([f])
     assert "shadow@4 / shadow" in text and "56.1%" in text and "60.0%" in text
+
+
+def test_front_doors_with_nothing_cached_in_the_one_door_arm_give_no_ratio_and_no_error():
+    """A workload with no sharing (`unique`): no cached token behind one front door, so no quotient (stop 51's run
+    of `shadow@1` on it crashed here after its 16 cells)."""
+    import math
+
+    from kvrep_dev.bench import format_front_doors, front_door_ratios
+
+    rows = [row("unique", "shadow", 0, 1, 1), row("unique", "shadow@1", 0, 1, 1)]
+    for r in rows:
+        r["requests"] = [{"prompt_tokens": 100, "cached_tokens": 0, "ttft_s": 0.1}]
+    [f] = front_door_ratios(rows, resamples=50)
+    assert f["cached"] == 0.0 and math.isnan(f["ratio"]) and all(math.isnan(x) for x in f["ratio_ci"] + f["per_round"])
+    assert "shadow@1 / shadow" in format_front_doors([f])
