@@ -131,6 +131,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-cpu-account.json.gz", "bench-fanflash-speed-s5.json.gz",
                                        "bench-fanflash-split.json.gz",
                                        "bench-fanout-abl47-s5.json.gz", "bench-fanout-abl48-s5.json.gz",
+                                       "bench-fanout-cell51-s7.json.gz",
                                        "bench-fanout-conn-s3.json.gz", "bench-fanout-flush50-s7.json.gz",
                                        "bench-fanout-lru-s3.json.gz",
                                        "bench-fanout-pulled-s3.json.gz",
