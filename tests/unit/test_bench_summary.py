@@ -63,3 +63,17 @@ def test_front_doors_with_nothing_cached_in_the_one_door_arm_give_no_ratio_and_n
     [f] = front_door_ratios(rows, resamples=50)
     assert f["cached"] == 0.0 and math.isnan(f["ratio"]) and all(math.isnan(x) for x in f["ratio_ci"] + f["per_round"])
     assert "shadow@1 / shadow" in format_front_doors([f])
+
+
+def test_a_checkpoint_holds_the_rows_so_far_and_replaces_the_last_whole(tmp_path):
+    """`kvrep bench` rewrites its live rows after every cell: a run that fails after its cells keeps them, and a
+    reader never sees a half-written file (written aside, then renamed over the last one)."""
+    import json
+
+    from kvrep_dev.bench import CHECKPOINT, checkpoint
+
+    checkpoint(tmp_path, [{"arm": "shadow", "repeat": 0}])
+    checkpoint(tmp_path, [{"arm": "shadow", "repeat": 0}, {"arm": "active", "repeat": 0}])
+    assert json.loads((tmp_path / CHECKPOINT).read_text()) == [{"arm": "shadow", "repeat": 0},
+                                                              {"arm": "active", "repeat": 0}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]
