@@ -183,7 +183,7 @@ class CoordinatorLink:
         reps = await self._call("GET", "/replications?state=pending,running", list[api.ReplicationInfo])
         if reps is None:
             return
-        copies = tuple(CopyInFlight(r.source, r.target, r.namespace, r.num_tokens)
+        copies = tuple(CopyInFlight(r.source, r.target, r.namespace, r.num_tokens, r.id)
                        for r in reps if r.state in ("pending", "running"))
         self.state = ClusterState(tuple(api.to_builtins(w) for w in workers), copies, time.monotonic())
 

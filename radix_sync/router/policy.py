@@ -19,7 +19,7 @@ a clock or a socket.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 from radix_sync.policy.cost import CostModel, CostProfile
@@ -108,6 +108,9 @@ class CopyInFlight:
     target: str
     namespace: str
     num_tokens: int
+    id: str = field(default="", compare=False)
+    """The coordinator's replication id ("" while not known: a pull being asked for); not part of equality, so a copy
+    listed by the coordinator and by this router's own pulls is one copy."""
 
 
 @dataclass(frozen=True)

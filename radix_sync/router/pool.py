@@ -125,7 +125,7 @@ class WorkerPool:
     def copies_by_url(self, copies: Iterable[CopyInFlight]) -> list[CopyInFlight]:
         """Returns: the copies in flight between workers this router knows, their ends named by url."""
         url_of = self._url_of
-        return [CopyInFlight(url_of[c.source], url_of[c.target], c.namespace, c.num_tokens)
+        return [CopyInFlight(url_of[c.source], url_of[c.target], c.namespace, c.num_tokens, c.id)
                 for c in copies if c.source in url_of and c.target in url_of]
 
     def report_id(self, url: str) -> str:

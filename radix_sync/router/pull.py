@@ -122,7 +122,7 @@ class PullRunner:
         if info is None:
             return (REFUSED if why.startswith("refused") else UNREACHABLE), why, None
         rid = info.id
-        self.in_flight[rid] = CopyInFlight(source, target, info.namespace, info.num_tokens)
+        self.in_flight[rid] = CopyInFlight(source, target, info.namespace, info.num_tokens, rid)
         try:
             while info.state in ("pending", "running"):
                 left = plan.deadline_s - time.monotonic()

@@ -196,3 +196,57 @@ def test_a_request_waits_for_the_copy_that_covers_it_not_for_every_copy_to_that_
     r.link = Link()
     with pytest.raises(asyncio.TimeoutError):  # without the copy named: every copy to b holds it (the bound: 5 s)
         asyncio.run(asyncio.wait_for(r._wait_for_copy("b"), 0.5))
+
+
+def test_a_request_held_for_a_copy_with_an_id_goes_when_the_coordinators_long_poll_answers():
+    """A copy the coordinator listed carries its replication id through the ranking (`copies_by_url` keeps it; the id is
+    not part of a copy's equality). The router holds the request on the coordinator's long poll for that id, and
+    sends it when the poll answers, without reading the cached cluster view (released 13-143 ms late before); a long
+    poll that gets no answer falls back to that view, as does a copy whose id is not known yet (a pull being asked
+    for) until this router's own pull of it has one."""
+    import asyncio
+
+    from radix_sync.router.config import RouterConfig
+    from radix_sync.router.pool import WorkerPool
+    from radix_sync.router.service import Router
+
+    listed = CopyInFlight("a", "b", "", 80, "r7-abc")
+    assert listed == CopyInFlight("a", "b", "", 80) and hash(listed) == hash(CopyInFlight("a", "b", "", 80))
+    d = rank([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80}, [listed])
+    assert d.wait_inflight and d.wait_copy.id == "r7-abc"
+    pool = WorkerPool.__new__(WorkerPool)
+    pool._url_of = {"ca": "a", "cb": "b"}
+    assert [c.id for c in pool.copies_by_url([CopyInFlight("ca", "cb", "", 80, "r7-abc")])] == ["r7-abc"]
+
+    class Link:
+        def __init__(self, answer):
+            self.answer, self.waited, self.looks = answer, [], 0
+
+        async def wait_replication(self, rid, wait_s):
+            self.waited.append((rid, wait_s))
+            await asyncio.sleep(0.05)  # the copy lands 50 ms later
+            return (self.answer, "") if self.answer is not None else (None, "unreachable: down")
+
+        async def cluster_state(self):
+            self.looks += 1
+            return type("State", (), {"copies": [CopyInFlight("ca", "cb", "", 80)] if self.looks < 3 else []})()
+
+    r = Router.__new__(Router)
+    r.cfg = RouterConfig(worker_urls=("http://a",), max_wait_inflight_s=5.0)
+    r.pool = type("Pool", (), {"coordinator_ids": {"a": "ca", "b": "cb"}})()
+    r.puller = type("Puller", (), {"in_flight": {}})()
+    r.link = Link(answer=object())
+    asyncio.run(asyncio.wait_for(r._wait_for_copy("b", d.wait_copy), 2.0))
+    assert r.link.waited == [("r7-abc", pytest.approx(5.0, abs=0.1))] and r.link.looks == 0
+    r.link = Link(answer=None)  # the long poll failed: the cached view, until the copy is gone from it
+    asyncio.run(asyncio.wait_for(r._wait_for_copy("b", d.wait_copy), 2.0))
+    assert len(r.link.waited) == 1 and r.link.looks == 3
+    r.link = Link(answer=object())  # a copy without an id (a pull being asked for): the view only
+    asyncio.run(asyncio.wait_for(r._wait_for_copy("b", CopyInFlight("a", "b", "", 80)), 2.0))
+    assert r.link.waited == [] and r.link.looks == 3
+    # ... until this router's own pull of it has its id from the coordinator: then its long poll
+    r.link = Link(answer=object())
+    r.puller.in_flight = {"r9-def": CopyInFlight("ca", "cb", "", 80, "r9-def"),
+                          "r8-xyz": CopyInFlight("ca", "cb", "other-tenant", 80, "r8-xyz")}
+    asyncio.run(asyncio.wait_for(r._wait_for_copy("b", CopyInFlight("a", "b", "", 80)), 2.0))
+    assert r.link.waited == [("r9-def", pytest.approx(5.0, abs=0.1))] and r.link.looks == 0
