@@ -59,7 +59,7 @@ class Replication:
     """When the replica expires on the coordinator's clock (set when it landed; absolute: a re-report after a
     resync never extends it)."""
     num_waiting: int = 0
-    """Routers waiting for it now (`POST /replications/wait`, a pull)."""
+    """Routers waiting for it now (`POST /replications/wait`: a pull, or a request held for the copy since stop 52)."""
     num_abandoned: int = 0
     """Waits that ended at their router's deadline with the copy still in flight: that request went elsewhere."""
 
