@@ -171,6 +171,9 @@ class ReplicationWaitRequest(_Body):
 
     id: Annotated[str, Meta(min_length=1, max_length=64)]
     wait_s: Annotated[float, Meta(ge=0, le=30)] = 1.0
+    want: bool = False
+    """A request waits for this copy (a router holds it until the copy lands): a speculative copy's target lands it,
+    or raises it if it landed, as ordinary cache (`WantReplica`), as a pull's; an admin's wait leaves it as it is."""
 
 
 class DropReplicasRequest(_Body):

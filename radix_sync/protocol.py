@@ -275,6 +275,15 @@ class DropReplica(_Msg, tag="DropReplica"):
     replication_id: ReplicationId
 
 
+class WantReplica(_Msg, tag="WantReplica"):
+    """To a copy's target: a request waits for this copy (a router holds it until the copy lands, or a pull joined
+    it). The target lands it as ordinary cache, as a pull (`ExpectReplica.critical`), or raises it to that if it
+    landed: evict-first, the next allocation there takes it before the request is admitted (stop 52: a held
+    request's 3,056-token copy was evicted in the second it landed, and the request recomputed it all)."""
+
+    replication_id: ReplicationId
+
+
 class DemotePrefix(_Msg, tag="DemotePrefix"):
     """To a worker: its cached copy of `token_ids` (in `namespace`) is stale (a session's next turn went to another
     worker holding all of it); evict that chain before anything else when memory is short."""
@@ -367,8 +376,8 @@ WorkerToCoordinator = Union[
     Hello, PagesStored, PagesRemoved, AllPagesCleared, PrefixHit, LoadReported, ReplicaStored, ReplicaPromoted,
     ReplicaExpired, ReplicaExpected, ReplicationFailed, SourceSent, HintReported,
 ]
-CoordinatorToWorker = Union[HelloAck, ResyncRequested, ExpectReplica, ReplicatePages, DropReplica, DemotePrefix,
-                            Error]
+CoordinatorToWorker = Union[HelloAck, ResyncRequested, ExpectReplica, ReplicatePages, DropReplica, WantReplica,
+                            DemotePrefix, Error]
 DataPlane = Union[TransferHeader, TransferChunk, TransferEnd, TransferReady, TransferAccepted, TransferRefused]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -258,6 +258,22 @@ class ReplicaTable:
             out.append(r.replication_id)
         return out
 
+    def want(self, replication_id: str) -> bool:
+        """A request waits for this replica (the coordinator's `WantReplica`: a router holds it until the copy
+        lands): being installed, it goes in at `PULLED_PRIORITY`; landed, it is raised to it (as `raise_wanted`
+        does for a request already queued here). Returns: whether one was raised (False: unknown, gone, promoted,
+        or ordinary cache already)."""
+        for job in self.pending.values():
+            if job.inc.header.replication_id == replication_id and job.priority < PULLED_PRIORITY:
+                job.priority = PULLED_PRIORITY
+                return True
+        r = self.replicas.get(replication_id)
+        if r is None or r.promoted or r.priority >= PULLED_PRIORITY:
+            return False
+        self.view.raise_priority(r.token_ids, r.namespace, PULLED_PRIORITY)
+        r.priority = PULLED_PRIORITY
+        return True
+
     def promote(self, replication_id: str) -> bool:
         r = self.replicas.get(replication_id)
         if r is None or r.promoted:

@@ -20,7 +20,8 @@ from typing import Optional
 
 from radix_sync import api
 from radix_sync.api import AdminError
-from radix_sync.coordinator.replications import ORIGIN_PULL
+from radix_sync import protocol as p
+from radix_sync.coordinator.replications import DONE, ORIGIN_PULL, PENDING, RUNNING
 from radix_sync.hashing import page_hashes
 
 CONFLICT = 409
@@ -163,11 +164,19 @@ async def wait_replication(coord, req: api.ReplicationWaitRequest) -> api.Replic
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + req.wait_s
+    want = None
     with coord.lock:
         rep = coord.state.replications.get(req.id)
         if rep is None:
             raise AdminError(f"unknown replication {req.id!r}", 404)
         rep.num_waiting += 1
+        # a request waits for it: a speculative copy lands (or is raised, landed) as ordinary cache, as a pull does
+        target = coord.state.workers.get(rep.target)
+        if req.want and rep.origin != ORIGIN_PULL and not rep.wanted and rep.state in (PENDING, RUNNING, DONE) \
+                and target:
+            rep.wanted, want = True, target.routing_id
+    if want is not None:
+        coord.send(want, p.WantReplica(replication_id=rep.id))
     try:
         while True:
             with coord.lock:

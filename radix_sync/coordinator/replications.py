@@ -62,6 +62,8 @@ class Replication:
     """Routers waiting for it now (`POST /replications/wait`: a pull, or a request held for the copy since stop 52)."""
     num_abandoned: int = 0
     """Waits that ended at their router's deadline with the copy still in flight: that request went elsewhere."""
+    wanted: bool = False
+    """Its target was told a request waits for it (`WantReplica`: land it, or raise it, as ordinary cache)."""
 
     @property
     def in_flight(self) -> bool:

@@ -239,8 +239,10 @@ class CoordinatorLink:
         status, answer, why = await self._post_answer("/replicate", req, api.ReplicationInfo, self._timeout)
         return answer, why
 
-    async def wait_replication(self, replication_id: str, wait_s: float) -> tuple[Optional[api.ReplicationInfo], str]:
+    async def wait_replication(self, replication_id: str, wait_s: float,
+                               want: bool = True) -> tuple[Optional[api.ReplicationInfo], str]:
         """Waits (long poll, `POST /replications/wait`) until the replication is done or failed, or `wait_s`.
+        `want`: a request of this router waits for it (`api.ReplicationWaitRequest.want`: it lands as ordinary cache).
 
         Returns:
             (the replication as it then is, "") or (None, why not, as `replicate` says it).
@@ -248,7 +250,7 @@ class CoordinatorLink:
         wait_s = min(30.0, max(0.0, wait_s))
         timeout = aiohttp.ClientTimeout(total=wait_s + self.cfg.timeout_s)
         status, answer, why = await self._post_answer(
-            "/replications/wait", api.ReplicationWaitRequest(id=replication_id, wait_s=wait_s),
+            "/replications/wait", api.ReplicationWaitRequest(id=replication_id, wait_s=wait_s, want=want),
             api.ReplicationInfo, timeout)
         return answer, why
 

@@ -229,6 +229,12 @@ class IoSide:
             if fact is not None:  # a pull the coordinator made room for may arrive before the scheduler has dropped
                 self.free_replica_tokens += fact[0].inserted_len  # (it answers the true room after the drop)
             self.to_sched(m.Drop(msg.replication_id))
+        elif isinstance(msg, p.WantReplica):
+            grant = self.expected.get(msg.replication_id)
+            if grant is not None:  # not received yet: it lands as ordinary cache
+                self.expected[msg.replication_id] = (msgspec.structs.replace(grant[0], ordinary=True), grant[1])
+            else:  # installing or landed (or gone): the scheduler raises it
+                self.to_sched(m.Want(msg.replication_id))
         elif isinstance(msg, p.DemotePrefix):
             self.to_sched(m.Demote(msg.namespace, msg.token_ids))
         elif isinstance(msg, p.Error):

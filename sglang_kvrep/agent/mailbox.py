@@ -180,6 +180,12 @@ class Drop(msgspec.Struct, frozen=True):
     replication_id: str
 
 
+class Want(msgspec.Struct, frozen=True):
+    """The coordinator's word: a request waits for this replica (`WantReplica`): raise it to ordinary cache."""
+
+    replication_id: str
+
+
 class ReplicaGone(msgspec.Struct, frozen=True):
     """SGLang evicted this replica's last page (its own eviction, or a cache flush): it holds no budget any more."""
 
@@ -199,7 +205,7 @@ class SendCancelled(msgspec.Struct, frozen=True):
     transfer_id: str
 
 
-ToScheduler = Union[IoStarted, IoDied, Replicate, Install, Promote, Demote, Drop, ReplicaGone, ChunksSent,
+ToScheduler = Union[IoStarted, IoDied, Replicate, Install, Promote, Demote, Drop, Want, ReplicaGone, ChunksSent,
                     SendCancelled]
 PROGRESS = (ChunksSent, SendCancelled)
 """Progress of running gathers, not commands: applied as they come, they do not count against the scheduler's

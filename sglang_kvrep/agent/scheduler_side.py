@@ -284,6 +284,9 @@ class WorkerAgent(SourceSide):
                 self._report(p.ReplicaExpired(worker_id=self.config.worker_id, seq=0,
                                               replication_id=msg.replication_id, num_evicted_tokens=0))
                 self._room_changed()
+        elif isinstance(msg, m.Want):
+            if self.replicas.want(msg.replication_id):
+                log.info("kvrep: replica %s raised to ordinary cache: a request waits for it", msg.replication_id)
         elif isinstance(msg, m.Drop):
             evicted = self.replicas.drop(msg.replication_id)
             if evicted is not None:

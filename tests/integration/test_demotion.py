@@ -201,3 +201,34 @@ def test_a_speculative_replica_a_queued_request_wants_is_not_the_next_victim(clu
     assert meta["cached_tokens"] == 512, meta  # the replica was still there when it was admitted
     wait_until(lambda: cluster.lookup(q1).get(c.worker_id, 0) < 1024, 10, what="the oldest prompt evicted instead")
     assert coord.get("/status")[1]["integrity"] == "ok"
+
+
+def test_a_replica_a_request_waits_for_at_a_router_is_not_the_next_victim(cluster, small):
+    """A router that holds a request until a planner's copy lands waits on the coordinator's long poll with `want`;
+    the coordinator tells the copy's target (`WantReplica`), which raises the landed replica to ordinary cache. Here
+    the replica lands after a fresh prompt and an allocation then needs room: the older prompt loses pages, the
+    replica stays (before: the evict-first replica went, and the held request recomputed it). An admin's wait (no
+    `want`) leaves a replica evict-first."""
+    coord, a, c = cluster.coord, cluster.a, small
+    status = urllib.request.urlopen(urllib.request.Request(c.url + "/flush_cache", data=b"", method="POST"),
+                                    timeout=30).status
+    assert status == 200
+    trunk, spec, big = prompt(351, 1024), prompt(352, 512), prompt(353, 3072)
+    wait_until(lambda: cluster.lookup(trunk).get(c.worker_id, 0) == 0, 10, what="C's cache flushed")
+    before = cluster.free_plus_evictable(c)
+    c.generate(trunk, 1)
+    a.generate(spec, 1)
+    wait_until(lambda: cluster.lookup(spec).get(a.worker_id, 0) == 512, 10, what="the prefix on A")
+    done = cluster.replicate(a, c, spec)  # the harness waits as an admin does: the replica stays evict-first
+    assert done["state"] == "done"
+    wait_until(lambda: cluster.lookup(spec).get(c.worker_id, 0) == 512, 10, what="the replica on C")
+    status, info = coord.post("/replications/wait", {"id": done["id"], "wait_s": 0, "want": True})
+    assert status == 200 and info["state"] == "done", info
+    wait_until(lambda: f"replica {done['id']} raised to ordinary cache" in c.log_path.read_text(errors="replace"),
+               10, what="the replica raised on C")
+    c.generate(big, 1)  # 3,072 tokens next to 1,536 cached in a 4,096-token pool: 512 or more must be evicted
+    wait_until(lambda: cluster.lookup(trunk).get(c.worker_id, 0) < 1024, 10, what="the older prompt evicted")
+    assert cluster.lookup(spec).get(c.worker_id, 0) == 512  # the replica the request waits for is still there
+    assert cached(c, spec + [7] * PAGE_SIZE) == 512
+    assert cluster.free_plus_evictable(c) == before  # every slot is back: free or evictable cache
+    assert coord.get("/status")[1]["integrity"] == "ok"

@@ -4,6 +4,7 @@ evicted replica, or one a later request extended (ordinary cache now), not at al
 import time
 from types import SimpleNamespace
 
+import msgspec
 import zmq
 
 from radix_sync import protocol as p
@@ -129,3 +130,19 @@ def test_a_replica_sglang_evicted_or_flushed_leaves_the_budget_at_once():
     io.drain_events()
     assert to_sched == [m.ReplicaGone(r) for r in "abc"] and not io.replica_blocks and not io.replica_facts
     assert [type(x).__name__ for x in sent] == ["PagesRemoved", "AllPagesCleared"]
+
+
+def test_a_copy_a_request_waits_for_lands_or_is_raised_as_ordinary_cache():
+    """`WantReplica` (a router holds a request until this copy lands): a grant not yet received is made ordinary (the
+    install lands it at `PULLED_PRIORITY`, as a pull's); one the I/O side no longer holds (installing, landed or
+    gone) goes to the scheduler, which raises it."""
+    io = IoSide.__new__(IoSide)
+    to_sched = []
+    io.to_sched = to_sched.append
+    grant = p.ExpectReplica(replication_id="r1", source_id="w0", namespace="", page_size=4, block_hashes=[1, 2],
+                            auth_token="t", expires_in_s=30.0)
+    io.expected = {"r1": (grant, 123.0)}
+    io.on_coord(p.encode(p.WantReplica(replication_id="r1")))
+    assert io.expected["r1"] == (msgspec.structs.replace(grant, ordinary=True), 123.0) and to_sched == []
+    io.on_coord(p.encode(p.WantReplica(replication_id="r2")))
+    assert to_sched == [m.Want("r2")] and set(io.expected) == {"r1"}

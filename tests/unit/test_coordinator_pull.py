@@ -143,7 +143,8 @@ def test_unknown_workers_are_left_to_request_replication(st):
 
 
 def _coord(st):
-    return SimpleNamespace(lock=threading.Lock(), state=st)
+    sent = []
+    return SimpleNamespace(lock=threading.Lock(), state=st, sent=sent, send=lambda rid, msg: sent.append((rid, msg)))
 
 
 def test_the_wait_answers_when_the_copy_is_done_and_at_the_deadline_else(st):
@@ -269,3 +270,24 @@ def test_a_routers_finish_report_is_evidence_for_the_pull_ledger(st):
     st.record_demand([], [{"input_ids": tokens + [1, 2, 3, 4], "worker": "b", "ttft_s": 0.5}], 6.0)
     groups = st.pull_ledger.status(6.0)["groups"]
     assert sum(g["answers"] for g in groups.values()) == 1
+
+
+def test_a_wait_on_a_speculative_copy_tells_its_target_once_that_a_request_wants_it(st):
+    """A router holding a request for a planner's copy waits on it (`want`): the coordinator tells the copy's target
+    once (`WantReplica`: land it, or raise it, as ordinary cache, as a pull: evict-first, the next allocation would
+    take it before the request is admitted); a pull's own copy lands so already, and a failed one is not there to
+    want."""
+    coord = _coord(st)
+    rep, _, _ = st.request_replication("a", "b", list(range(40)), "", 30.0, 2.0, origin="kvrep")  # the planner
+    asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id=rep.id, wait_s=0.0)))
+    assert coord.sent == [] and not rep.wanted  # an admin's wait (no request waits): the copy stays as it is
+    for _ in range(2):
+        info = asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id=rep.id, wait_s=0.0, want=True)))
+        assert info.state == "pending"
+    assert [(rid, msg) for rid, msg in coord.sent] == [(b"B", p.WantReplica(replication_id=rep.id))] and rep.wanted
+    pulled, _, _ = st.request_replication("a", "b", list(range(8)), "", 30.0, 2.0, origin="pull")
+    asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id=pulled.id, wait_s=0.0, want=True)))
+    failed, _, _ = st.request_replication("a", "b", list(range(12)), "", 30.0, 2.0)
+    failed.state = "failed"
+    asyncio.run(wait_replication(coord, api.ReplicationWaitRequest(id=failed.id, wait_s=0.0, want=True)))
+    assert len(coord.sent) == 1 and not pulled.wanted and not failed.wanted

@@ -45,7 +45,8 @@ SEEDS_TO_WORKER = [
                     auth_token="t" * 32, expires_in_s=60.0),
     p.ReplicatePages(replication_id="r1", auth_token="t" * 32, token_ids=TOKENS, namespace="", target_id="w1",
                      target_endpoint="tcp://127.0.0.1:2", target_fingerprint="f", ttl_s=30.0),
-    p.DropReplica(replication_id="r1"), p.DemotePrefix(namespace="", token_ids=TOKENS), p.Error(error="e"),
+    p.DropReplica(replication_id="r1"), p.WantReplica(replication_id="r1"),
+    p.DemotePrefix(namespace="", token_ids=TOKENS), p.Error(error="e"),
 ]
 SEEDS_DATA_PLANE = [
     p.TransferHeader(transfer_id="x", replication_id="r1", auth_token="t" * 32, source_id="w0", fingerprint="f",
@@ -67,6 +68,7 @@ SEEDS_API = [
     (api.HintRequest, {"kind": "fanout", "input_ids": TOKENS, "k": 4, "ttl_s": 30.0, "delay_s": 0.5}),
     (api.ReplicateRequest, {"source": "w0", "target": "w1", "input_ids": TOKENS, "ttl_s": 10.0}),
     (api.DropReplicasRequest, {"worker": "w1"}),
+    (api.ReplicationWaitRequest, {"id": "r1", "wait_s": 1.0, "want": True}),
     (api.DemoteRequest, {"worker": "w0", "input_ids": TOKENS, "cache_salt": ""}),
     (api.PolicyRequest, {"policy": "rules", "mode": "shadow", "reset_demand": True}),
 ]

@@ -162,3 +162,26 @@ def test_the_load_report_counts_only_evict_first_replicas_and_the_budget_counts_
     table.replicas["r3"] = Replica("r3", "", list(range(70, 78)), 8, expires_at_s=5.0, priority=-1, promoted=True)
     # landed as ordinary cache (a pull, or `ExpectReplica.ordinary`): not what SGLang evicts first, still budgeted
     assert table.evict_first_tokens() == 32 and table.live_tokens() == 48 and table.free_tokens() == 952
+
+
+def test_a_replica_a_request_waits_for_is_raised_to_ordinary_cache_installing_or_landed():
+    """`ReplicaTable.want` (the coordinator's `WantReplica`): an install in progress goes in at `PULLED_PRIORITY`; a
+    landed evict-first replica is raised to it in the tree; a promoted one, one already ordinary, or an unknown id:
+    nothing."""
+    from types import SimpleNamespace
+
+    view = FakeView()
+    table = ReplicaTable(view, budget_tokens=1000, clock=lambda: 0.0)
+    ids = list(range(32))
+    table.replicas["r1"] = Replica("r1", "t1", ids, 32, expires_at_s=5.0, priority=-9)
+    table.replicas["r2"] = Replica("r2", "t1", ids[:16], 16, expires_at_s=5.0, priority=-8, promoted=True)
+    table.replicas["r3"] = Replica("r3", "t1", ids[:8], 8, expires_at_s=5.0, priority=PULLED_PRIORITY)
+    job = SimpleNamespace(inc=SimpleNamespace(header=SimpleNamespace(replication_id="r4", token_ids=ids[:12])),
+                          priority=-7)
+    table.pending["x4"] = job
+    assert table.evict_first_tokens() == 32 + 12  # r1 and the install in progress
+    assert table.want("r1") and view.raised == [("t1", tuple(ids), PULLED_PRIORITY)]
+    assert table.replicas["r1"].priority == PULLED_PRIORITY and not table.want("r1")  # once
+    assert not table.want("r2") and not table.want("r3") and not table.want("nope") and len(view.raised) == 1
+    assert table.want("r4") and job.priority == PULLED_PRIORITY and len(view.raised) == 1  # lands at it
+    assert not table.want("r4") and table.evict_first_tokens() == 0  # what the load report counts as evict-first
