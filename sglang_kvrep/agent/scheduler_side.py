@@ -25,7 +25,7 @@ from sglang_kvrep.compat import SchedulerView
 from sglang_kvrep.config import KvrepConfig
 from sglang_kvrep.dataplane.checks import LocalGeometry, finite_s
 from sglang_kvrep.dataplane.staging import Incoming
-from sglang_kvrep.replicas import ReplicaTable
+from sglang_kvrep.replicas import PULLED_PRIORITY, ReplicaTable
 
 log = logging.getLogger("kvrep.agent")
 MAX_ERRORS = 20
@@ -431,8 +431,10 @@ class WorkerAgent(SourceSide):
 
     def _installed(self, inc: Incoming, block_hashes: list[int], res) -> None:
         h = inc.header
-        log.info("kvrep: replica %s installed: %d of %d tokens new, TTL %.0f s", h.replication_id, res.inserted_len,
-                 len(h.token_ids), h.ttl_s)
+        r = self.replicas.replicas.get(h.replication_id)  # (a pull's, or wanted by a held request: ordinary cache)
+        ordinary = ", ordinary cache" if r is not None and r.priority >= PULLED_PRIORITY else ""
+        log.info("kvrep: replica %s installed: %d of %d tokens new, TTL %.0f s%s", h.replication_id, res.inserted_len,
+                 len(h.token_ids), h.ttl_s, ordinary)
         self.to_io(m.Installed(inc, block_hashes, res.inserted_len, res.scatter_s, res.insert_s))
 
     def _report_kv_hints(self, hit: compat.RequestMatch) -> None:
