@@ -252,11 +252,13 @@ class ReplicaTable:
         wanted = self.view.waiting_wanting([(r.token_ids, r.namespace) for r in live])
         out = []
         for i in sorted(wanted):
-            r = live[i]
-            self.view.raise_priority(r.token_ids, r.namespace, PULLED_PRIORITY)
-            r.priority = PULLED_PRIORITY  # also when it was gone already: never tried again
-            out.append(r.replication_id)
+            self._raise(live[i])  # also when it was gone already: never tried again
+            out.append(live[i].replication_id)
         return out
+
+    def _raise(self, r: Replica) -> None:
+        self.view.raise_priority(r.token_ids, r.namespace, PULLED_PRIORITY)
+        r.priority = PULLED_PRIORITY
 
     def want(self, replication_id: str) -> bool:
         """A request waits for this replica (the coordinator's `WantReplica`: a router holds it until the copy
@@ -270,8 +272,7 @@ class ReplicaTable:
         r = self.replicas.get(replication_id)
         if r is None or r.promoted or r.priority >= PULLED_PRIORITY:
             return False
-        self.view.raise_priority(r.token_ids, r.namespace, PULLED_PRIORITY)
-        r.priority = PULLED_PRIORITY
+        self._raise(r)
         return True
 
     def promote(self, replication_id: str) -> bool:

@@ -19,9 +19,9 @@ import asyncio
 from typing import Optional
 
 from radix_sync import api
-from radix_sync.api import AdminError
 from radix_sync import protocol as p
-from radix_sync.coordinator.replications import DONE, ORIGIN_PULL, PENDING, RUNNING
+from radix_sync.api import AdminError
+from radix_sync.coordinator.replications import FAILED, ORIGIN_PULL
 from radix_sync.hashing import page_hashes
 
 CONFLICT = 409
@@ -172,8 +172,7 @@ async def wait_replication(coord, req: api.ReplicationWaitRequest) -> api.Replic
         rep.num_waiting += 1
         # a request waits for it: a speculative copy lands (or is raised, landed) as ordinary cache, as a pull does
         target = coord.state.workers.get(rep.target)
-        if req.want and rep.origin != ORIGIN_PULL and not rep.wanted and rep.state in (PENDING, RUNNING, DONE) \
-                and target:
+        if req.want and rep.origin != ORIGIN_PULL and not rep.wanted and rep.state != FAILED and target:
             rep.wanted, want = True, target.routing_id
     if want is not None:
         coord.send(want, p.WantReplica(replication_id=rep.id))
