@@ -105,7 +105,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
     assert [f.name for f in files] == ["bench-agent-aa-s4.json.gz", "bench-agent-aa50-s6.json.gz",
                                        "bench-agent-abl45-s4.json.gz",
                                        "bench-agent-abl47-s3.json.gz", "bench-agent-abl47-s4.json.gz",
-                                       "bench-agent-abl48-s3.json.gz",
+                                       "bench-agent-abl48-s3.json.gz", "bench-agent-abl52-s6.json.gz",
                                        "bench-agent-ablation-s4.json.gz", "bench-agent-ablation.json.gz",
                                        "bench-agent-bets-s3.json.gz",
                                        "bench-agent-burst-s2.json.gz",
