@@ -1341,12 +1341,19 @@ def add_testbed_arguments(p) -> None:
                         "H200's copy/prefill time ratio, 0.21; 0: no cap)")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="pin worker i to core i (mod the cores this process may use)")
+    p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=False,
+                   help="SGLang's overlap scheduler on the CPU workers (default off: on a CPU it holds a finished "
+                        "prefill's first token until the next batch's forward ends, which a GPU does not; "
+                        "kvrep_dev/testbed.py)")
 
 
 def testbed_worker_kwargs(args, i: int) -> dict:
-    """`Worker(...)` keyword arguments for worker `i` under the testbed's flags: its core and its link cap."""
+    """`Worker(...)` keyword arguments for worker `i` under the testbed's flags: its core, its link cap and the
+    testbed's SGLang flags (`testbed.WORKER_ARGS`, unless `--overlap-schedule`)."""
     rate = testbed.send_rate_mbps(args.profile) if args.send_rate_mbps is None else args.send_rate_mbps
     extra = ("--kvrep-send-rate-mbps", f"{rate:g}") if rate > 0 else ()
+    if not getattr(args, "overlap_schedule", False):
+        extra += testbed.WORKER_ARGS
     return {"cpu": testbed.core_for(i) if args.pin else None, "extra_args": extra}
 
 

@@ -14,6 +14,13 @@ numbers and the commands that measured them):
   (`radix_sync/profiles/llama3.1-8b-h200.json`), ratio 0.21.
 - **Spare compute.** One worker per core, each pinned to its core (two on a 2-core machine), `OMP_NUM_THREADS=1`;
   the router, coordinator and client are light and float.
+- **When a first token goes out.** SGLang's overlap scheduler launches batch N+1 before it hands out batch N's
+  tokens (`Scheduler.event_loop_overlap`, sglang 0.5.23 `srt/managers/scheduler.py`). On a GPU the launch returns at
+  once and N's first tokens go out while N+1 computes; on a CPU the launch is the compute, so every prefill whose
+  worker has more work queued waits for the next batch's forward too: a lone 2,000-token prompt followed 0.1 s later
+  by another took 2.74 s to its first token instead of 1.35 s (`scripts/overlap_probe.py`,
+  docs/results/overlap-probe.json). The testbed's workers run with `--disable-overlap-schedule` (`WORKER_ARGS`):
+  each batch's tokens go out when its forward ends, as on a GPU.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ MACHINE_PROFILE = "cpu-wide-bench"
 with prefill terms fitted on the requests of saved bench runs that ran alone (`scripts/calibrate_cpu.py
 --from-bench`); the live router and planner price with `PROFILE`, and so do the simulated ones."""
 GPU_PROFILE = "llama3.1-8b-h200"
+WORKER_ARGS = ("--disable-overlap-schedule",)
+"""SGLang flags of every testbed worker (see the module's docstring; `--overlap-schedule` leaves SGLang's default)."""
 FRONTEND_CPU_S = {"kvrep": 0.0165, "smg": 0.0092}
 """CPU seconds a request costs the testbed's processes other than the workers' schedulers, above what they use idle
 (what `EngineConfig.frontend_cpu_s` runs on the shared cores beside the workers in `kvrep bench --simulate` and

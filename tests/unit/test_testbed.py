@@ -32,6 +32,17 @@ def test_worker_kwargs_pin_and_cap():
     cores = testbed.cores()
     kw = [worker_kwargs(args, i) for i in range(len(cores) + 1)]
     assert [k["cpu"] for k in kw] == cores + cores[:1]
-    assert kw[0]["extra_args"] == ("--kvrep-send-rate-mbps", f"{testbed.send_rate_mbps():g}")
-    off = worker_kwargs(p.parse_args(["--no-pin", "--send-rate-mbps", "0"]), 0)
+    assert kw[0]["extra_args"] == ("--kvrep-send-rate-mbps", f"{testbed.send_rate_mbps():g}",
+                                   "--disable-overlap-schedule")
+    off = worker_kwargs(p.parse_args(["--no-pin", "--send-rate-mbps", "0", "--overlap-schedule"]), 0)
     assert off == {"cpu": None, "extra_args": ()}
+
+
+def test_testbed_workers_hand_out_a_prefills_first_token_when_its_forward_ends():
+    """On a CPU, SGLang's overlap scheduler computes the next batch before it hands out the last one's tokens
+    (docs/results/overlap-probe.json: 2.74 s vs 1.35 s to a first token); the testbed turns it off."""
+    p = argparse.ArgumentParser()
+    add_testbed_arguments(p)
+    p.add_argument("--profile", default=testbed.PROFILE)
+    assert "--disable-overlap-schedule" in worker_kwargs(p.parse_args([]), 0)["extra_args"]
+    assert "--disable-overlap-schedule" in worker_kwargs(p.parse_args(["--send-rate-mbps", "0"]), 0)["extra_args"]
