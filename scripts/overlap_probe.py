@@ -76,7 +76,8 @@ def main() -> None:
             print(f"{name:<11} first prompt TTFT median {first:.3f} s, second {second:.3f} s  "
                   f"({', '.join(f'{a:.2f}/{b:.2f}' for a, b in rows)})")
         if args.json:
-            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items() if k != "json"},
+            args.json.write_text(json.dumps({"args": {k: str(v).replace(str(ROOT) + "/", "") for k, v in vars(args).items()
+                                                      if k != "json"},
                                              "ttft_s": res}, indent=1))
     finally:
         stop_all(list(workers.values()))
