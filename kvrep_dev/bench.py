@@ -58,15 +58,18 @@ from kvrep_dev.report import bench_progress as _say
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "shadow-lowid", "smg-rr", "smg-ca")
+ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "active-nosent", "shadow-lowid", "smg-rr",
+        "smg-ca")
 """The ablation of ours, one part added per arm (routing alone; + copies on the request's path; + demotion of a moved
 session's stale copies; + the predictive planner; its copies landing as ordinary cache, not evict-first; `active`
-priced at the profile's prefill times, not the measured speed; routing alone with every full tie to the lowest id, as
-before stop 49), then today's router (smg 1.13) in two policies."""
+priced at the profile's prefill times, not the measured speed; `active` whose router prices only the directory's
+holdings, not what its own requests sent and not started will compute, as before stop 53; routing alone with every
+full tie to the lowest id, as before stop 49), then today's router (smg 1.13) in two policies."""
 DEFAULT_ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
 """`kvrep bench`'s arms unless `--arms` says (`demote` only when asked: one more arm is minutes a round)."""
 SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_pull_demote", "active": "kvrep",
-              "active-lru": "kvrep_lru", "active-fixed": "kvrep", "shadow-lowid": "kvrep_shadow",
+              "active-lru": "kvrep_lru", "active-fixed": "kvrep", "active-nosent": "kvrep",
+              "shadow-lowid": "kvrep_shadow",
               "smg-rr": "round_robin",
               "smg-ca": "cache_aware",
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
@@ -83,11 +86,12 @@ tokens their tree does not hold (`SchedulerView.waiting_new_tokens`); runs saved
 BASELINE = "smg-ca"
 """The arm every other arm's ratios are against when it ran (else `shadow`)."""
 COORDINATOR_ARM = {"pull": ("none", "active"), "demote": ("demote", "active"), "active": ("kvrep", "active"),
-                   "active-lru": ("kvrep_lru", "active"), "active-fixed": ("kvrep_fixed", "active")}
+                   "active-lru": ("kvrep_lru", "active"), "active-fixed": ("kvrep_fixed", "active"),
+                   "active-nosent": ("kvrep", "active")}
 """Arm -> the coordinator's (policy, mode) (any other arm: the planner in shadow mode)."""
 DEMO_ARMS = ("shadow", "pull", "active", BASELINE)
 """`kvrep demo`'s arms: routing alone, reactive copies, predictive + reactive, today's router."""
-PULL_ARMS = ("pull", "demote", "active", "active-lru")
+PULL_ARMS = ("pull", "demote", "active", "active-lru", "active-nosent")
 """The arms served by the router started with `--pull` (the others by the one without)."""
 FIXED_SPEED_ARMS = ("active-fixed",)
 """The arms served by a router started with `--pull --no-speed-calibration` (and whose planner, `kvrep_fixed`,
@@ -95,7 +99,13 @@ prices prefills at the profile's times): every other arm of ours learns the work
 TIES = "turns"
 """Saved as a run's `ties`: its routers' full ties took turns over the workers (`--tie-turns`, the default since
 stop 49; absent: every one to the lowest id, and `--resimulate` simulates the run's routers so)."""
+NOSENT_ARMS = ("active-nosent",)
+"""The arms served by a router started with `--pull --no-sent-pages` (a prefix its own requests sent to a worker and
+not started is not priced as cached there; the simulated router the same): the ablation of that pricing."""
 LOWEST_ID_ARMS = ("shadow-lowid",)
+SENT_PAGES = "priced"
+"""Saved as a run's `sent_pages`: its routers priced what their own requests sent and not started will compute
+(`--sent-pages`, the default since stop 53; absent: the directory alone, and `--resimulate` simulates them so)."""
 """The arms served by a router started with `--no-tie-turns` (every full tie to the lowest id; the simulated router
 the same): the tie rotation's ablation."""
 MAX_FRONTS = 16
@@ -119,6 +129,8 @@ def router_flags(arm: str) -> tuple[str, ...]:
         return "--pull", "--no-speed-calibration"
     if arm in LOWEST_ID_ARMS:
         return ("--no-tie-turns",)
+    if arm in NOSENT_ARMS:
+        return "--pull", "--no-sent-pages"
     return ("--pull",) if arm in PULL_ARMS else ()
 
 
@@ -438,7 +450,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
              max_total_tokens: Optional[int] = None, max_running: Optional[int] = None,
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
              machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False,
-             tie_turns: bool = True, frontend: bool = False) -> dict:
+             tie_turns: bool = True, frontend: bool = False, overlap_lag: bool = True,
+             sent_pages: bool = True) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -454,7 +467,11 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     `tie_turns`: full ties take turns over the workers (False: the lowest id, as the live router's `--no-tie-turns`).
     `frontend`: each request's CPU in the processes beside the workers runs on the same cores
     (`EngineConfig.frontend_cpu_s`, as measured on the testbed for the arm's front door: `testbed.FRONTEND_CPU_S`);
-    False: not modelled (the default: docs/bench.md, stop 50, says why)."""
+    False: not modelled (the default: docs/bench.md, stop 50, says why). `overlap_lag`: the workers ran SGLang's
+    overlap scheduler, which on a CPU hands out an iteration's outputs when the next one ends
+    (`EngineConfig.overlap_lag`; the testbed's workers have run without it since stop 53: docs/testbed.md).
+    `sent_pages`: the simulated router prices what its own requests sent and not started will compute (False: as
+    the live router's `--no-sent-pages`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.speed import SpeedCalibration
     from radix_sync.policy.planner import PlannerConfig
@@ -478,10 +495,11 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
         policy.router.speed = SpeedCalibration()
     if hasattr(policy.router, "tie_turns"):
         policy.router.tie_turns = tie_turns
-    # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start;
-    # the CPU workers run SGLang's overlap scheduler (disable_overlap_schedule is off): outputs lag one iteration
+    if hasattr(policy.router, "count_sent"):
+        policy.router.count_sent = sent_pages
+    # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
-                        overlap_lag=True, record_requests=True, endpoint_wait=endpoint_wait,
+                        overlap_lag=overlap_lag, record_requests=True, endpoint_wait=endpoint_wait,
                         prompt_token_reports=prompt_reports,
                         frontend_cpu_s=(testbed.FRONTEND_CPU_S["smg" if arm in SMG_POLICY else "kvrep"]
                                         if frontend else 0.0))
@@ -698,7 +716,7 @@ def format_front_doors(front: list[dict]) -> str:
 
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
           ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"), ("active", "active-fixed"),
-          ("shadow", "shadow-lowid"), ("shadow@1", "shadow"))
+          ("active", "active-nosent"), ("shadow", "shadow-lowid"), ("shadow@1", "shadow"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
 prediction), where both arms ran; and `shadow@1`/`shadow`, an A/A control (the same router, its own prompts): how far
@@ -930,6 +948,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
         prompt_reports = data.get("waiting_reports") != WAITING_REPORTS
     calibrated = data.get("prefill_speed") == PREFILL_SPEED
     turns = data.get("ties") == TIES
+    overlap = bool(data.get("args", {}).get("overlap_schedule", True))  # (runs before stop 53: SGLang's default)
+    sent = data.get("sent_pages") == SENT_PAGES
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
@@ -951,7 +971,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
         r["sim"] = simulate(copy.deepcopy(built[r["workload"]]), arm, args.workers, args.seed, profile,
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
                             machine, prompt_reports, calibrated and arm not in FIXED_SPEED_ARMS,
-                            turns and arm not in LOWEST_ID_ARMS, frontend)
+                            turns and arm not in LOWEST_ID_ARMS, frontend, overlap,
+                            arm not in NOSENT_ARMS and sent)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -1086,7 +1107,8 @@ def run_bench(args) -> int:
                                  extra_args=("--profile", args.profile, "--pull"))
             procs.append(pull_router)
             routers = {a: pull_router for a in PULL_ARMS}
-        for group, name in ((FIXED_SPEED_ARMS, "router-fixed"), (LOWEST_ID_ARMS, "router-lowid")):
+        for group, name in ((FIXED_SPEED_ARMS, "router-fixed"), (LOWEST_ID_ARMS, "router-lowid"),
+                            (NOSENT_ARMS, "router-nosent")):
             if not per_cell and any(a in group for a in bases):  # an ablation's router: the same one less one part
                 other = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name=name,
                                extra_args=("--profile", args.profile, *router_flags(group[0])))
@@ -1267,7 +1289,9 @@ def run_bench(args) -> int:
                                   endpoint_wait=getattr(args, "sim_endpoint_wait", True), machine=machine,
                                   prompt_reports=bool(getattr(args, "sim_prompt_reports", False)),
                                   speed_calibration=arm not in FIXED_SPEED_ARMS,
-                                  tie_turns=arm not in LOWEST_ID_ARMS)
+                                  tie_turns=arm not in LOWEST_ID_ARMS,
+                                  overlap_lag=bool(getattr(args, "overlap_schedule", True)),
+                                  sent_pages=arm not in NOSENT_ARMS)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -1296,7 +1320,7 @@ def run_bench(args) -> int:
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
                    "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS,
-                   "prefill_speed": PREFILL_SPEED, "ties": TIES, "flushed": bool(args.flush_caches)},
+                   "prefill_speed": PREFILL_SPEED, "ties": TIES, "sent_pages": SENT_PAGES, "flushed": bool(args.flush_caches)},
                   f, indent=2,
                   default=str)
     (out_dir / CHECKPOINT).unlink(missing_ok=True)

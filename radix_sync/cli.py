@@ -143,6 +143,9 @@ def _add_router(sub) -> None:
     p.add_argument("--speed-calibration", action=argparse.BooleanOptionalAction, default=C.speed_calibration,
                    help="scale the profile's prefill times by the workers' measured speed (the requests that ran "
                         "alone; --no-speed-calibration: the profile as it is)")
+    p.add_argument("--sent-pages", action=argparse.BooleanOptionalAction, default=C.sent_pages,
+                   help="price a prefix this router's requests sent to a worker (not started) will compute there as "
+                        "cached there (--no-sent-pages: the directory alone, as before stop 53)")
     p.add_argument("--tie-turns", action=argparse.BooleanOptionalAction, default=C.tie_turns,
                    help="workers take turns at prompts that tie on expected TTFT and load (--no-tie-turns: the "
                         "lowest id takes every tie, as before)")
@@ -212,7 +215,8 @@ def _run_router(args) -> int:
                               hints_per_s=args.hints_per_s, hints_burst=args.hints_burst,
                               pull=args.pull, pull_policy=PullConfig(args.pull_min_wait_s, args.pull_max_wait_s,
                                                                      args.pull_ttl_s),
-                              speed_calibration=args.speed_calibration, tie_turns=args.tie_turns)
+                              speed_calibration=args.speed_calibration, tie_turns=args.tie_turns,
+                              sent_pages=args.sent_pages)
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile

@@ -12,7 +12,7 @@ from the exact directory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from radix_sync.policy.cost import CostModel
 from radix_sync.policy.forecast import queue_wait_s
@@ -202,6 +202,11 @@ class ExpectedTtftRouter(RouterPolicy):
         """Worker -> page hash -> how many of this router's requests there, not yet started, hold it."""
         self._over: dict[int, float] = {}
         """Worker -> seconds of prefill its load counts for this router's requests that will find it cached."""
+        self._external_pages = False
+        """`_pages` is the caller's (`expect_pages`): read only."""
+        self.count_sent = True
+        """Whether what this router's requests sent and not started will compute counts as cached (`_own_len`);
+        False: the directory alone (the live router's `--no-sent-pages`, before stop 53)."""
 
         self.kv_bytes_per_token = kv_bytes_per_token
         self.allow_pull = allow_pull
@@ -221,12 +226,25 @@ class ExpectedTtftRouter(RouterPolicy):
         self.tie_turns = True
         """Whether full ties take turns; False: the lowest id takes each (the live router's `--no-tie-turns`)."""
 
+    def expect_pages(self, pages: Mapping[int, Mapping[int, int]]) -> None:
+        """Sets, per worker index, the page hashes of this router's requests sent there and not started (hash ->
+        how many of them hold it), for a caller that keeps those counts itself: the live router, which ranks each
+        request with a fresh instance (`radix_sync.router.policy.rank_by_ttft`). The mappings are read, never
+        changed: `route` no longer adds the requests it routes to them (the caller does, when it sends one)."""
+        self._pages = pages  # type: ignore[assignment]
+        self._external_pages = True
+
+    def expected_own_len(self, i: int, pages: Sequence[int], prompt_len: int) -> int:
+        """Tokens of a prompt with page hashes `pages` that worker `i` will have computed for this router's
+        requests sent there and not started before it starts (`_own_len`)."""
+        return self._own_len(i, pages, prompt_len)
+
     def _own_len(self, i: int, pages: Sequence[int], prompt_len: int) -> int:
         """Tokens of a prompt with page hashes `pages` that this router's requests sent to worker `i` and not
         started yet will have computed before it starts (FCFS): the longest run of leading pages among theirs
         (chained hashes: a page's hash names its whole prefix, so membership is monotone and bisectable)."""
         own = self._pages.get(i)
-        if not own or not pages or pages[0] not in own:
+        if not own or not pages or pages[0] not in own or not self.count_sent:
             return 0
         lo, hi = 1, len(pages)
         while lo < hi:
@@ -335,6 +353,8 @@ class ExpectedTtftRouter(RouterPolicy):
         """Counts `req`'s pages as coming to worker `i`, and the part of its prefill the worker's load over-counts
         (the load counts the prompt less what the directory says is cached there; it will also find cached what
         this router's earlier requests there compute first)."""
+        if self._external_pages:
+            return
         dir_len = req.cached_len[i] if req.cached_len else 0
         local = max(dir_len, self._own_len(i, req.page_hashes, req.prompt_len))
         over = max(0.0, self.cost.prefill_s(req.prompt_len - dir_len, dir_len)

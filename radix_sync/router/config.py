@@ -98,6 +98,10 @@ class RouterConfig:
     """Full ties (equal expected TTFT and load) take turns over the workers
     (`radix_sync.policy.routers.next_tie_start`); False: the lowest id takes every one, as before stop 49 (kept for
     the ablation's `shadow-lowid` arm)."""
+    sent_pages: bool = True
+    """A prompt prefix that this router's requests sent to a worker and not started will compute there counts as
+    cached there for the next decisions (`rank_by_ttft`'s `sent_pages`, as the simulated router prices it); False:
+    only the directory counts, as before stop 53 (kept for the A/B)."""
     host_load_bytes_per_s: float = 0.0
     """The workers run SGLang's hierarchical cache (`--enable-hierarchical-cache`): a prompt prefix in a worker's
     host-memory tier (the directory feed's host-tier holdings) is priced as loaded back at this rate, bytes/s.

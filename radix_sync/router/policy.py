@@ -98,6 +98,9 @@ class WorkerState:
     own_waiting_tokens: int = 0
     """Uncached prompt tokens of the requests this router sent and has not seen start: with the two pair sums, the
     prefill that may be in progress there (the reported waiting queue is not running)."""
+    own_elapsed_s: float = 0.0
+    """Seconds the worker has been computing this router's requests not started: since the first of them went to it
+    while it was idle (`WorkerPool.alone_since`); 0: not known to have started any."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,8 @@ class Decision:
     mode: str
     """`directory` or `fallback`."""
     cached_tokens: int = 0
-    """Tokens of the prompt the first choice holds (directory mode) or approximately holds (fallback)."""
+    """Tokens of the prompt the first choice holds (directory mode: or will have computed for this router's requests
+    sent there before it starts, `rank_by_ttft`'s `sent_pages`) or approximately holds (fallback)."""
     wait_inflight: bool = False
     """The first choice is best only once a replica in flight to it has landed."""
     cached_by_worker: tuple[int, ...] = ()
@@ -161,7 +165,7 @@ def queued_work(uncached: int, cached: int) -> QueuedWork:
 
 
 def with_local_load(reported: WorkerState, num_outstanding: int, queued_tokens: int, queued_pairs: float,
-                    queued_cached_pairs: float, directory: bool) -> WorkerState:
+                    queued_cached_pairs: float, directory: bool, own_elapsed_s: float = 0.0) -> WorkerState:
     """Merges a worker's load with this router's own counts of it.
 
     NOTE: load reports lag; what this router sent and has not seen finish is a lower bound on the queue.
@@ -171,16 +175,17 @@ def with_local_load(reported: WorkerState, num_outstanding: int, queued_tokens: 
         num_outstanding: requests this router sent there and has not seen finish.
         queued_tokens, queued_pairs, queued_cached_pairs: the sums of `QueuedWork` of those not started.
         directory: True: raise the reported load to the router's counts; False: the router's counts alone.
+        own_elapsed_s: see `WorkerState.own_elapsed_s`.
     Returns:
         the worker as the ranking sees it.
     """
     if not directory:
         return WorkerState(reported.worker_id, reported.page_size, num_outstanding, 0, queued_tokens, queued_pairs,
-                           queued_cached_pairs, reported.copies, queued_tokens)
+                           queued_cached_pairs, reported.copies, queued_tokens, own_elapsed_s)
     return WorkerState(reported.worker_id, reported.page_size, reported.num_running,
                        max(reported.num_waiting, num_outstanding - reported.num_running),
                        max(reported.num_waiting_tokens, queued_tokens), queued_pairs, queued_cached_pairs,
-                       reported.copies, queued_tokens)
+                       reported.copies, queued_tokens, own_elapsed_s)
 
 
 def _load(w: WorkerState) -> int:
@@ -199,10 +204,23 @@ def _own_prefill_s(model: CostModel, w: WorkerState) -> float:
                                           waiting_cached_pairs=w.num_waiting_cached_pairs), 0.0)
 
 
+def _drained(model: CostModel, v: WorkerView, done_s: float, now: float) -> WorkerView:
+    """`v` with `done_s` seconds of its queued prefill work already done (the same share of every term)."""
+    work = queue_wait_s(model, v, now) - max(0.0, v.busy_until_s - now)
+    if work <= 0.0 or done_s <= 0.0:
+        return v
+    rest = max(0.0, 1.0 - done_s / work)
+    return v._replace(num_waiting=v.num_waiting * rest, waiting_new_tokens=v.waiting_new_tokens * rest,
+                      waiting_attn_pairs=v.waiting_attn_pairs * rest,
+                      waiting_cached_pairs=v.waiting_cached_pairs * rest)
+
+
 def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],
                  prompt_len: int, namespace: str, now: float, model: CostModel, allow_pull: bool = False,
                  pull_cfg: PullConfig = PullConfig(), host_matched: Mapping[str, int] = {},
-                 host_load_bytes_per_s: float = 0.0, tie_after: Optional[str] = None) -> Decision:
+                 host_load_bytes_per_s: float = 0.0, tie_after: Optional[str] = None,
+                 page_hashes: Sequence[int] = (), page_len: int = 1,
+                 sent_pages: Mapping[str, Mapping[int, int]] = {}) -> Decision:
     """Ranks workers by expected TTFT (the policy engine's `ExpectedTtftRouter`, no pull), and with `allow_pull`
     says whether a copy on the critical path beats the ranking's first (the same router with pulls).
 
@@ -226,6 +244,15 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         host_matched: tokens of the prompt past `matched` that each worker's host-memory tier holds (SGLang's
             hierarchical cache loads them back before the prefill), priced at `host_load_bytes_per_s` (0: not).
         tie_after: the worker that took the last full tie (`Decision.tie_taken`), None: none yet.
+        page_hashes, page_len: the prompt's chained page hashes and their page size (empty: not known).
+        sent_pages: per worker, the page hashes of the requests this router sent there and has not seen start
+            (hash -> how many hold it; `WorkerPool.sent_pages`): what that worker will have computed before a
+            request sent now starts (FCFS), priced as cached there (the policy engine's `_own_len`, as the
+            simulated router does). Without it a request arriving while the first request with its prefix is
+            still computing saw no worker holding it, and went to compute it cold elsewhere. With it, a worker's
+            own work that has been computing since it went to the idle worker (`WorkerState.own_elapsed_s`)
+            counts only what is left of it (it counted whole, so a request arriving 0.5 s into a 1-s prefill
+            saw a 1-s wait there).
     Returns:
         every worker, best first; ties go to fewer outstanding requests, then in turn: to the first worker after
         `tie_after` in id order (`ExpectedTtftRouter`'s rotation, `next_tie_start`).
@@ -247,6 +274,11 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                              egress_busy_until_s=egress[i], ingress_busy_until_s=ingress[i],
                              nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s if w.copies else 0.0)
                   for i, w in enumerate(order))
+    own_s = [_own_prefill_s(model, w) for w in order]
+    if sent_pages:
+        done = [min(w.own_elapsed_s, s) for w, s in zip(order, own_s)]
+        views = tuple(_drained(model, v, d, now) for v, d in zip(views, done))
+        own_s = [s - d for s, d in zip(own_s, done)]
     cached = tuple(min(prompt_len, int(matched.get(w.worker_id, 0))) for w in order)
     inflight, covering = [], {}
     for c in copies:
@@ -261,9 +293,12 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
             covering[c.target] = (depth, c)
     host = (tuple(max(0, min(prompt_len - c, int(host_matched.get(w.worker_id, 0)))) for w, c in zip(order, cached))
             if host_matched and host_load_bytes_per_s else ())
-    req = RequestView(0, prompt_len, cached_len=cached, inflight=tuple(inflight), host_len=tuple(host))
-    policy = ExpectedTtftRouter(model, model.profile.kv_bytes_per_token, allow_pull=False,
+    req = RequestView(0, prompt_len, page_hashes=page_hashes if sent_pages else (), cached_len=cached,
+                      inflight=tuple(inflight), host_len=tuple(host))
+    sent = {index[u]: c for u, c in sent_pages.items() if u in index and c}
+    policy = ExpectedTtftRouter(model, model.profile.kv_bytes_per_token, allow_pull=False, page_len=page_len,
                                 host_load_bytes_per_s=host_load_bytes_per_s)
+    policy.expect_pages(sent)
     options = policy.options(req, views, now)
     # NOTE: the key ExpectedTtftRouter.route picks by, so ranked[0] is exactly its choice.
     options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views, tie_start))
@@ -272,17 +307,19 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     pull = None
     if allow_pull:
         # NOTE: a live view counts the prefill in progress as queued; a copy waits for it at both ends
-        iterating = tuple(split_iteration(model, v, now, _own_prefill_s(model, w)) for v, w in zip(views, order))
-        puller = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True,
+        iterating = tuple(split_iteration(model, v, now, s) for v, s in zip(views, own_s))
+        puller = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True, page_len=page_len,
                                     host_load_bytes_per_s=host_load_bytes_per_s)
+        puller.expect_pages(sent)
         puller.tie_start = tie_start
         route = puller.route(req, iterating, now)
         plan = plan_pull(route, first, model.prefill_s(prompt_len - route.pull_len, route.pull_len), now, pull_cfg)
         if plan is not None:
             pull = replace(plan, source=order[plan.source].worker_id, target=order[plan.target].worker_id)
     waited = covering.get(order[first.worker_id].worker_id, (0, None))[1] if first.wait_inflight else None
+    own = policy.expected_own_len(first.worker_id, req.page_hashes, prompt_len) if req.page_hashes else 0
     return Decision(tuple(order[r.worker_id].worker_id for r in options),
-                    tuple(r.expected_ttft_s for r in options), DIRECTORY, cached[first.worker_id],
+                    tuple(r.expected_ttft_s for r in options), DIRECTORY, max(cached[first.worker_id], own),
                     first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull,
                     waited, frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)),
                     order[first.worker_id].worker_id if tied and pull is None else None)

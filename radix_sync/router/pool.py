@@ -9,6 +9,7 @@ Owned by `radix_sync.router.service.Router`; runs on its event loop (no locks). 
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -18,14 +19,16 @@ from radix_sync.router.policy import CopyInFlight, QueuedWork, WorkerState, queu
 class _Queued:
     """The sums of `QueuedWork` of one worker's requests sent and not started."""
 
-    __slots__ = ("num_tokens", "attn_pairs", "cached_pairs")
+    __slots__ = ("num_tokens", "attn_pairs", "cached_pairs", "count")
 
     def __init__(self) -> None:
+        self.count = 0
         self.num_tokens = 0
         self.attn_pairs = 0.0
         self.cached_pairs = 0.0
 
     def add(self, work: QueuedWork, sign: int) -> None:
+        self.count += sign
         self.num_tokens += sign * work.num_tokens
         self.attn_pairs += sign * work.attn_pairs
         self.cached_pairs += sign * work.cached_pairs
@@ -58,6 +61,11 @@ class WorkerPool:
         self.outstanding: dict[str, int] = defaultdict(int)
         """url -> requests sent and not finished."""
         self._queued: dict[str, _Queued] = defaultdict(_Queued)
+        self.sent_pages: dict[str, dict[int, int]] = defaultdict(dict)
+        """url -> page hash -> how many of the requests sent there and not started hold it (`queue`'s `pages`)."""
+        self.alone_since: dict[str, float] = {}
+        """url -> when the first of this router's requests there not started went to it while it was idle (it has
+        computed them since; `started_alone`); dropped once none of them is left."""
         self.down_until: dict[str, float] = {}
         """url -> end of its cool-down."""
 
@@ -133,14 +141,24 @@ class WorkerPool:
         return self.coordinator_ids.get(url, url)
 
     # ----------------------------------------------------------------------------------------- local accounting
-    def with_local_load(self, st: WorkerState, directory: bool) -> WorkerState:
-        """Returns: `st` merged with this router's counts of its worker (`policy.with_local_load`)."""
+    def with_local_load(self, st: WorkerState, directory: bool, now: Optional[float] = None) -> WorkerState:
+        """Returns: `st` merged with this router's counts of its worker (`policy.with_local_load`) at `now`
+        (default: the monotonic clock)."""
         q = self._queued[st.worker_id]
+        since = self.alone_since.get(st.worker_id)
+        elapsed = max(0.0, (time.monotonic() if now is None else now) - since) if since is not None else 0.0
         return with_local_load(st, self.outstanding[st.worker_id], q.num_tokens, q.attn_pairs, q.cached_pairs,
-                               directory)
+                               directory, elapsed)
 
-    def queue(self, url: str, uncached: int, cached: int):
-        """Counts a request's prefill work as headed for `url` and not started.
+    def started_alone(self, url: str, now: float) -> None:
+        """Records that a request of this router went to `url` while it was idle (`Decision.idle`) at `now`: the
+        worker computes this router's requests there from then on (kept until none of them is left)."""
+        if self._queued[url].count > 0:
+            self.alone_since.setdefault(url, now)
+
+    def queue(self, url: str, uncached: int, cached: int, pages: Sequence[int] = ()):
+        """Counts a request's prefill work, and its prompt's page hashes `pages`, as headed for `url` and not
+        started.
 
         Returns:
             the (idempotent) call that stops counting it.
@@ -148,12 +166,23 @@ class WorkerPool:
         work = queued_work(uncached, cached)
         q = self._queued[url]
         q.add(work, +1)
+        own = self.sent_pages[url]
+        for h in pages:
+            own[h] = own.get(h, 0) + 1
         done = []
 
         def unqueue() -> None:
             if not done:
                 done.append(True)
                 q.add(work, -1)
+                if q.count == 0:
+                    self.alone_since.pop(url, None)
+                for h in pages:
+                    n = own[h] - 1
+                    if n:
+                        own[h] = n
+                    else:
+                        del own[h]
         return unqueue
 
     def status(self, now: float) -> list[dict]:

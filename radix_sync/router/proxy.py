@@ -78,7 +78,8 @@ class Proxy:
     async def forward(self, request: web.Request, path: str, body: dict, decision: Decision, prompt_len: int,
                       wait_for_copy: Callable[[str], Awaitable[None]],
                       on_dispatched: Callable[[str, int], None],
-                      on_finished: Callable[[str, Optional[str], Optional[float]], None]) -> web.StreamResponse:
+                      on_finished: Callable[[str, Optional[str], Optional[float]], None],
+                      pages: Sequence[int] = ()) -> web.StreamResponse:
         """Sends the body to the ranked workers in turn until one answers; streams or returns its answer.
 
         From the decision until the worker starts answering, the request counts as queued on the worker it is
@@ -94,6 +95,8 @@ class Proxy:
             on_dispatched: called with (url, attempt) once a worker accepted the request.
             on_finished: called with (url, how the answer ended, when its first output came: `time.monotonic()`)
                 after a 200 answer.
+            pages: the prompt's page hashes at the decision's page size: counted as headed for the worker with the
+                request's queued work (`WorkerPool.queue`), so the next decisions see what it will compute there.
         Returns:
             the response sent to the client.
         Raises:
@@ -106,12 +109,14 @@ class Proxy:
         last_exc: Optional[BaseException] = None
         for attempt, url in enumerate(decision.ranked):
             cached = min(prompt_len, decision.cached_tokens) if attempt == 0 else 0
-            unqueue = pool.queue(url, prompt_len - cached, cached)
+            unqueue = pool.queue(url, prompt_len - cached, cached, pages)
             pool.outstanding[url] += 1
             started = False
             try:
                 if attempt == 0 and decision.wait_inflight and self.cfg.max_wait_inflight_s > 0:
                     await wait_for_copy(url)
+                elif attempt == 0 and url in decision.idle:  # it starts computing now (`WorkerPool.alone_since`)
+                    pool.started_alone(url, time.monotonic())
                 async with await self._send(url, url + path, data, headers, request.query) as up:
                     started = True
                     on_dispatched(url, attempt)

@@ -90,14 +90,14 @@ class PullRunner:
             self.metrics.pulls_fallen_back.labels(outcome).inc()
             log.info("pull %s -> %s (%d tokens) fell back: %s %s", plan.source, target, plan.pull_len, outcome,
                      detail)
-            return replace(decision, pull=None), record
+            return replace(decision, pull=None, idle=frozenset()), record  # (time passed: idle no longer known)
         self.metrics.pulls_done.inc()
         ttft = dict(zip(decision.ranked, decision.expected_ttft_s))
         held = dict(zip(decision.ranked, decision.cached_by_worker))
         ttft[target], held[target] = plan.expected_ttft_s, plan.pull_len
         ranked = (target, *(u for u in decision.ranked if u != target))
         return replace(decision, ranked=ranked, expected_ttft_s=tuple(ttft[u] for u in ranked),
-                       cached_tokens=plan.pull_len, wait_inflight=False,
+                       cached_tokens=plan.pull_len, wait_inflight=False, idle=frozenset(),
                        cached_by_worker=tuple(held.get(u, 0) for u in ranked) if held else ()), record
 
     async def _copy(self, plan, ids: list[int], namespace: str) -> tuple[str, str, Optional[str]]:

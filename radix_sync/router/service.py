@@ -207,7 +207,9 @@ class Router:
             decision = rank_by_ttft(workers, pool.by_url(matched), pool.copies_by_url(copies), len(ids),
                                     namespace, time.monotonic(), self.model, allow_pull=self.cfg.pull,
                                     pull_cfg=self.cfg.pull_policy, host_matched=pool.by_url(host),
-                                    host_load_bytes_per_s=self.cfg.host_load_bytes_per_s, tie_after=self._tie_after)
+                                    host_load_bytes_per_s=self.cfg.host_load_bytes_per_s, tie_after=self._tie_after,
+                                    page_hashes=hashes, page_len=page_size,
+                                    sent_pages=pool.sent_pages if self.cfg.sent_pages else {})
             if decision.tie_taken is not None and self.cfg.tie_turns:
                 self._tie_after = decision.tie_taken
         else:
@@ -282,7 +284,8 @@ class Router:
             await self._wait_for_copy(url, decision.wait_copy if url == decision.ranked[0] else None)
             held.append(time.monotonic() - t)
 
-        return await self.proxy.forward(request, path, body, decision, len(ids), wait_for_copy, dispatched, finished)
+        return await self.proxy.forward(request, path, body, decision, len(ids), wait_for_copy, dispatched, finished,
+                                        pages=hashes if decision.mode == DIRECTORY else ())
 
     async def any_worker(self, request: web.Request, method: str, path: str) -> web.Response:
         """Proxies a read-only call (models, server info) to the first worker that answers."""

@@ -137,7 +137,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-fanout-pulled-s3.json.gz",
                                        "bench-fanout-s3.json.gz", "bench-fanout-slow52-s7.json.gz",
                                        "bench-fanout-ties49-s5.json.gz",
-                                       "bench-flash-abl48-s5.json.gz",
+                                       "bench-flash-abl48-s5.json.gz", "bench-flash-nolap53-s5.json.gz",
                                        "bench-flash-s4.json.gz", "bench-flash-seed1.json.gz", "bench-flash-slow52-s5.json.gz",
                                        "bench-flash-wait-s1.json.gz",
                                        "bench-flash-wait-s2.json.gz", "bench-flash-wait-s3.json.gz",
@@ -163,8 +163,9 @@ def test_the_pull_arm_runs_the_live_routers_rule_in_the_simulator_too():
     # live: the router with --pull and the planner off (pull), or on (active); simulated: the same rule
     assert COORDINATOR_ARM == {"pull": ("none", "active"), "demote": ("demote", "active"),
                                "active": ("kvrep", "active"), "active-lru": ("kvrep_lru", "active"),
-                               "active-fixed": ("kvrep_fixed", "active")}
-    assert set(PULL_ARMS) == {"pull", "demote", "active", "active-lru"} and SIM_POLICY["pull"] == "kvrep_pull"
+                               "active-fixed": ("kvrep_fixed", "active"), "active-nosent": ("kvrep", "active")}
+    assert set(PULL_ARMS) == {"pull", "demote", "active", "active-lru", "active-nosent"}
+    assert SIM_POLICY["pull"] == "kvrep_pull"
     assert SIM_POLICY["active-lru"] == "kvrep_lru" and "active-lru" not in bench_args().arms.split(",")
     # the speed calibration's ablation: the same planner and pulls, a router without --speed-calibration
     assert FIXED_SPEED_ARMS == ("active-fixed",) and SIM_POLICY["active-fixed"] == "kvrep"
@@ -194,6 +195,30 @@ def test_the_tie_rotations_ablation_arm_routes_every_full_tie_to_the_lowest_id_l
     assert turns["num_requests"] == lowest["num_requests"] == workload_size(wl)["requests"]
     per_worker = [sorted(collections.Counter(q["worker"] for q in r["requests"]).values()) for r in (turns, lowest)]
     assert per_worker[0] != per_worker[1], per_worker
+
+
+def test_the_sent_pages_ablation_arm_prices_the_directory_alone_live_and_simulated():
+    from kvrep_dev.bench import ARMS, CLAIMS, NOSENT_ARMS, SIM_POLICY, router_flags
+
+    assert NOSENT_ARMS == ("active-nosent",) and "active-nosent" in ARMS and SIM_POLICY["active-nosent"] == "kvrep"
+    assert router_flags("active-nosent") == ("--pull", "--no-sent-pages") and ("active", "active-nosent") in CLAIMS
+    assert "active-nosent" not in bench_args().arms.split(",")  # only when asked
+    # simulated: `sent_pages` switches the simulated router's count (`ExpectedTtftRouter.count_sent`)
+    from radix_sync.policy.routers import ExpectedTtftRouter
+    from radix_sync.policy.snapshot import RequestView, WorkerView
+    from radix_sync.router.policy import RouterCosts, cost_model
+    model = cost_model(RouterCosts(prefill_s_per_token=0.01, queue_s_per_request=0.0, decode_step_s=0.0,
+                                   kv_bytes_per_token=1, link_bytes_per_s=200.0, transfer_latency_s=0.0))
+    chosen = []
+    for count in (True, False):
+        sim = ExpectedTtftRouter(model, 1, allow_pull=False, page_len=10)
+        sim.count_sent = count
+        views = (WorkerView(0), WorkerView(1, num_waiting=1, waiting_new_tokens=20))
+        sim.route(RequestView(1, 50, page_hashes=(1, 2, 3, 4, 5), cached_len=(0, 0)), views, 0.0)  # to worker 0
+        views = (WorkerView(0, num_waiting=1, waiting_new_tokens=50), views[1])
+        chosen.append(sim.route(RequestView(2, 60, page_hashes=(1, 2, 3, 4, 5, 61), cached_len=(0, 0)), views,
+                                0.0).worker_id)
+    assert chosen == [0, 1]  # 0.5 + 0.1 s behind the first where it went, else 0.2 + 0.6 s at the other
 
 
 def _validation_row(arm, live_ttfts, sim_ttfts, rnd=0):

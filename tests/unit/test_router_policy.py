@@ -1,4 +1,6 @@
 """The router's decisions on hand-computed cases: expected TTFT from the directory, and the fallback rule."""
+from dataclasses import replace
+
 import pytest
 
 from radix_sync.policy.routers import ExpectedTtftRouter
@@ -250,3 +252,83 @@ def test_a_request_held_for_a_copy_with_an_id_goes_when_the_coordinators_long_po
                           "r8-xyz": CopyInFlight("ca", "cb", "other-tenant", 80, "r8-xyz")}
     asyncio.run(asyncio.wait_for(r._wait_for_copy("b", CopyInFlight("a", "b", "", 80)), 2.0))
     assert r.link.waited == [("r9-def", pytest.approx(5.0, abs=0.1))] and r.link.looks == 0
+
+
+def test_a_prefix_the_router_sent_to_a_worker_and_not_started_counts_as_cached_there():
+    # a: 50 queued tokens (0.5 s): the first request with prefix pages 1..5 (page 10 tokens), not started;
+    # b: 20 queued tokens (0.2 s), holds nothing. A 60-token prompt on the same 5 pages + 1 new page:
+    # without the router's own count a computes it cold (0.5 + 0.6 = 1.1 s) and b wins (0.2 + 0.6 = 0.8 s);
+    # with it, a will hold 50 tokens when it starts: 0.5 + 0.1 = 0.6 s, and a wins.
+    model = cost_model(COSTS)
+    ws = [w("a", waiting=1, waiting_tokens=50, page_size=10), w("b", waiting=1, waiting_tokens=20, page_size=10)]
+    pages = [1, 2, 3, 4, 5, 61]
+    sent = {"a": {h: 1 for h in (1, 2, 3, 4, 5)}}
+    d = rank_by_ttft(ws, {}, (), 60, "", 0.0, model, page_hashes=pages, page_len=10)
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((0.8, 1.1)) and d.cached_tokens == 0
+    d = rank_by_ttft(ws, {}, (), 60, "", 0.0, model, page_hashes=pages, page_len=10, sent_pages=sent)
+    assert d.ranked == ("a", "b") and d.expected_ttft_s == pytest.approx((0.6, 0.8))
+    assert d.cached_tokens == 50  # what the proxy counts the request's queued work with
+    # a prompt that shares no page with it: as before
+    d = rank_by_ttft(ws, {}, (), 60, "", 0.0, model, page_hashes=[7, 8, 9, 10, 11, 12], page_len=10,
+                     sent_pages=sent)
+    assert d.ranked == ("b", "a") and d.cached_tokens == 0
+    # and the caller's counts are read, never changed (a pull-capable decision routes a second instance too)
+    rank_by_ttft(ws, {}, (), 60, "", 0.0, model, allow_pull=True, page_hashes=pages, page_len=10, sent_pages=sent)
+    assert sent == {"a": {h: 1 for h in (1, 2, 3, 4, 5)}}
+
+
+def test_the_live_rank_prices_sent_prefixes_as_the_simulated_router_does():
+    """The simulated router keeps its own count of what it sent (`ExpectedTtftRouter.route`); the live one passes
+    the pool's: on the same state both choose the same worker with the same expected TTFT."""
+    model = cost_model(COSTS)
+    sim = ExpectedTtftRouter(model, COSTS.kv_bytes_per_token, allow_pull=False, page_len=10)
+    views = (WorkerView(0), WorkerView(1, num_waiting=1, waiting_new_tokens=20))
+    first = sim.route(RequestView(1, 50, page_hashes=(1, 2, 3, 4, 5), cached_len=(0, 0)), views, 0.0)
+    assert first.worker_id == 0  # the idle worker computes the first one
+    views = (WorkerView(0, num_waiting=1, waiting_new_tokens=50), views[1])
+    second = sim.route(RequestView(2, 60, page_hashes=(1, 2, 3, 4, 5, 61), cached_len=(0, 0)), views, 0.0)
+    live = rank_by_ttft([w("a", waiting=1, waiting_tokens=50, page_size=10),
+                         w("b", waiting=1, waiting_tokens=20, page_size=10)], {}, (), 60, "", 0.0, model,
+                        page_hashes=[1, 2, 3, 4, 5, 61], page_len=10, sent_pages={"a": {h: 1 for h in range(1, 6)}})
+    assert (second.worker_id, live.ranked[0]) == (0, "a")
+    assert live.expected_ttft_s[0] == pytest.approx(second.expected_ttft_s)
+
+
+def test_a_workers_own_work_that_has_been_computing_counts_only_what_is_left():
+    # a: this router's first request (100 tokens, 1.0 s) went to it idle 0.6 s ago: 0.4 s are left. A 110-token
+    # prompt on its 10 pages + 1: 0.4 + 0.1 s there, against 1.1 s cold at the idle b.
+    model = cost_model(COSTS)
+    pages = [*range(1, 11), 99]
+    sent = {"a": {h: 1 for h in range(1, 11)}}
+    a = WorkerState("a", 10, 0, 1, 100, own_waiting_tokens=100, own_elapsed_s=0.6)
+    d = rank_by_ttft([a, w("b", page_size=10)], {}, (), 110, "", 0.0, model, page_hashes=pages, page_len=10,
+                     sent_pages=sent)
+    assert d.ranked == ("a", "b") and d.expected_ttft_s == pytest.approx((0.5, 1.1))
+    # not known to have started: the whole 1.0 s, a tie on time, and the less loaded b wins
+    d = rank_by_ttft([replace(a, own_elapsed_s=0.0), w("b", page_size=10)], {}, (), 110, "", 0.0, model,
+                     page_hashes=pages, page_len=10, sent_pages=sent)
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((1.1, 1.1))
+    # longer than the work: nothing left (never negative)
+    d = rank_by_ttft([replace(a, own_elapsed_s=5.0), w("b", page_size=10)], {}, (), 110, "", 0.0, model,
+                     page_hashes=pages, page_len=10, sent_pages=sent)
+    assert d.expected_ttft_s[0] == pytest.approx(0.1)
+    # the ablation (--no-sent-pages): neither the pages nor the elapsed time
+    d = rank_by_ttft([a, w("b", page_size=10)], {}, (), 110, "", 0.0, model, page_hashes=pages, page_len=10)
+    assert d.ranked == ("b", "a") and d.expected_ttft_s == pytest.approx((1.1, 2.1))
+
+
+def test_the_pool_knows_since_when_an_idle_worker_computes_its_requests():
+    from radix_sync.router.pool import WorkerPool
+    pool = WorkerPool(["http://a:1"], 16, 5.0)
+    url = "http://a:1"
+    pool.started_alone(url, 10.0)
+    assert pool.alone_since == {}  # nothing of this router's is queued there
+    first = pool.queue(url, 100, 0)
+    pool.started_alone(url, 10.0)
+    second = pool.queue(url, 10, 100)
+    pool.started_alone(url, 11.0)  # (the first start stands)
+    assert pool.with_local_load(pool.known[url], False, now=10.5).own_elapsed_s == pytest.approx(0.5)
+    first()
+    assert pool.alone_since == {url: 10.0}
+    second()
+    assert pool.alone_since == {} and pool.with_local_load(pool.known[url], False, now=12.0).own_elapsed_s == 0.0

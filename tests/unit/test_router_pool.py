@@ -64,3 +64,17 @@ def test_queued_work_is_counted_until_unqueued_once():
     assert pool.with_local_load(idle, False) == WorkerState(A, 16, 2, 0, 0, 0.0, 0.0)  # 0 tokens: pairs reset
     second()
     assert pool.with_local_load(idle, False) == WorkerState(A, 16, 2, 0, 0, 0.0, 0.0)
+
+
+def test_a_queued_requests_pages_are_counted_at_its_worker_until_unqueued_once():
+    pool = WorkerPool([A, B], 16, 5.0)
+    first = pool.queue(A, 32, 0, [1, 2])
+    second = pool.queue(A, 48, 0, [1, 2, 3])
+    other = pool.queue(B, 16, 0, [9])
+    assert pool.sent_pages[A] == {1: 2, 2: 2, 3: 1} and pool.sent_pages[B] == {9: 1}
+    second()
+    second()  # idempotent
+    assert pool.sent_pages[A] == {1: 1, 2: 1}
+    first()
+    other()
+    assert pool.sent_pages[A] == {} and pool.sent_pages[B] == {}

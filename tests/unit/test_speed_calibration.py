@@ -185,7 +185,8 @@ def test_a_request_held_for_a_copy_in_flight_records_how_long():
     r._wait_for_copy = slow_copy
 
     class Proxy:
-        async def forward(self, request, path, body, decision, prompt_len, wait_for_copy, dispatched, finished):
+        async def forward(self, request, path, body, decision, prompt_len, wait_for_copy, dispatched, finished,
+                          pages=()):
             if decision.wait_inflight:
                 await wait_for_copy(decision.ranked[0])
             dispatched(decision.ranked[0], 0)
