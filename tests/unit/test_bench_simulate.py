@@ -138,6 +138,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-fanout-s3.json.gz", "bench-fanout-slow52-s7.json.gz",
                                        "bench-fanout-ties49-s5.json.gz",
                                        "bench-flash-abl48-s5.json.gz", "bench-flash-nolap53-s5.json.gz",
+                                       "bench-flash-sent53-s5.json.gz",
                                        "bench-flash-s4.json.gz", "bench-flash-seed1.json.gz", "bench-flash-slow52-s5.json.gz",
                                        "bench-flash-wait-s1.json.gz",
                                        "bench-flash-wait-s2.json.gz", "bench-flash-wait-s3.json.gz",
