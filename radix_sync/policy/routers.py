@@ -346,23 +346,27 @@ class ExpectedTtftRouter(RouterPolicy):
                 cached = min(req.prompt_len, req.cached_len[i] if req.cached_len else 0)
                 self._alone[req.request_id] = (req.prompt_len - cached, cached, now)
             if req.page_hashes:
-                self._remember(req, i)
+                self._remember(req, i, runs_alone(workers[i], now))
         return self._route(*best)
 
-    def _remember(self, req: RequestView, i: int) -> None:
-        """Counts `req`'s pages as coming to worker `i`, and the part of its prefill the worker's load over-counts
-        (the load counts the prompt less what the directory says is cached there; it will also find cached what
-        this router's earlier requests there compute first)."""
+    def _remember(self, req: RequestView, i: int, starts: bool = True) -> None:
+        """Counts the part of `req`'s prefill worker `i`'s load over-counts (the load counts the prompt less what the
+        directory says is cached there; it will also find cached what this router's earlier requests there compute
+        first), and, when it `starts` at once (the worker is idle), its pages as coming to worker `i`: only then is
+        its prefix computed before the next requests there start (SGLang batches requests waiting together, and
+        none of a batch reuses another's prefix; counting every request sent put two cold branches of a fan-out
+        tree in one batch at a busy worker, each priced as a hit on the other: stop 53)."""
         if self._external_pages:
             return
         dir_len = req.cached_len[i] if req.cached_len else 0
         local = max(dir_len, self._own_len(i, req.page_hashes, req.prompt_len))
         over = max(0.0, self.cost.prefill_s(req.prompt_len - dir_len, dir_len)
                    - self.cost.prefill_s(req.prompt_len - local, local))
+        pages = req.page_hashes if starts else ()
         own = self._pages.setdefault(i, {})
-        for h in req.page_hashes:
+        for h in pages:
             own[h] = own.get(h, 0) + 1
-        self._sent[req.request_id] = (i, req.page_hashes, over)
+        self._sent[req.request_id] = (i, pages, over)
         self._over[i] = self._over.get(i, 0.0) + over
 
     def on_first_token(self, worker_id: int, request_id: int, now: float) -> None:

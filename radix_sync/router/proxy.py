@@ -95,8 +95,9 @@ class Proxy:
             on_dispatched: called with (url, attempt) once a worker accepted the request.
             on_finished: called with (url, how the answer ended, when its first output came: `time.monotonic()`)
                 after a 200 answer.
-            pages: the prompt's page hashes at the decision's page size: counted as headed for the worker with the
-                request's queued work (`WorkerPool.queue`), so the next decisions see what it will compute there.
+            pages: the prompt's page hashes at the decision's page size: when the request goes to a worker that is
+                idle (`Decision.idle`), counted as headed there with its queued work (`WorkerPool.queue`), so the
+                next decisions see what it will have computed there before theirs start.
         Returns:
             the response sent to the client.
         Raises:
@@ -109,13 +110,16 @@ class Proxy:
         last_exc: Optional[BaseException] = None
         for attempt, url in enumerate(decision.ranked):
             cached = min(prompt_len, decision.cached_tokens) if attempt == 0 else 0
-            unqueue = pool.queue(url, prompt_len - cached, cached, pages)
+            # NOTE: only a request that starts at once (an idle worker, not held) computes its prefix before the
+            # next ones there start: SGLang batches the requests waiting together, none reusing another's prefix
+            alone = attempt == 0 and url in decision.idle and not decision.wait_inflight
+            unqueue = pool.queue(url, prompt_len - cached, cached, pages if alone else ())
             pool.outstanding[url] += 1
             started = False
             try:
                 if attempt == 0 and decision.wait_inflight and self.cfg.max_wait_inflight_s > 0:
                     await wait_for_copy(url)
-                elif attempt == 0 and url in decision.idle:  # it starts computing now (`WorkerPool.alone_since`)
+                elif alone:  # it starts computing now (`WorkerPool.alone_since`)
                     pool.started_alone(url, time.monotonic())
                 async with await self._send(url, url + path, data, headers, request.query) as up:
                     started = True

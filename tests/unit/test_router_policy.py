@@ -332,3 +332,19 @@ def test_the_pool_knows_since_when_an_idle_worker_computes_its_requests():
     assert pool.alone_since == {url: 10.0}
     second()
     assert pool.alone_since == {} and pool.with_local_load(pool.known[url], False, now=12.0).own_elapsed_s == 0.0
+
+
+def test_a_request_sent_to_a_busy_worker_does_not_count_as_computing_its_prefix_first():
+    """SGLang batches the requests waiting together and none of a batch reuses another's prefix: two cold
+    branches of a tree sent to a busy worker are one batch of two cold prefills. Only a request that starts at once
+    (an idle worker) computes its prefix before the next ones there start."""
+    model = cost_model(COSTS)
+    sim = ExpectedTtftRouter(model, COSTS.kv_bytes_per_token, allow_pull=False, page_len=10)
+    busy = (WorkerView(0, num_running=1, num_waiting=1, waiting_new_tokens=30),
+            WorkerView(1, num_running=1, num_waiting=1, waiting_new_tokens=90))
+    first = sim.route(RequestView(1, 50, page_hashes=(1, 2, 3, 4, 5), cached_len=(0, 0)), busy, 0.0)
+    assert first.worker_id == 0
+    busy = (busy[0]._replace(num_waiting=2, waiting_new_tokens=80), busy[1])
+    second = sim.route(RequestView(2, 60, page_hashes=(1, 2, 3, 4, 5, 61), cached_len=(0, 0)), busy, 0.0)
+    # not priced as a hit behind the first at 0 (0.8 + 0.1 s): cold at either, 0.8 + 0.6 or 0.9 + 0.6 s
+    assert second.worker_id == 0 and second.expected_ttft_s == pytest.approx(1.4)
