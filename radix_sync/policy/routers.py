@@ -162,6 +162,17 @@ def next_tie_start(ranked: Sequence[tuple], workers: Sequence[WorkerView], tie_s
     return (ranked[0][1] + 1) % len(workers) if full_tie(ranked, workers) else tie_start
 
 
+def count_pages(counts: dict[int, int], pages: Sequence[int], sign: int) -> None:
+    """Adds (`sign` 1) or removes (-1) one request's `pages` to or from a page hash -> count map; a hash whose count
+    falls to 0 leaves it (membership is what `ExpectedTtftRouter._own_len` reads)."""
+    for h in pages:
+        n = counts.get(h, 0) + sign
+        if n:
+            counts[h] = n
+        else:
+            del counts[h]
+
+
 @ROUTERS.register("expected_ttft")
 class ExpectedTtftRouter(RouterPolicy):
     """Ours (`kvrep` and `oracle`): the worker with the lowest expected TTFT = queue wait + prefill of the
@@ -363,9 +374,7 @@ class ExpectedTtftRouter(RouterPolicy):
         over = max(0.0, self.cost.prefill_s(req.prompt_len - dir_len, dir_len)
                    - self.cost.prefill_s(req.prompt_len - local, local))
         pages = req.page_hashes if starts else ()
-        own = self._pages.setdefault(i, {})
-        for h in pages:
-            own[h] = own.get(h, 0) + 1
+        count_pages(self._pages.setdefault(i, {}), pages, +1)
         self._sent[req.request_id] = (i, pages, over)
         self._over[i] = self._over.get(i, 0.0) + over
 
@@ -379,13 +388,7 @@ class ExpectedTtftRouter(RouterPolicy):
         sent = self._sent.pop(request_id, None)
         if sent is not None:
             i, pages, over = sent
-            own = self._pages[i]
-            for h in pages:
-                c = own[h] - 1
-                if c:
-                    own[h] = c
-                else:
-                    del own[h]
+            count_pages(self._pages[i], pages, -1)
             self._over[i] -= over
 
     def on_finished(self, worker_id: int, request_id: int, now: float) -> None:

@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from typing import Iterable, Mapping, Optional, Sequence
 
+from radix_sync.policy.routers import count_pages
 from radix_sync.router.policy import CopyInFlight, QueuedWork, WorkerState, queued_work, with_local_load
 
 
@@ -167,8 +168,7 @@ class WorkerPool:
         q = self._queued[url]
         q.add(work, +1)
         own = self.sent_pages[url]
-        for h in pages:
-            own[h] = own.get(h, 0) + 1
+        count_pages(own, pages, +1)
         done = []
 
         def unqueue() -> None:
@@ -177,12 +177,7 @@ class WorkerPool:
                 q.add(work, -1)
                 if q.count == 0:
                     self.alone_since.pop(url, None)
-                for h in pages:
-                    n = own[h] - 1
-                    if n:
-                        own[h] = n
-                    else:
-                        del own[h]
+                count_pages(own, pages, -1)
         return unqueue
 
     def status(self, now: float) -> list[dict]:
