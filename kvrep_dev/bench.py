@@ -411,13 +411,15 @@ def describe_machine(machine: dict) -> str:
             f" requests that ran alone), {decode}")
 
 
-def measure_machine(rows: list[dict], speed: Optional[dict], name: str = SIM_MACHINE_FIT) -> Optional[dict]:
+def measure_machine(rows: list[dict], speed: Optional[dict], name: str = SIM_MACHINE_FIT,
+                    overlap: bool = True) -> Optional[dict]:
     """The machine during a run, from its own requests: the prefill terms fitted to its isolated requests' TTFTs
     (`calibration.fit_prefill`; `name` = `SIM_MACHINE_FIT` and at least `FIT_MIN_SAMPLES` of them over
     `FIT_MIN_CELLS` cells: a machine whose cold prompts and cache hits got faster by different factors is simulated
     as it ran), and their drift against a profile (`name`, or `testbed.MACHINE_PROFILE` for a fit), the median
     measured/predicted; and the decode factor of its lone decodes (runs that recorded each request's end), else of
-    the speed probe (1.0 without one). Returns:
+    the speed probe (1.0 without one). `overlap`: the workers ran SGLang's overlap scheduler (a decode step
+    between a lone prefill and its first token, `calibration.prefill_part`). Returns:
     None when fewer than `calibration.MIN_SAMPLES` requests ran alone (the simulator then scales the priced
     profile by the probe, as before)."""
     from kvrep_dev import calibration
@@ -435,7 +437,7 @@ def measure_machine(rows: list[dict], speed: Optional[dict], name: str = SIM_MAC
     else:
         decode, decode_from = (round(speed["decode"], 4), "the probe") if speed else (1.0, "not measured")
     # the prefill part of each TTFT: less the first-token lag the simulated engine adds (at this run's decode speed)
-    part = calibration.prefill_part(samples, scale_profile(prof, 1.0, decode))
+    part = calibration.prefill_part(samples, scale_profile(prof, 1.0, decode), overlap)
     res = calibration.residuals(prof, part)
     fit = None
     if refit and len(part) >= FIT_MIN_SAMPLES and len({calibration.cell(n, c) for n, c, _ in part}) >= FIT_MIN_CELLS:
@@ -961,7 +963,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     profile = args.profile
     built: dict = {}
     rows = [r for r in data["rows"] if r.get("requests")]
-    machine = None if machine_name == "probe" else measure_machine(rows, data.get("speed"), machine_name)
+    machine = None if machine_name == "probe" else measure_machine(rows, data.get("speed"), machine_name, overlap)
     for r in rows:
         if r.get("client") == "sglang" or r.get("fronts", 1) > 1:  # not simulated live either
             continue
@@ -1280,7 +1282,7 @@ def run_bench(args) -> int:
         stop_all(procs)
     machine = None
     if to_simulate:  # after the cluster stopped: the machine is measured on every round's requests
-        machine = measure_machine(rows, speed)
+        machine = measure_machine(rows, speed, overlap=bool(getattr(args, "overlap_schedule", True)))
         _say("the simulator's machine: "
              + (describe_machine(machine) if machine else "the probe (too few requests ran alone)"))
         for row, wl, arm in to_simulate:

@@ -7,9 +7,12 @@ request of its cell was in flight at the client from its send to its first token
 token, plus a decode margin, before it was sent; the next one was sent after its first token), so its TTFT is its
 own prefill on an otherwise idle worker.
 
-A lone request's TTFT is more than its prefill: SGLang's overlap scheduler streams a prefill's first token when the
-next iteration (a decode step) ends, and the simulator does the same (`EngineConfig.overlap_lag`). `prefill_part`
-takes that step off each sample, so that the simulator, adding it back, reproduces the measured TTFT.
+A lone request's TTFT is more than its prefill where the workers ran SGLang's overlap scheduler: it streams a
+prefill's first token when the next iteration (a decode step) ends, and the simulator does the same
+(`EngineConfig.overlap_lag`). `prefill_part` takes that step off each sample of such a run, so that the simulator,
+adding it back, reproduces the measured TTFT; a run without the overlap scheduler (the testbed since stop 53) has
+no such step, and its samples are fitted whole (taking a step off them made the simulated engine one decode step,
+~20 ms, faster than the workers on every request: stop 54).
 
 `fit_prefill` fits the four prefill terms of `CostProfile.prefill_s` to such samples by non-negative least squares
 on the relative error, each (new tokens, cached tokens) cell of a log-2 grid weighing the same however many
@@ -68,9 +71,12 @@ def first_token_lag_s(profile: CostProfile, new: int, cached: int) -> float:
     return profile.decode_steps_s(1, 1, new + cached)
 
 
-def prefill_part(samples: Iterable[Sample], profile: CostProfile) -> list[Sample]:
+def prefill_part(samples: Iterable[Sample], profile: CostProfile, overlap: bool = True) -> list[Sample]:
     """Returns: the samples with `first_token_lag_s` (under `profile`'s decode terms) taken off each TTFT, floored
-    at 1 ms: what the prefill terms are fitted to."""
+    at 1 ms, when the workers ran the `overlap` scheduler (else the samples as they are): what the prefill terms
+    are fitted to."""
+    if not overlap:
+        return list(samples)
     return [(n, c, max(1e-3, t - first_token_lag_s(profile, n, c))) for n, c, t in samples]
 
 

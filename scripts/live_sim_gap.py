@@ -28,13 +28,16 @@ def simulated(data: dict, rows: list[dict], workload: str, arm: str, frontend: b
     for k, v in data.get("args", {}).items():
         if hasattr(args, k):
             setattr(args, k, v)
-    machine = b.measure_machine(rows, data.get("speed"), b.SIM_MACHINE_FIT)
+    machine = b.measure_machine(rows, data.get("speed"), b.SIM_MACHINE_FIT,
+                                bool(data.get("args", {}).get("overlap_schedule", True)))
     wl = b.build_workload(workload, args)
     sim = b.simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile, args.max_total_tokens,
                      args.max_running, data.get("speed"), None, True, machine,
                      data.get("waiting_reports") != b.WAITING_REPORTS,
                      data.get("prefill_speed") == b.PREFILL_SPEED and arm not in b.FIXED_SPEED_ARMS,
-                     data.get("ties") == b.TIES and arm not in b.LOWEST_ID_ARMS, frontend)
+                     data.get("ties") == b.TIES and arm not in b.LOWEST_ID_ARMS, frontend,
+                     bool(data.get("args", {}).get("overlap_schedule", True)),
+                     data.get("sent_pages") == b.SENT_PAGES and arm not in b.NOSENT_ARMS)
     return b.by_occurrence(sim["requests"])
 
 

@@ -47,13 +47,15 @@ def load(path: str):
         if hasattr(args, k):
             setattr(args, k, v)
     rows = [r for r in d["rows"] if r.get("requests")]
-    return d, args, rows, bench.measure_machine(rows, d.get("speed"))
+    return d, args, rows, bench.measure_machine(rows, d.get("speed"),
+                                                overlap=bool(d.get("args", {}).get("overlap_schedule", True)))
 
 
 def sim(d, args, machine, workload: str, arm: str, seed: int):
     wl = bench.build_workload(workload, args)
     return bench.simulate(copy.deepcopy(wl), arm, args.workers, seed, args.profile, args.max_total_tokens,
-                          args.max_running, d.get("speed"), machine=machine)
+                          args.max_running, d.get("speed"), machine=machine,
+                          overlap_lag=bool(d.get("args", {}).get("overlap_schedule", True)))
 
 
 def shapes(paths: list[str]) -> None:

@@ -68,6 +68,26 @@ def split_iteration(cost: CostModel, w: WorkerView, now: float, in_progress_s: O
                       waiting_cached_pairs=w.waiting_cached_pairs * rest)
 
 
+def own_prefill_s(cost: CostModel, tokens: float, attn_pairs: float, cached_pairs: float) -> float:
+    """Prefill seconds of a router's own requests sent to a worker and not started (their uncached tokens and
+    attention work): what may be in progress there (`split_iteration`'s `in_progress_s`)."""
+    return queue_wait_s(cost, WorkerView(0, waiting_new_tokens=tokens, waiting_attn_pairs=attn_pairs,
+                                         waiting_cached_pairs=cached_pairs), 0.0)
+
+
+def drained(cost: CostModel, w: WorkerView, done_s: float, now: float) -> WorkerView:
+    """`w` with `done_s` seconds of its queued prefill work already done (the same share of every term): a router's
+    own requests at a worker that was idle when the first of them went there have been computing since
+    (`radix_sync.router.pool.WorkerPool.alone_since` live, `radix_sync.sim.views.LoadViews` simulated)."""
+    work = queue_wait_s(cost, w, now) - max(0.0, w.busy_until_s - now)
+    if work <= 0.0 or done_s <= 0.0:
+        return w
+    rest = max(0.0, 1.0 - done_s / work)
+    return w._replace(num_waiting=w.num_waiting * rest, waiting_new_tokens=w.waiting_new_tokens * rest,
+                      waiting_attn_pairs=w.waiting_attn_pairs * rest,
+                      waiting_cached_pairs=w.waiting_cached_pairs * rest)
+
+
 class WaitForecast:
     """Per-worker queue-wait curve: the current backlog draining at rate 1, plus predicted work arriving later.
 

@@ -266,6 +266,10 @@ class ExpectedTtftRouter(RouterPolicy):
                 hi = mid - 1
         return min(lo * self.page_len, prompt_len - 1)
 
+    def over_s(self, i: int) -> float:
+        """Seconds by which worker `i`'s load over-counts this router's requests there (`_remember`)."""
+        return self._over.get(i, 0.0)
+
     def _start_s(self, i: int, wait: float, eta: float, now: float) -> float:
         """Seconds from `now` until a request waiting at worker `i` for a copy landing at `eta` can start."""
         gated = self._gated.get(i)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 from radix_sync.policy.cost import CostModel, CostProfile
-from radix_sync.policy.forecast import queue_wait_s, split_iteration
+from radix_sync.policy.forecast import drained, own_prefill_s, split_iteration
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.pull import PullConfig, PullPlan, plan_pull
 from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, full_tie, ttft_rank_key
@@ -197,24 +197,6 @@ def cost_model(costs: RouterCosts) -> CostModel:
     return CostModel(costs.profile())
 
 
-def _own_prefill_s(model: CostModel, w: WorkerState) -> float:
-    """Prefill seconds of what this router sent to `w` and has not seen start (what may be in progress there)."""
-    return queue_wait_s(model, WorkerView(0, waiting_new_tokens=w.own_waiting_tokens,
-                                          waiting_attn_pairs=w.num_waiting_pairs,
-                                          waiting_cached_pairs=w.num_waiting_cached_pairs), 0.0)
-
-
-def _drained(model: CostModel, v: WorkerView, done_s: float, now: float) -> WorkerView:
-    """`v` with `done_s` seconds of its queued prefill work already done (the same share of every term)."""
-    work = queue_wait_s(model, v, now) - max(0.0, v.busy_until_s - now)
-    if work <= 0.0 or done_s <= 0.0:
-        return v
-    rest = max(0.0, 1.0 - done_s / work)
-    return v._replace(num_waiting=v.num_waiting * rest, waiting_new_tokens=v.waiting_new_tokens * rest,
-                      waiting_attn_pairs=v.waiting_attn_pairs * rest,
-                      waiting_cached_pairs=v.waiting_cached_pairs * rest)
-
-
 def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], copies: Sequence[CopyInFlight],
                  prompt_len: int, namespace: str, now: float, model: CostModel, allow_pull: bool = False,
                  pull_cfg: PullConfig = PullConfig(), host_matched: Mapping[str, int] = {},
@@ -274,10 +256,11 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                              egress_busy_until_s=egress[i], ingress_busy_until_s=ingress[i],
                              nic_bandwidth_bytes_per_s=model.profile.nic_bandwidth_bytes_per_s if w.copies else 0.0)
                   for i, w in enumerate(order))
-    own_s = [_own_prefill_s(model, w) for w in order]
+    own_s = [own_prefill_s(model, w.own_waiting_tokens, w.num_waiting_pairs, w.num_waiting_cached_pairs)
+             for w in order]
     if sent_pages:
         done = [min(w.own_elapsed_s, s) for w, s in zip(order, own_s)]
-        views = tuple(_drained(model, v, d, now) for v, d in zip(views, done))
+        views = tuple(drained(model, v, d, now) for v, d in zip(views, done))
         own_s = [s - d for s, d in zip(own_s, done)]
     cached = tuple(min(prompt_len, int(matched.get(w.worker_id, 0))) for w in order)
     inflight, covering = [], {}

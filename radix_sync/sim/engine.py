@@ -250,7 +250,7 @@ class Engine:
                     req.ready_s = float("inf")  # until the copy is booked and lands
                     best.waiters.append(req)
         w.enqueue(req, now)
-        self.loads.on_routed(req)
+        self.loads.on_routed(req, now, route.pull_from is None and not route.wait_inflight)
 
     def on_admit(self, worker: SimWorker, req: SimRequest, matched_pages: int, now: float) -> None:
         """A request was admitted with `matched_pages` cached: account copies it uses."""

@@ -1,12 +1,20 @@
 """The load views the simulated router and coordinator decide on: exact, or as stale as the live load reports.
 
-Live, each worker reports its load every 200 ms (its own timer; its waiting queue as SGLang holds it: whole
-prompts, `EngineConfig.prompt_token_reports`), and the router merges the last report with what it has itself sent
-there since (`radix_sync.router.policy.with_local_load`: requests sent and not finished raise the
-queue, the prefill work of those not started raises the queued tokens). `LoadViews` does the same here:
+Live, each worker reports its load every 200 ms (its own timer; SGLang's decode batch as running and its waiting
+queue, without the requests being prefilled; the queue's uncached tokens, or whole prompts:
+`EngineConfig.prompt_token_reports`), and the router merges the last report with what it has itself sent there
+since (`radix_sync.router.policy.with_local_load`: requests sent and not finished raise the queue, the prefill work
+of those not started raises the queued tokens) and ranks on it (`rank_by_ttft`: an iteration in progress is a
+decode step at most; its own work at a worker that was idle when it went there has been computing since).
+`LoadViews` does the same here:
 
     worker i reports at (k + i / N) x period          (phases spread, as independent timers are)
     view(i, now) = report(i) merged with the router's own counts for i, links as booked now
+
+(Before stop 54 a view kept the report's end of the iteration in progress as busy and counted the prefill in
+progress again in the router's own counts: the simulated router saw a worker computing a prefix as busy for the rest
+of that iteration plus the whole prefill, and sent the next request with the prefix to compute it cold elsewhere,
+where the live router waited for it.)
 
 With `EngineConfig.view_staleness_s = 0` every view is the worker's exact state at `now` (the old model). Link
 fields (`egress_busy_until_s`, `ingress_busy_until_s`) are always exact: the control plane books the copies itself.
@@ -22,6 +30,8 @@ import random
 import zlib
 
 from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
+from radix_sync.policy.forecast import drained, own_prefill_s, split_iteration
+from radix_sync.policy.routers import ExpectedTtftRouter
 from radix_sync.policy.snapshot import OWNER, REPLICA, HolderView, PrefixView, WorkerView
 from radix_sync.sim.worker import DECODE, PREFILL
 from radix_sync.sim.workload import SimRequest, request_key
@@ -51,6 +61,11 @@ class LoadViews:
         self.queued_cached = [0] * n
         self.queued_pairs = [0.0] * n
         self._queued: dict[int, tuple[int, int, int, float]] = {}  # rid -> (worker, new, cached, pairs)
+        self.queued_cpairs = [0.0] * n
+        self.num_queued = [0] * n
+        self.alone_since: list = [None] * n
+        """Per worker, when the first of the router's requests there not started went to it while it was idle (it
+        has computed them since), None: none of them is left (the live router's `WorkerPool.alone_since`)."""
 
     @property
     def stale(self) -> bool:
@@ -80,13 +95,20 @@ class LoadViews:
         return int(eng.cfg.replica_budget_frac * eng.p.kv_capacity_tokens), eng.page_len, eng.p.nic_bandwidth_bytes_per_s
 
     def report(self, wid: int, now: float) -> None:
-        """Worker `wid` sends its load report at `now` (`EngineConfig.prompt_token_reports`: as the live agent)."""
+        """Worker `wid` sends its load report at `now`, as the live agent reports SGLang's scheduler: its decode batch
+        as running, its waiting queue (not the requests being prefilled: SGLang has taken them off the queue) with
+        their uncached tokens (or whole prompts: `EngineConfig.prompt_token_reports`)."""
         w = self.eng.workers[wid]
         r = self.exact(w, now, *self._consts())
+        queue = [q for q in w.waiting if not q.admitted]
         if self.eng.cfg.prompt_token_reports:
-            r = r._replace(waiting_new_tokens=sum(q.prompt_len for q in w.waiting if not q.admitted),
-                           waiting_cached_tokens=0, waiting_attn_pairs=0.0)
-        self.reports[wid] = r
+            new, cached, pairs = sum(q.prompt_len for q in queue), 0, 0.0
+        else:
+            new, cached, pairs = (sum(q.est_new for q in queue), sum(q.est_cached for q in queue),
+                                  sum(q.est_pairs for q in queue))
+        self.reports[wid] = r._replace(num_running=len(w.running), waiting_new_tokens=new,
+                                       waiting_cached_tokens=cached, waiting_attn_pairs=pairs,
+                                       waiting_cached_pairs=0.0)
 
     def views(self, now: float) -> tuple[WorkerView, ...]:
         """Returns: every worker's view at `now`, as the router and the coordinator see it."""
@@ -95,6 +117,10 @@ class LoadViews:
         if not self.stale:
             return tuple([self.exact(w, now, cap, page, bw) for w in workers])
         net = self.eng.net
+        router = self.eng.policy.router
+        cost = router.cost if isinstance(router, ExpectedTtftRouter) else None
+        step = self.eng.p.decode_step_s
+        drain = cost is not None and router.count_sent
         out = []
         for w in workers:
             i = w.wid
@@ -102,26 +128,50 @@ class LoadViews:
             if r is None:
                 r = self.reports[i] = _new(WorkerView, (i, "", 0, 0, 0, 0, 0.0, 0, 0.0, w.cache.capacity_tokens,
                                                         cap, 0.0, 0.0, bw, 0.0, 0, 0) + _NO_GATE)
-            # NOTE: as `with_local_load`: what this router sent and has not seen finish bounds the queue from below
+            # NOTE: as `with_local_load`: what this router sent and has not seen finish bounds the queue from below;
+            # as the live router's ranking (`rank_by_ttft`): an iteration in progress is a decode step at most (a
+            # prefill in progress is the router's own queued work until its first token)
             waiting = max(r[3], self.outstanding[i] - r[2])
-            out.append(_new(WorkerView, (
+            v = _new(WorkerView, (
                 i, r[1], r[2], waiting, max(r[4], self.queued_tokens[i]), max(r[5], self.queued_cached[i]),
-                max(r[6], self.queued_pairs[i]), r[7], r[8], r[9], r[10], net.egress_free_s[i],
-                net.ingress_free_s[i], r[13], r[14], r[15], r[16]) + _NO_GATE))
+                max(r[6], self.queued_pairs[i]), r[7], now + step if r[2] else now, r[9], r[10],
+                net.egress_free_s[i], net.ingress_free_s[i], r[13], self.queued_cpairs[i], r[15], r[16]) + _NO_GATE)
+            if cost is not None and self.num_queued[i]:
+                v = self._own_work(cost, v, i, now, drain)
+            out.append(v)
         return tuple(out)
 
+    def _own_work(self, cost, v: WorkerView, i: int, now: float, drain: bool) -> WorkerView:
+        """`v` with the router's own requests at worker `i` not started as the live router prices them: what of them
+        has been computing since the worker was idle is done (`forecast.drained`, only when the router counts its
+        sent prefixes), and the prefill iteration in progress is the first chunk of the rest
+        (`forecast.split_iteration`: what a copy to or from `i` waits for)."""
+        own = own_prefill_s(cost, self.queued_tokens[i], self.queued_pairs[i], self.queued_cpairs[i])
+        since = self.alone_since[i]
+        if drain and since is not None:
+            done = min(own, now - since)
+            v, own = drained(cost, v, done, now), own - done
+        # (the router prices its requests' own prefixes as cached itself: `ExpectedTtftRouter.over_s`)
+        return split_iteration(cost, v, now, max(0.0, own - self.eng.policy.router.over_s(i)))
+
     # ---- the router's own counts ----
-    def on_routed(self, req: SimRequest) -> None:
-        """`req` was sent to `req.worker` (after `SimWorker.enqueue` set its estimates)."""
+    def on_routed(self, req: SimRequest, now: float = 0.0, plain: bool = True) -> None:
+        """`req` was sent to `req.worker` at `now` (after `SimWorker.enqueue` set its estimates); `plain`: not held
+        for a copy (with one, it waits for the copy to land before it starts)."""
         if not self.stale:
             return
         i = req.worker
+        r = self.reports[i]
+        if plain and self.outstanding[i] == 0 and (r is None or not (r[2] or r[3] or r[4])):
+            self.alone_since[i] = now  # the worker was idle: it computes this router's requests there from now on
         self.outstanding[i] += 1
+        self.num_queued[i] += 1
         q = (i, req.est_new, req.est_cached, req.est_pairs)
         self._queued[req.rid] = q
         self.queued_tokens[i] += q[1]
         self.queued_cached[i] += q[2]
         self.queued_pairs[i] += q[3]
+        self.queued_cpairs[i] += q[2] * (q[2] + 1) / 2.0
 
     def on_started(self, req: SimRequest) -> None:
         """`req` streamed its first token: its prefill is no longer queued work."""
@@ -131,6 +181,10 @@ class LoadViews:
             self.queued_tokens[i] -= q[1]
             self.queued_cached[i] -= q[2]
             self.queued_pairs[i] -= q[3]
+            self.queued_cpairs[i] -= q[2] * (q[2] + 1) / 2.0
+            self.num_queued[i] -= 1
+            if not self.num_queued[i]:
+                self.alone_since[i] = None
 
     def on_done(self, req: SimRequest) -> None:
         """`req` finished or was rejected."""

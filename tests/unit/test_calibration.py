@@ -64,6 +64,8 @@ def test_prefill_part_takes_off_the_first_token_lag():
     lag = calibration.first_token_lag_s(p, 100, 2000)
     assert lag == pytest.approx(p.decode_steps_s(1, 1, 2100)) and lag > 0
     assert calibration.prefill_part([(100, 2000, 0.5), (10, 0, 0.0)], p) == [(100, 2000, 0.5 - lag), (10, 0, 1e-3)]
+    # workers without the overlap scheduler (the testbed since stop 53) stream the first token after the prefill
+    assert calibration.prefill_part([(100, 2000, 0.5)], p, overlap=False) == [(100, 2000, 0.5)]
 
 
 def test_drift_is_the_machine_speed_against_the_profile():
@@ -96,6 +98,9 @@ def test_measure_machine_needs_enough_lone_requests():
     assert got["drift"] == pytest.approx(1.2, rel=1e-3) and got["decode"] == 1.1
     assert got["isolated_requests"] == calibration.MIN_SAMPLES
     assert measure_machine([{"requests": lone[:-1]}], None) is None
+    # the same TTFTs from workers without the overlap scheduler: no lag in them, all of it is prefill
+    plain = measure_machine([{"requests": lone}], {"prefill": 3.0, "decode": 1.1}, overlap=False)
+    assert plain["drift"] == pytest.approx(ttft / m.prefill_s(1000, 0), rel=1e-3) and plain["drift"] > 1.2
 
 
 def test_simulated_policies_price_with_the_live_profile_and_the_engine_runs_on_the_machine(monkeypatch):

@@ -3,7 +3,8 @@
 import pytest
 
 from radix_sync.policy.cost import load_profile
-from radix_sync.policy.snapshot import Route
+from radix_sync.policy.forecast import queue_wait_s
+from radix_sync.policy.snapshot import Route, WorkerView
 from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.engine import Engine
 from radix_sync.sim.generators import FanoutWorkload, GeneratorConfig
@@ -28,25 +29,48 @@ def test_reports_are_phased_per_worker():
 
 def test_a_stale_view_is_the_last_report_raised_by_the_routers_own_sends():
     eng = engine(0.2)
+    cost = eng.policy.router.cost
     req = SimRequest(0, 1000, 10, [], arrival_s=0.0)
     eng._execute_route(req, Route(1), 0.0)
     v = eng.worker_views(0.0)[1]
     exact = eng.loads.exact(eng.workers[1], 0.0, *eng.loads._consts())
     # the worker admitted it at once (running 1, nothing waiting); no report yet: the router's own count says 1
-    # queued request of 1000 new tokens, 1000 x 1001 / 2 attention pairs
+    # queued request of 1000 new tokens, 1000 x 1001 / 2 attention pairs, as the live router counts it; its prefill
+    # is in progress (the iteration a copy waits for: `split_iteration`), the wait the same
     assert (exact.num_running, exact.num_waiting) == (1, 0)
-    assert (v.num_running, v.num_waiting, v.waiting_new_tokens, v.waiting_attn_pairs) == (0, 1, 1000, 500500.0)
+    own = queue_wait_s(cost, WorkerView(1, num_waiting=1, waiting_new_tokens=1000, waiting_attn_pairs=500500.0), 0.0)
+    assert v.num_running == 0 and queue_wait_s(cost, v, 0.0) == pytest.approx(own)
+    assert v.busy_until_s == pytest.approx(own - cost.profile.prefill_overhead_s * cost.prefill_scale)
     assert eng.worker_views(0.0)[0].num_waiting == 0
-    # worker 1 reports at 0.05: running 1, and the router's count no longer adds a waiting request
-    eng.loads.report(1, 0.05)
-    v = eng.worker_views(0.05)[1]
-    assert (v.num_running, v.num_waiting, v.waiting_new_tokens) == (1, 0, 1000)
-    # the first token: the router stops counting its prefill; the report still says what it said
+    # worker 1 reports at 0.005, prefilling: SGLang's waiting queue is empty and its decode batch too (as the live
+    # agent reports them); the router's own count still says what it sent (the prefill is not counted twice)
+    eng.loads.report(1, 0.005)
+    assert eng.workers[1].num_admitted == 1
+    r = eng.loads.reports[1]
+    assert (r.num_running, r.num_waiting, r.waiting_new_tokens, r.waiting_attn_pairs) == (0, 0, 0, 0.0)
+    # the worker has been computing it since it went there idle: only what is left of it counts
+    assert queue_wait_s(cost, eng.worker_views(0.005)[1], 0.005) == pytest.approx(own - 0.005)
+    # the first token: the router stops counting its prefill; a report while it decodes says running 1
     eng.loads.on_started(req)
-    assert eng.loads.queued_tokens[1] == 0 and eng.loads.outstanding[1] == 1
-    assert eng.worker_views(0.06)[1].waiting_new_tokens == 1000
+    assert eng.loads.queued_tokens[1] == 0 and eng.loads.outstanding[1] == 1 and eng.loads.alone_since[1] is None
+    eng.workers[1].running.append((99, 0, req))
+    eng.loads.report(1, 0.06)
+    v = eng.worker_views(0.06)[1]
+    assert (v.num_running, v.num_waiting, v.waiting_new_tokens) == (1, 0, 0)
+    assert v.busy_until_s == pytest.approx(0.06 + PROFILE.decode_step_s)  # a decode step, as the live router
+    eng.workers[1].running.pop()
     eng.loads.on_done(req)
     assert eng.loads.outstanding[1] == 0
+
+
+def test_a_request_sent_to_a_busy_worker_does_not_start_its_clock():
+    eng = engine(0.2)
+    a, b = SimRequest(0, 1000, 10, [], arrival_s=0.0), SimRequest(1, 500, 10, [], arrival_s=0.0)
+    eng._execute_route(a, Route(1, wait_inflight=True), 0.0)  # held for a copy: it does not start at once
+    assert eng.loads.alone_since[1] is None
+    eng._execute_route(b, Route(2), 0.0)
+    eng._execute_route(SimRequest(2, 500, 10, [], arrival_s=0.0), Route(2), 0.1)  # behind b: the clock stays
+    assert eng.loads.alone_since[2] == 0.0
 
 
 def test_links_are_always_as_booked_now():
@@ -149,7 +173,7 @@ def test_prompt_token_reports_count_waiting_prompts_whole_as_the_live_agent_does
     cached prefixes included, with no attention work; without it they carry the uncached tokens."""
     wl = FanoutWorkload(GeneratorConfig(fanout_k=8), rate=6.0, duration_s=20.0, seed=1,
                         max_context_len=PROFILE.max_context_len)
-    seen = {"reports": 0, "cached_counted": 0}
+    seen = {"reports": 0, "cached_counted": 0, "admitted": 0}
     for whole in (True, False):
         eng = Engine(PROFILE, wl, build_policy("kvrep_pull", PROFILE, wl.page_len, 1),
                      EngineConfig(num_workers=2, duration_s=20.0, view_staleness_s=0.2, prompt_token_reports=whole))
@@ -159,10 +183,16 @@ def test_prompt_token_reports_count_waiting_prompts_whole_as_the_live_agent_does
             real(wid, now)
             r, w = eng.loads.reports[wid], eng.workers[wid]
             exact = eng.loads.exact(w, now, *eng.loads._consts())
-            if not whole:
-                assert r == exact
-                return
             waiting = [q for q in w.waiting if not q.admitted]
+            assert (r.num_running, r.num_waiting) == (len(w.running), len(waiting))  # SGLang's decode batch, queue
+            if not whole:  # the queue's uncached tokens and attention work (not the requests being prefilled)
+                assert r.waiting_new_tokens == sum(q.est_new for q in waiting)
+                assert r.waiting_attn_pairs == pytest.approx(sum(q.est_pairs for q in waiting))
+                assert r._replace(num_running=exact.num_running, waiting_new_tokens=exact.waiting_new_tokens,
+                                  waiting_cached_tokens=exact.waiting_cached_tokens,
+                                  waiting_attn_pairs=exact.waiting_attn_pairs) == exact
+                seen["admitted"] += w.num_admitted > 0
+                return
             assert r.waiting_new_tokens == sum(q.prompt_len for q in waiting)
             assert (r.waiting_cached_tokens, r.waiting_attn_pairs) == (0, 0.0)
             seen["reports"] += 1
@@ -171,4 +201,27 @@ def test_prompt_token_reports_count_waiting_prompts_whole_as_the_live_agent_does
         eng.loads.report = report
         eng.run()
     # the check above ran, and some reports counted queued cache hits' prefixes (fan-out branches share a trunk)
-    assert seen["reports"] > 0 and seen["cached_counted"] > 0
+    assert seen["reports"] > 0 and seen["cached_counted"] > 0 and seen["admitted"] > 0
+
+
+def test_a_crowds_second_request_waits_for_the_prefix_its_first_is_computing_as_the_live_router_decides():
+    """A flash crowd's first request computes a 2,048-token prefix cold on an idle worker; the second arrives
+    0.4 s later. The live router (`rank_by_ttft`, stop 53) sends it to the same worker: what is left of the first
+    prefill plus a short extension beats computing the prefix cold elsewhere. The simulated router, on the simulated
+    views, decides the same (before stop 54 its view counted the prefill in progress twice: the rest of the
+    iteration as busy and the whole prefill as queued, and it computed the prefix cold on the other worker)."""
+    from radix_sync.sim.workload import Workload
+
+    prof = load_profile("cpu-wide")
+    wl = Workload()
+    wl.page_len = 16
+    prefix = list(range(1, 129))  # 128 pages: 2,048 tokens
+    for rid, (t, tail) in enumerate(((0.0, 1000), (0.4, 2000))):
+        wl.open_requests.append(SimRequest(rid, 2048 + 20, 4, prefix + [tail], arrival_s=t))
+    eng = Engine(prof, wl, build_policy("kvrep_shadow", prof, 16, 1),
+                 EngineConfig(num_workers=2, duration_s=30.0, view_staleness_s=0.2, overlap_lag=False,
+                              record_requests=True))
+    assert prof.prefill_s(2068, 0) > 0.8  # the first is still computing when the second arrives
+    res = eng.run().to_dict()
+    first, second = sorted(res["requests"], key=lambda q: q["sent_s"])
+    assert first["worker"] == second["worker"] and second["cached_tokens"] == 2048
