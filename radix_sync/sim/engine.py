@@ -463,7 +463,7 @@ class Engine:
         reestimate_pending(self.pending, self.net, self.tracker.nodes, now)
         if self.calibration is not None:
             self.calibration.tick(now)
-        views = gate_fields(self, self.worker_views(now), now)
+        views = gate_fields(self, self.loads.planner_views(now), now)
         snap = ClusterSnapshot(views, prefix_views(self, views, now), (), self.page_len,
                                self.p.kv_bytes_per_token)
         for d in self.policy.planner.plan(snap, now):

@@ -54,6 +54,8 @@ class LoadViews:
         self.period_s = engine.cfg.view_staleness_s
         n = engine.cfg.num_workers
         self.reports: list = [None] * n
+        self.iteration_s = [0.0] * n
+        """Each worker's reported iteration time (`SimWorker.iteration_s` at its last report)."""
         """The last report of each worker (None: none yet: the worker as it was at the start, idle and empty)."""
         # the router's own counts per worker: requests sent and not finished; the prefill work of those not started
         self.outstanding = [0] * n
@@ -106,6 +108,7 @@ class LoadViews:
         else:
             new, cached, pairs = (sum(q.est_new for q in queue), sum(q.est_cached for q in queue),
                                   sum(q.est_pairs for q in queue))
+        self.iteration_s[wid] = w.iteration_s
         self.reports[wid] = r._replace(num_running=len(w.running), waiting_new_tokens=new,
                                        waiting_cached_tokens=cached, waiting_attn_pairs=pairs,
                                        waiting_cached_pairs=0.0)
@@ -139,6 +142,28 @@ class LoadViews:
             if cost is not None and self.num_queued[i]:
                 v = self._own_work(cost, v, i, now, drain)
             out.append(v)
+        return tuple(out)
+
+    def planner_views(self, now: float) -> tuple[WorkerView, ...]:
+        """Returns: every worker's view at `now` as the live coordinator's planner sees it
+        (`LivePlanner._worker_views`): the last report alone (it does not know what routers sent since), no
+        attention work, busy half an iteration from now when the report shows requests; exact views when not
+        stale."""
+        if not self.stale:
+            return self.views(now)
+        cap, page, bw = self._consts()
+        net = self.eng.net
+        out = []
+        for w in self.eng.workers:
+            i = w.wid
+            r = self.reports[i]
+            if r is None:
+                out.append(_new(WorkerView, (i, "", 0, 0, 0, 0, 0.0, 0, now, w.cache.capacity_tokens, cap,
+                                             net.egress_free_s[i], net.ingress_free_s[i], bw, 0.0, 0, 0) + _NO_GATE))
+                continue
+            busy = now + 0.5 * self.iteration_s[i] if r[2] + r[3] else now
+            out.append(_new(WorkerView, (i, r[1], r[2], r[3], r[4], 0, 0.0, 0, busy, r[9], r[10], net.egress_free_s[i],
+                                         net.ingress_free_s[i], r[13], 0.0, r[15], r[16]) + _NO_GATE))
         return tuple(out)
 
     def _own_work(self, cost, v: WorkerView, i: int, now: float, drain: bool) -> WorkerView:

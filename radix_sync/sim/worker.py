@@ -77,6 +77,9 @@ class SimWorker:
         self.state = IDLE
         self.iter_start_s = 0.0
         self.iter_end_s = 0.0
+        self.iteration_s = 0.0
+        """Moving average of its iterations' durations, per scheduler step, as the live agent reports it
+        (`LoadReported.iteration_s`: 0.8 x the last value + 0.2 x each step's)."""
         self.version = 0
         self._busy_memo = (-1, 0.0)  # (version, end of the decode step in progress) of the last busy_until_s
         self.lag = engine.cfg.overlap_lag
@@ -311,6 +314,11 @@ class SimWorker:
     def on_iter_end(self, now: float) -> None:
         """Completes the iteration in progress and starts the next one."""
         held = None
+        steps = self._macro_k if self.state == DECODE else 1
+        if steps > 0 and self.state != IDLE:
+            keep = 0.8 ** steps
+            took = (now - self.iter_start_s) / steps
+            self.iteration_s = took if self.iteration_s == 0.0 else keep * self.iteration_s + (1.0 - keep) * took
         if self._out:  # `overlap_lag`: the previous iteration's outputs are streamed now
             held, self._out = self._out, []
         if self.state == PREFILL:

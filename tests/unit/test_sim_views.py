@@ -225,3 +225,50 @@ def test_a_crowds_second_request_waits_for_the_prefix_its_first_is_computing_as_
     res = eng.run().to_dict()
     first, second = sorted(res["requests"], key=lambda q: q["sent_s"])
     assert first["worker"] == second["worker"] and second["cached_tokens"] == 2048
+
+
+def test_the_planner_sees_the_last_report_as_the_live_coordinator_does():
+    """The live coordinator plans on the workers' load reports alone (`LivePlanner._worker_views`: no router's
+    counts, no attention work, busy half an iteration from now when the report shows requests); so does the
+    simulated planner (`LoadViews.planner_views`), while the simulated router ranks on the merged view."""
+    eng = engine(0.2)
+    req = SimRequest(0, 1000, 10, [], arrival_s=0.0)
+    eng._execute_route(req, Route(1), 0.0)
+    p = eng.loads.planner_views(0.0)[1]
+    assert (p.num_running, p.num_waiting, p.waiting_new_tokens, p.busy_until_s) == (0, 0, 0, 0.0)  # no report yet
+    assert eng.loads.queued_tokens[1] == 1000 and queue_wait_s(eng.policy.router.cost, eng.worker_views(0.0)[1], 0.0)
+    w = eng.workers[1]
+    w.iteration_s = 0.3
+    w.running.append((99, 0, req))
+    eng.loads.report(1, 0.01)
+    p = eng.loads.planner_views(0.02)[1]
+    assert (p.num_running, p.waiting_attn_pairs, p.running_ctx_tokens) == (1, 0.0, 0)
+    assert p.busy_until_s == pytest.approx(0.02 + 0.15)
+    w.running.pop()
+    assert engine(0.0).loads.planner_views(0.0) == engine(0.0).loads.views(0.0)  # exact views: the same for both
+
+
+def test_a_workers_iteration_time_is_the_agents_moving_average_per_step():
+    from radix_sync.sim.worker import DECODE, IDLE, SimWorker
+
+    eng = engine(0.2, "kvrep", 6.0, 10.0)
+    seen = {"steps": 0, "decode": 0}
+    real = SimWorker.on_iter_end
+
+    def on_iter_end(w, now):
+        state, steps = w.state, (w._macro_k if w.state == DECODE else 1)
+        took, before = (now - w.iter_start_s) / steps, w.iteration_s
+        real(w, now)
+        if state != IDLE:
+            keep = 0.8 ** steps
+            want = took if before == 0.0 else keep * before + (1 - keep) * took
+            assert w.iteration_s == pytest.approx(want)
+            seen["steps"] += 1
+            seen["decode"] += steps > 1
+
+    SimWorker.on_iter_end = on_iter_end
+    try:
+        eng.run()
+    finally:
+        SimWorker.on_iter_end = real
+    assert seen["steps"] > 50 and seen["decode"] > 0 and all(w.iteration_s > 0 for w in eng.workers)
