@@ -33,20 +33,28 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gaps", default="0,0.03,0.1", help="seconds between the six sends, per round")
     p.add_argument("--logs", type=Path, default=ROOT / "logs" / "batch-probe")
+    p.add_argument("--url", default=None, help="send to this front door (a running `kvrep up` router, or a worker) "
+                                               "instead of starting a worker")
+    p.add_argument("--key", default=None, help="with --url: a bearer token to send")
     args = p.parse_args()
     rng = random.Random(1)
     prefix = words(rng, 2000)
-    w = Worker("batch-probe", testbed.MODEL, args.logs, kvrep=False, cpu=testbed.core_for(0),
-               max_total_tokens=16384, extra_args=testbed.WORKER_ARGS)
+    headers = {"Authorization": f"Bearer {args.key}"} if args.key else None
+    w = None
+    if args.url is None:
+        w = Worker("batch-probe", testbed.MODEL, args.logs, kvrep=False, cpu=testbed.core_for(0),
+                   max_total_tokens=16384, extra_args=testbed.WORKER_ARGS)
+    url = args.url or w.url
     try:
-        w.wait_ready()
+        if w is not None:
+            w.wait_ready()
         for _ in range(3):  # the prefix cached, the first forwards of each shape done
-            stream_generate(w.url, prefix + " " + words(rng, 30), 4)
+            stream_generate(url, prefix + " " + words(rng, 30), 4, headers=headers)
         for gap in (float(g) for g in args.gaps.split(",")):
             out: dict[int, float] = {}
 
             def send(i: int, text: str) -> None:
-                out[i] = stream_generate(w.url, text, 8)[0]
+                out[i] = stream_generate(url, text, 8, headers=headers)[0]
             threads = []
             for i in range(6):
                 t = threading.Thread(target=send, args=(i, prefix + " " + words(rng, 30)))
@@ -58,8 +66,10 @@ def main() -> None:
             print(f"sent {gap:.2f} s apart: TTFT {', '.join(f'{out[i]:.3f}' for i in range(6))} s")
             time.sleep(1.0)
     finally:
-        w.stop()
-    print(f"SGLang's prefill batches: grep 'Prefill batch' {args.logs}/*.log")
+        if w is not None:
+            w.stop()
+    if w is not None:
+        print(f"SGLang's prefill batches: grep 'Prefill batch' {args.logs}/*.log")
 
 
 if __name__ == "__main__":
