@@ -60,6 +60,20 @@ class PassTargets:
         return out
 
 
+def source_iteration_s(cfg, cost: CostModel, source_wait_s: float) -> float:
+    """What a copy on a request's path waits for at its source before its gather (`PlannerConfig.endpoint_wait`):
+    the rest of the iteration in progress there when the request arrives; the iteration as the live router's
+    puller takes it (`forecast.split_iteration`: the source's queued work, at most one chunk's prefill), half of it
+    left on average (as the live planner takes a busy worker's iteration); 0 without endpoint waits.
+    The holder of a prefix many requests want is where they queue, so its iteration is rarely over when a pull
+    wants its pages: priced at the copy's transfer alone, the pull looked as good as a copy made earlier, while
+    the target was free (stop 54: fan-out's hint copies refused in two rounds of three, level with `pull`; made in
+    the third, 0.78x its mean)."""
+    if not cfg.endpoint_wait:
+        return 0.0
+    return 0.5 * min(max(0.0, source_wait_s), cost.prefill_s(cost.profile.chunked_prefill_len, 0))
+
+
 def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_, fc: WaitForecast,
                    workers: tuple[WorkerView, ...], kvb: int, egress: list[float], ingress: list[float],
                    budget: list[int], free: list[int], room: "LandingRoom", now: float,
@@ -107,10 +121,11 @@ def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_,
     if cfg.allow_pull and src_w.nic_bandwidth_bytes_per_s > 0:
         opts = []
         src_bw = src_w.nic_bandwidth_bytes_per_s
+        gather = source_iteration_s(cfg, cost, waits[np_.source])
         for w, wait in zip(workers, waits):
             best_s = wait + full
             if w.nic_bandwidth_bytes_per_s > 0:
-                pull = transfer_s(L * kvb, min(src_bw, w.nic_bandwidth_bytes_per_s))
+                pull = gather + transfer_s(L * kvb, min(src_bw, w.nic_bandwidth_bytes_per_s))
                 best_s = min(best_s, max(wait, pull) + svc_hit)
             opts.append((best_s, full))
     else:

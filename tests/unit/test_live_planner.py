@@ -371,20 +371,28 @@ def test_the_gate_fields_come_from_loads_copies_in_flight_and_recent_pulls():
 
 def test_with_a_pulling_router_a_copy_ahead_is_worth_only_what_it_saves_over_the_pull():
     """The fan-out of `test_fanout_on_a_busy_holder_is_copied_to_the_idle_worker`, with the router pulling: without
-    a copy the branches sent to the idle worker pull the trunk on their own path (a 4,096-token copy, ~0.05 s on
-    `cpu-local`'s link) instead of recomputing it, so the same copy ahead is worth less (the simulator's `kvrep`
-    weighs it so), and still made: the holder is ~4 s behind."""
+    a copy the branches sent to the idle worker pull the trunk on their own path instead of recomputing it, so the
+    same copy ahead is worth less (the simulator's `kvrep` weighs it so), and still made. The pull is gathered only
+    after the holder's iteration in progress (`PlannerConfig.endpoint_wait`, the live agents: half of what the live
+    router's puller takes it to be, `scoring.source_iteration_s`): the longer the holder's queue of cold prompts,
+    the longer that iteration, the less a pull saves, the more the copy ahead is worth; behind six 2,048-token
+    prompts (a 4,096-token chunk of ~3.7 s on `cpu-local`) a pull saves nothing over recomputing the trunk at the
+    idle worker. (Before stop 54 the pull was priced at its transfer alone, ~0.05 s, whatever the holder did.)"""
     tokens = list(range(100, 100 + 4096))
-    gains = {}
-    for router_pulls in (False, True):
-        st = state_with_prefix(tokens, waiting_on_a=6)
-        st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 8}, 1.0)
-        planner = LivePlanner("cpu-local", router_pulls=router_pulls)
-        [d] = planner.decide(st, 1.0)
-        assert (d.source, d.target, d.depth_len) == ("a", "b", 4096)
-        assert planner.planner.cfg.allow_pull is router_pulls
-        gains[router_pulls] = d.gain_s
-    assert 0 < gains[True] < gains[False] - 1.0, gains
+    less = {}
+    for waiting in (1, 3, 6):
+        gains = {}
+        for router_pulls in (False, True):
+            st = state_with_prefix(tokens, waiting_on_a=waiting)
+            st.record_hint({"kind": "fanout", "input_ids": tokens, "k": 8}, 1.0)
+            planner = LivePlanner("cpu-local", router_pulls=router_pulls)
+            [d] = planner.decide(st, 1.0)
+            assert (d.source, d.target, d.depth_len) == ("a", "b", 4096)
+            assert planner.planner.cfg.allow_pull is router_pulls and planner.planner.cfg.endpoint_wait
+            gains[router_pulls] = d.gain_s
+        less[waiting] = gains[False] - gains[True]
+        assert 0 < gains[True] <= gains[False], gains
+    assert less[1] > less[3] > less[6] == pytest.approx(0.0) and less[1] > 1.0, less
 
 
 def test_the_planners_copies_are_judged_by_their_use_and_scale_its_next_bets():

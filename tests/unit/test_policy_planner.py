@@ -174,3 +174,31 @@ def test_no_budget_scores_every_prefix():
     assert sorted(d.node_id for d in out) == [7, 8, 9] and p.deferred == {}
     with pytest.raises(ValueError):
         PlannerConfig(max_scored_per_tick=-1)
+
+
+def test_a_pull_waits_for_the_holders_iteration_so_a_copy_ahead_keeps_its_value():
+    """With `endpoint_wait` (the live agents gather and install between scheduler iterations) a copy on the
+    request's path is gathered only once the holder's iteration in progress is over: half of it left on average,
+    the iteration being the holder's queued work up to one chunk (`scoring.source_iteration_s`). Holder w0: 20 s of
+    queue, one iteration (chunks of 10,000 tokens); request at t=1: the pull waits 0.5 x 19 = 9.5 s + 0.1 s on the
+    wire, worse than recomputing the 110 tokens at w1 (1.1 s): the copy ahead (landing at 0.1 s) saves the whole
+    recompute, as without pulls (`test_without_pull_the_copy_saves_the_recompute`: 0.995 s), not just the wire
+    (`test_copies_a_hinted_prefix_off_a_busy_holder`: 0.095 s)."""
+    [d] = planner(allow_pull=True, endpoint_wait=True).plan(snapshot(), 0.0)
+    assert (d.source, d.target, d.depth_len) == (0, 1, 100) and d.gain_s == pytest.approx(0.995)
+    [d] = planner(allow_pull=True, endpoint_wait=False).plan(snapshot(), 0.0)
+    assert d.gain_s == pytest.approx(0.095)
+
+
+def test_the_pull_is_as_good_shortcut_bounds_the_pull_with_the_holders_iteration():
+    """A copy whose wire time per request is under the minimum gain (20 tokens: 0.02 s x 1 request < 0.05 s) is
+    skipped as no better than the pull on the request's path, unless that pull also waits for the holder's
+    iteration (`endpoint_wait`: up to one chunk, 100 s here): then the copy is weighed; it lands at 0.02 s, where
+    recomputing the 30 tokens at w1 takes 0.3 s and the pull ~9.5 s: gain 0.3 - 0.1 - 0.05 x 0.02 = 0.199 s."""
+    s = snapshot()
+    node = replace(s.prefixes[0], token_len=20, holders=(HolderView(0, depth_len=20),))
+    s = replace(s, prefixes=(node,))
+    p = planner(allow_pull=True, endpoint_wait=False)
+    assert p.plan(s, 0.0) == [] and p.outcomes[7] == "a copy on the request's path is as good"
+    [d] = planner(allow_pull=True, endpoint_wait=True).plan(s, 0.0)
+    assert (d.target, d.depth_len) == (1, 20) and d.gain_s == pytest.approx(0.199)
