@@ -135,7 +135,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-fanout-cell51-s7.json.gz",
                                        "bench-fanout-conn-s3.json.gz", "bench-fanout-flush50-s7.json.gz",
                                        "bench-fanout-lru-s3.json.gz",
-                                       "bench-fanout-pulled-s3.json.gz",
+                                       "bench-fanout-pull54-s7.json.gz", "bench-fanout-pulled-s3.json.gz",
                                        "bench-fanout-s3.json.gz", "bench-fanout-sent53b-s7.json.gz",
                                        "bench-fanout-slow52-s7.json.gz",
                                        "bench-fanout-ties49-s5.json.gz",
