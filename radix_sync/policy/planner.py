@@ -43,7 +43,8 @@ from radix_sync.policy.forecast import WaitForecast
 from radix_sync.policy.gate import link_free_s
 from radix_sync.policy.predictor import Demand, DemandPredictor
 from radix_sync.policy.snapshot import REPLICA, ClusterSnapshot, PrefixView, Replicate, WorkerView
-from radix_sync.policy.scoring import CostMemo, LandingRoom, PassTargets, best_candidate, source_iteration_s
+from radix_sync.policy.scoring import (CostMemo, LandingRoom, PassTargets, best_candidate, source_iteration_bound_s,
+                                      source_iteration_s)
 from radix_sync.policy.spread import num_spread, spread_s
 
 
@@ -199,7 +200,8 @@ class KvrepPlanner:
         if self.cfg.allow_pull and workers[w].nic_bandwidth_bytes_per_s > 0 and src.nic_bandwidth_bytes_per_s > 0:
             bw = min(src.nic_bandwidth_bytes_per_s, workers[w].nic_bandwidth_bytes_per_s)
             pull = (costs.transfer_s if costs is not None else self.cost.transfer_s)(L * kv_bytes, bw)
-            pull += source_iteration_s(self.cfg, self.cost, fc.wait_at(np_.source, t_a))
+            if self.cfg.endpoint_wait:  # (the source's wait is read only when it counts)
+                pull += source_iteration_s(self.cfg, self.cost, fc.wait_at(np_.source, t_a))
             best = min(best, max(wait, pull) + svc)
         return best, full
 
@@ -429,9 +431,8 @@ class KvrepPlanner:
             # With copies on the critical path available, a pre-copy saves at most the copy's time per request, and
             # with endpoint waits what the copy waits for at its source (`source_iteration_s`: one chunk at most).
             src = workers[np_.source]
-            pull = self.cost.transfer_s(np_.node.token_len * kvb, src.nic_bandwidth_bytes_per_s)
-            if cfg.endpoint_wait:
-                pull += self.cost.prefill_s(self.cost.profile.chunked_prefill_len, 0)
+            pull = (self.cost.transfer_s(np_.node.token_len * kvb, src.nic_bandwidth_bytes_per_s)
+                    + source_iteration_bound_s(cfg, self.cost))
             if count * pull < cfg.min_gain_s:
                 self.outcomes[np_.node.node_id] = "a copy on the request's path is as good"
                 return

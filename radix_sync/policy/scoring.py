@@ -60,6 +60,12 @@ class PassTargets:
         return out
 
 
+def source_iteration_bound_s(cfg, cost: CostModel) -> float:
+    """The longest a copy on a request's path can wait for its source's iteration in progress: one chunk's prefill
+    with `PlannerConfig.endpoint_wait`, 0 without."""
+    return cost.prefill_s(cost.profile.chunked_prefill_len, 0) if cfg.endpoint_wait else 0.0
+
+
 def source_iteration_s(cfg, cost: CostModel, source_wait_s: float) -> float:
     """What a copy on a request's path waits for at its source before its gather (`PlannerConfig.endpoint_wait`):
     the rest of the iteration in progress there when the request arrives; the iteration as the live router's
@@ -69,9 +75,7 @@ def source_iteration_s(cfg, cost: CostModel, source_wait_s: float) -> float:
     wants its pages: priced at the copy's transfer alone, the pull looked as good as a copy made earlier, while
     the target was free (stop 54: fan-out's hint copies refused in two rounds of three, level with `pull`; made in
     the third, 0.78x its mean)."""
-    if not cfg.endpoint_wait:
-        return 0.0
-    return 0.5 * min(max(0.0, source_wait_s), cost.prefill_s(cost.profile.chunked_prefill_len, 0))
+    return 0.5 * min(max(0.0, source_wait_s), source_iteration_bound_s(cfg, cost))
 
 
 def best_candidate(cfg, cost: CostModel, page: int, targets: "PassTargets", np_, fc: WaitForecast,
