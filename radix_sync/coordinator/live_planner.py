@@ -246,7 +246,7 @@ class LivePlanner:
             for (cls, tool), m in self.planner.predictor.gap_models().items()}
         return {"open": open_nodes, "followups": self.num_followups, "abandoned": len(self.tracker.abandoned),
                 "ended_by_hint": self.num_sessions_ended, "gap_models": models,
-                "prefill_scale": round(self.cost.prefill_scale, 4),
+                "prefill_scale": round(self.cost.prefill_scale, 4), "verdicts": dict(self.planner.session_verdicts),
                 "demotion_gate": self.demotion_gate.status() if self.demotion_gate is not None else None,
                 "copy_use": self.planner.calibration.status() if self.planner.calibration is not None else None}
 

@@ -145,6 +145,13 @@ class _NodePlan:
     predicted: float = 0.0  # the expected count before calibration (`demand`'s is scaled)
 
 
+def verdict(outcome: str) -> str:
+    """An outcome (`KvrepPlanner.outcomes`) without its numbers: "copied", "no target", or its reason."""
+    if outcome[:1].isdigit():
+        return "no target" if outcome.startswith("0 ") else "copied"
+    return outcome.split(" (", 1)[0]
+
+
 class KvrepPlanner:
     """Scores replication candidates and returns the copies to make this tick."""
 
@@ -168,6 +175,9 @@ class KvrepPlanner:
         has waited, this one included (the caller carries them over: `ClusterSnapshot.carried`)."""
         self.num_scored = 0
         """(prefix, target) pairs the last `plan` scored."""
+        self.session_verdicts: dict[str, int] = {}
+        """Open sessions' nodes (candidates with a last finish) by what each pass made of them (`verdict`), summed
+        over passes: for operators and for comparing the live planner with the simulated one."""
         self._kept: dict[int, tuple] = {}
         """Node id -> what the last pass took from its view alone (`_node_plans`)."""
         self._kept_scope: tuple = ()
@@ -419,6 +429,11 @@ class KvrepPlanner:
             deferred = {p[0].node_id: p[8] + 1 for p in left}
             self.outcomes.update(dict.fromkeys(deferred, "deferred (the pass's scoring budget is spent)"))
         self.deferred = deferred
+        tally = self.session_verdicts
+        for node in snap.prefixes:
+            if node.last_finish_s is not None:
+                why = verdict(self.outcomes.get(node.node_id, "not planned"))
+                tally[why] = tally.get(why, 0) + 1
         return out
 
     def _plan_node(self, np_: _NodePlan, fc: WaitForecast, workers: tuple[WorkerView, ...], kvb: int,
