@@ -135,6 +135,10 @@ class LoadReported(_Msg, tag="LoadReported"):
     iteration_s: Seconds = 0.0
     """Recent length of one scheduler iteration while busy (EWMA), s: a command (a gather, a replica's install)
     runs between iterations, so on a busy worker it waits up to this long."""
+    age_s: Seconds = 0.0
+    """How long before it was sent the agent took this report, s: 0, or a heartbeat's repeat of the last one. The
+    agent reports between scheduler iterations, so through a long prefill the last report (taken before it began,
+    the prefill's request still waiting) stands: the coordinator takes the work it shows as done for its age."""
     demoted_chains: Count = 0
     """Chains demoted and still waiting to be evicted first."""
     demoted_tokens: Count = 0

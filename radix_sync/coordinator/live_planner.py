@@ -33,6 +33,7 @@ from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.candidates import all_busy, busy_mask, is_candidate
 from radix_sync.policy.cost import CostModel, load_profile
 from radix_sync.policy.demotion import DemotionGate
+from radix_sync.policy.forecast import drained
 from radix_sync.policy.planner import KvrepPlanner, PlannerConfig
 from radix_sync.policy.snapshot import ClusterSnapshot, HolderView, PrefixView, WorkerView
 from radix_sync.policy.tracker import NodeTracker
@@ -93,8 +94,7 @@ class LivePlanner:
     DECIDED_KEPT_S = 10.0
     """A decision not recorded as a replication within this long was not made (held out, refused), s."""
     WANTED_AFTER_LANDING_S = 5.0
-    """A pull's replica counts as wanted (its request, sent when it landed, is queued there) this long after it
-    landed, s."""
+    """A pull's replica counts as wanted (its request, sent when it landed, queued there) this long after, s."""
 
     def __init__(self, profile: str = "cpu-local",
                  cfg: PlannerConfig = PlannerConfig(endpoint_wait=True, max_scored_per_tick=LIVE_SCORING_BUDGET),
@@ -353,9 +353,8 @@ class LivePlanner:
         incoming: dict[str, int] = {}  # replica tokens on their way to each worker (not in its load report yet)
         for r in in_flight:
             incoming[r.target] = incoming.get(r.target, 0) + r.num_tokens
-        egress_pulls: dict[str, int] = {}
-        ingress_pulls: dict[str, int] = {}
-        wanted: dict[str, int] = {}
+        egress_pulls: dict[str, int] = {}  # (pulls per source; then per target; then the tokens they landed)
+        ingress_pulls, wanted = dict(egress_pulls), dict(egress_pulls)
         for r in pulls:
             egress_pulls[r.source] = egress_pulls.get(r.source, 0) + 1
             ingress_pulls[r.target] = ingress_pulls.get(r.target, 0) + 1
@@ -363,16 +362,15 @@ class LivePlanner:
                 wanted[r.target] = wanted.get(r.target, 0) + r.inserted_len
         window = self.PULL_WINDOW_S
         workers = []
-        records = state.workers
         for i, wid in enumerate(ids):
-            rec = records[wid]
+            rec = state.workers[wid]
             load = rec.load
             hello = rec.hello
             link_busy = busy.get(wid, now_s)
             # NOTE: positional, in `WorkerView._fields` order (checked where `_new_worker_view` is defined): a
             # NamedTuple's keyword constructor is a Python call, ~3x the time, for every worker every tick
             if load:
-                workers.append(_new_worker_view((
+                v = _new_worker_view((
                     i, hello.fingerprint, load.num_running_reqs, load.num_waiting_reqs, load.num_waiting_tokens,
                     0, 0.0, 0,
                     # a busy worker is, on average, half-way through an iteration
@@ -382,7 +380,9 @@ class LivePlanner:
                     link_busy, link_busy,
                     0.0 if rec.plain else bw,  # (a plain worker: no copy ever ends there)
                     0.0, load.replica_tokens, load.demoted_tokens, 0, 0, incoming.get(wid, 0), wanted.get(wid, 0),
-                    egress_pulls.get(wid, 0) / window, ingress_pulls.get(wid, 0) / window)))
+                    egress_pulls.get(wid, 0) / window, ingress_pulls.get(wid, 0) / window))
+                # (the report was taken `age` ago, between iterations: its queued prefills have computed since)
+                workers.append(drained(self.cost, v, now_s - rec.load_s, now_s) if load.num_waiting_reqs else v)
             else:
                 workers.append(_new_worker_view((
                     i, hello.fingerprint, 0, 0, 0, 0, 0.0, 0, now_s + 0.0, 0,

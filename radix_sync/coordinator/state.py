@@ -140,7 +140,7 @@ class ClusterState:
         elif isinstance(msg, p.AllPagesCleared):
             d.drop_worker(wid)
         elif isinstance(msg, p.LoadReported):
-            record.load = msg
+            record.load, record.load_s = msg, now_s - msg.age_s
         elif isinstance(msg, p.PrefixHit):
             if msg.block_hash is not None and msg.matched_len > 0:
                 self.demand.add_hit(HitRecord(now_s, wid, msg.namespace, msg.block_hash, msg.matched_len))

@@ -24,6 +24,8 @@ class WorkerRecord:
     last_seen_s: float
     last_seq: int = 0
     load: Optional[p.LoadReported] = None
+    load_s: float = 0.0
+    """When the worker took `load` (the coordinator's clock: received less the report's `age_s`), s."""
 
     @property
     def worker_id(self) -> str:

@@ -24,8 +24,7 @@ from radix_sync.sim.demote import demote_on, demote_others
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer, reestimate_pending
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.views import (LoadViews, cached_lens, gate_fields, hinted, host_lens, prefix_views,
-                                  shadow_hit)
+from radix_sync.sim.views import LoadViews, cached_lens, gate_fields, hinted, host_lens, prefix_views, shadow_hit
 from radix_sync.sim.worker import IDLE, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload
 
@@ -80,6 +79,7 @@ class Engine:
         self._needs_cached = policy.router.uses_cached_len or self.tracker is not None
         self._no_views = (None,) * cfg.num_workers
         self.loads = LoadViews(self)
+        self.on_boundary = self.loads.at_boundary  # (`WorkerHost.on_boundary`: where the live agent reports)
         self.frontend = FrontEndJobs(cfg.frontend_cpu_s if cfg.shared_cores > 0 else 0.0)
         self._num_events = 0
         self.pull_log: deque = deque()
@@ -155,9 +155,9 @@ class Engine:
                 if self._num_events:
                     self._push(t + self.cfg.tick_s, TICK, None)
             elif kind == REPORT:
-                self.loads.report(obj, t)
+                nxt = self.loads.periodic(obj, t)
                 if self._num_events:
-                    self._push(t + self.loads.period_s, REPORT, obj)
+                    self._push(nxt, REPORT, obj)
             elif kind == FRONTEND:
                 if version == self.frontend.version:
                     self.frontend.finish(t)

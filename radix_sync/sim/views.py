@@ -54,6 +54,10 @@ class LoadViews:
         self.period_s = engine.cfg.view_staleness_s
         n = engine.cfg.num_workers
         self.reports: list = [None] * n
+        self.last_report_s = [-1e18] * n
+        """When each worker last reported (its next report is due `period_s` after)."""
+        self.previous: list = [None] * n
+        """The report before each worker's last (what a router sending at the instant of the last still saw)."""
         self.iteration_s = [0.0] * n
         """Each worker's reported iteration time (`SimWorker.iteration_s` at its last report)."""
         """The last report of each worker (None: none yet: the worker as it was at the start, idle and empty)."""
@@ -96,6 +100,28 @@ class LoadViews:
         eng = self.eng
         return int(eng.cfg.replica_budget_frac * eng.p.kv_capacity_tokens), eng.page_len, eng.p.nic_bandwidth_bytes_per_s
 
+    def periodic(self, wid: int, now: float) -> float:
+        """Worker `wid`'s report timer fired at `now`: it reports if one is due and it is not in a prefill (the live
+        agent reports from SGLang's scheduler loop, between iterations: a decode step is short, a prefill is not,
+        and its report waits for the boundary, `at_boundary`). Returns: when to look again."""
+        due = self.last_report_s[wid] + self.period_s
+        if now >= due - 1e-9 and self.eng.workers[wid].state != PREFILL:
+            self.report(wid, now)
+            due = now + self.period_s
+        return due if due > now else now + self.period_s
+
+    def at_boundary(self, w, now: float) -> None:
+        """Worker `w` is between iterations, its arrivals queued and its next batch not formed (where the live
+        agent's hook runs, after SGLang's `ingest_requests`): it reports when one is due, or at once when it has
+        nothing to do and its last report had work (the agent's report on going idle)."""
+        wid = w.wid
+        if not self.stale:
+            return
+        last = self.reports[wid]
+        if (now >= self.last_report_s[wid] + self.period_s - 1e-9
+                or (not w.waiting and not w.running and last is not None and last[2] + last[3])):
+            self.report(wid, now)
+
     def report(self, wid: int, now: float) -> None:
         """Worker `wid` sends its load report at `now`, as the live agent reports SGLang's scheduler: its decode batch
         as running, its waiting queue (not the requests being prefilled: SGLang has taken them off the queue) with
@@ -109,6 +135,7 @@ class LoadViews:
             new, cached, pairs = (sum(q.est_new for q in queue), sum(q.est_cached for q in queue),
                                   sum(q.est_pairs for q in queue))
         self.iteration_s[wid] = w.iteration_s
+        self.last_report_s[wid], self.previous[wid] = now, self.reports[wid]
         self.reports[wid] = r._replace(num_running=len(w.running), waiting_new_tokens=new,
                                        waiting_cached_tokens=cached, waiting_attn_pairs=pairs,
                                        waiting_cached_pairs=0.0)
@@ -147,12 +174,12 @@ class LoadViews:
     def planner_views(self, now: float) -> tuple[WorkerView, ...]:
         """Returns: every worker's view at `now` as the live coordinator's planner sees it
         (`LivePlanner._worker_views`): the last report alone (it does not know what routers sent since), no
-        attention work, busy half an iteration from now when the report shows requests; exact views when not
-        stale."""
+        attention work, busy half an iteration from now when the report shows requests, its queued work done for
+        the report's age; exact views when not stale."""
         if not self.stale:
             return self.views(now)
         cap, page, bw = self._consts()
-        net = self.eng.net
+        net, cost = self.eng.net, (self.eng.policy.planner or self.eng.policy.router).cost
         out = []
         for w in self.eng.workers:
             i = w.wid
@@ -162,8 +189,10 @@ class LoadViews:
                                              net.egress_free_s[i], net.ingress_free_s[i], bw, 0.0, 0, 0) + _NO_GATE))
                 continue
             busy = now + 0.5 * self.iteration_s[i] if r[2] + r[3] else now
-            out.append(_new(WorkerView, (i, r[1], r[2], r[3], r[4], 0, 0.0, 0, busy, r[9], r[10], net.egress_free_s[i],
-                                         net.ingress_free_s[i], r[13], 0.0, r[15], r[16]) + _NO_GATE))
+            v = _new(WorkerView, (i, r[1], r[2], r[3], r[4], 0, 0.0, 0, busy, r[9], r[10], net.egress_free_s[i],
+                                  net.ingress_free_s[i], r[13], 0.0, r[15], r[16]) + _NO_GATE)
+            # (taken between iterations `age` ago: its queued prefills have computed since, as the live planner's)
+            out.append(drained(cost, v, now - self.last_report_s[i], now) if r[3] else v)
         return tuple(out)
 
     def _own_work(self, cost, v: WorkerView, i: int, now: float, drain: bool) -> WorkerView:
@@ -186,7 +215,8 @@ class LoadViews:
         if not self.stale:
             return
         i = req.worker
-        r = self.reports[i]
+        # (a report taken at the send's instant, its arrival queued at the worker's boundary, reaches the router after)
+        r = self.previous[i] if self.last_report_s[i] == now else self.reports[i]
         if plain and self.outstanding[i] == 0 and (r is None or not (r[2] or r[3] or r[4])):
             self.alone_since[i] = now  # the worker was idle: it computes this router's requests there from now on
         self.outstanding[i] += 1

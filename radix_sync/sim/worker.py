@@ -48,6 +48,9 @@ class WorkerHost(Protocol):
     def on_busy_changed(self, now: float) -> None:
         """The worker started or stopped working (`EngineConfig.shared_cores` only)."""
 
+    def on_boundary(self, worker: "SimWorker", now: float) -> None:
+        """`worker` is between iterations, its arrivals queued, its next batch not formed yet."""
+
     def on_admit(self, worker: "SimWorker", req: SimRequest, matched_pages: int, now: float) -> None:
         """`req` was admitted on `worker` with `matched_pages` cached."""
 
@@ -223,6 +226,7 @@ class SimWorker:
         return True
 
     def _start(self, now: float) -> None:
+        self.engine.on_boundary(self, now)
         p = self.p
         budget = p.chunked_prefill_len
         batch: list[tuple[SimRequest, int]] = []

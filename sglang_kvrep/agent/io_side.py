@@ -107,6 +107,8 @@ class IoSide:
         self.replica_facts: dict[str, tuple[p.ReplicaStored, float]] = {}
         """Live unpromoted replicas: their fact and when they expire (monotonic s), for a resync."""
         self.last_load: Optional[p.LoadReported] = None
+        self.last_load_s = 0.0
+        """When `last_load` came from the scheduler side (monotonic s): a repeat says its age (`age_s`)."""
         self.last_sent_s = 0.0
         # -- the coordinator link (see `send_coord`)
         self.need_resync = True
@@ -193,7 +195,7 @@ class IoSide:
         for fact, expires_s in self.replica_facts.values():
             self.send_coord(msgspec.structs.replace(fact, expires_in_s=max(0.0, expires_s - now)))
         if self.last_load is not None:
-            self.send_coord(msgspec.structs.replace(self.last_load))
+            self.send_coord(self.repeat_load(now))
 
     def on_hello_ack(self, ack: p.HelloAck) -> None:
         self.awaiting_ack_since = None
@@ -450,12 +452,16 @@ class IoSide:
                 self.next_hello_s = now + HELLO_RETRY_S
                 self.hello(now)
         elif now - self.last_sent_s > 1.0 and self.last_load is not None:
-            self.send_coord(msgspec.structs.replace(self.last_load))
+            self.send_coord(self.repeat_load(now))
+
+    def repeat_load(self, now: float) -> p.LoadReported:
+        """The last load report again, with its age (the worker's state when it was taken)."""
+        return msgspec.structs.replace(self.last_load, age_s=min(p.MAX_TIMING_S, max(0.0, now - self.last_load_s)))
 
     def on_message(self, msg: m.ToIo) -> None:
         if isinstance(msg, m.ToCoordinator):
             if isinstance(msg.message, p.LoadReported):
-                self.last_load = msg.message
+                self.last_load, self.last_load_s = msg.message, time.monotonic()
             elif isinstance(msg.message, (p.ReplicaExpired, p.ReplicaPromoted)):
                 # gone, or ordinary cache now (extended by a later request): a resync must not send it as a replica
                 self.replica_facts.pop(msg.message.replication_id, None)

@@ -146,3 +146,26 @@ def test_a_copy_a_request_waits_for_lands_or_is_raised_as_ordinary_cache():
     assert io.expected["r1"] == (msgspec.structs.replace(grant, ordinary=True), 123.0) and to_sched == []
     io.on_coord(p.encode(p.WantReplica(replication_id="r2")))
     assert to_sched == [m.Want("r2")] and set(io.expected) == {"r1"}
+
+
+def test_the_heartbeat_repeats_the_last_load_report_with_its_age():
+    """Through a long prefill the scheduler side sends no report (it reports between iterations); after a second of
+    silence the I/O side repeats the last one, saying how old it is (the coordinator dates it by that)."""
+    import pytest
+
+    io = IoSide.__new__(IoSide)
+    io.cfg = SimpleNamespace(worker_id="w")
+    sent = []
+    io.send_coord = sent.append
+    io.need_resync, io.awaiting_ack_since, io.last_load = False, None, None
+    io.replica_facts, io.replica_blocks = {}, {}
+    load = p.LoadReported(worker_id="w", seq=0, num_running_reqs=0, num_waiting_reqs=1, num_waiting_tokens=2000,
+                          available_tokens=1000, evictable_tokens=0, replica_tokens=0)
+    io.on_message(m.ToCoordinator(load))
+    t = io.last_load_s
+    assert sent == [load] and load.age_s == 0.0
+    io.last_sent_s = t
+    io.keep_link(t + 0.5)
+    assert len(sent) == 1  # (not a second of silence yet)
+    io.keep_link(t + 1.5)
+    assert sent[1].age_s == pytest.approx(1.5) and msgspec.structs.replace(sent[1], age_s=0.0) == load

@@ -29,8 +29,8 @@ def state_with_prefix(tokens, waiting_on_a):
     blocks = [p.BlockFact(h, par, tokens[i * PS:(i + 1) * PS])
               for i, (h, par) in enumerate(zip(hashes, [None] + hashes[:-1]))]
     st.handle(b"A", p.PagesStored(worker_id="a", seq=1, namespace="", blocks=blocks), 0.5)
-    st.handle(b"A", load("a", 2, waiting_on_a, waiting_on_a * 2048), 0.9)
-    st.handle(b"B", load("b", 1, 0, 0), 0.9)
+    st.handle(b"A", load("a", 2, waiting_on_a, waiting_on_a * 2048), 1.0)
+    st.handle(b"B", load("b", 1, 0, 0), 1.0)
     return st
 
 
@@ -421,6 +421,7 @@ def test_the_planners_copies_are_judged_by_their_use_and_scale_its_next_bets():
     held_out = LivePlanner("cpu-local")
     assert len(held_out.decide(st, 1.2)) == 1
     assert held_out._decided
+    st.handle(b"A", load("a", 3, 20, 20 * 2048), 1.2 + LivePlanner.DECIDED_KEPT_S)  # (the holder still as busy)
     held_out.decide(st, 1.2 + LivePlanner.DECIDED_KEPT_S + 1.0)
     # (the entry of 1.2 is gone; the planner decided the same copy again, not made either)
     assert [v[2] for v in held_out._decided.values()] == [1.2 + LivePlanner.DECIDED_KEPT_S + 1.0]
@@ -466,3 +467,31 @@ def test_a_copy_whose_pages_left_the_target_unused_is_not_made_again_until_it_is
     control.planner.calibration = None  # (no bets kept: the same copy is made again)
     st, d = made(control)
     assert [(x.source, x.target) for x in control.decide(st, 1.6)] == [("a", "b")]
+
+
+def test_a_load_reports_queued_work_is_taken_as_done_for_its_age():
+    """The agent reports between scheduler iterations: through a long prefill its last report (taken before it, the
+    prefill's request still waiting) stands, and the heartbeat repeats it with its age (`LoadReported.age_s`). The
+    coordinator dates the report by it (`WorkerRecord.load_s`) and the planner takes the work it shows as done for
+    that long (before: the whole prefill still to do until the next report; the live agent sessions' holders
+    looked busy 0.4 s longer than the simulated ones, and the planner copied sessions that did not pay)."""
+    import msgspec
+
+    from radix_sync.policy.forecast import queue_wait_s
+    st = ClusterState()
+    st.handle(b"A", hello("a"), 0.0)
+    st.handle(b"B", hello("b"), 0.0)
+    st.handle(b"A", load("a", 1, 2, 1024), 1.0)
+    planner = LivePlanner("cpu-local")
+
+    def wait(t):
+        return queue_wait_s(planner.cost, planner._worker_views(st, ["a", "b"], [], {}, t)[0], t)
+
+    whole = wait(1.0)
+    assert whole > 0.3
+    assert wait(1.2) == pytest.approx(whole - 0.2)
+    st.handle(b"A", msgspec.structs.replace(load("a", 2, 2, 1024), age_s=0.3), 1.3)  # a heartbeat's repeat
+    assert st.workers["a"].load_s == pytest.approx(1.0) and wait(1.3) == pytest.approx(whole - 0.3)
+    assert wait(1.0 + whole + 0.5) == 0.0
+    st.handle(b"A", load("a", 3, 2, 1024), 5.0)  # a new report: its work from the whole again
+    assert wait(5.0) == pytest.approx(whole)

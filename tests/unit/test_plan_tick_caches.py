@@ -226,8 +226,8 @@ def test_worker_views_built_positionally_are_the_keyword_ones():
     st = ClusterState(StateConfig(worker_timeout_s=1e6))
     for w in "abc":
         st.handle(w.encode(), hello(w), 0.0)
-    st.handle(b"a", _load("a", 1, 3), 0.5)
-    st.handle(b"b", _load("b", 1, 0), 0.5)  # ("c" has reported no load)
+    st.handle(b"a", _load("a", 1, 3), 2.0)
+    st.handle(b"b", _load("b", 1, 0), 2.0)  # ("c" has reported no load)
     planner = LivePlanner("cpu-local")
     ids = sorted(st.workers)
     busy = {"b": 7.0}

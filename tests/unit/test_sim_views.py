@@ -234,9 +234,18 @@ def test_the_planner_sees_the_last_report_as_the_live_coordinator_does():
     eng = engine(0.2)
     req = SimRequest(0, 1000, 10, [], arrival_s=0.0)
     eng._execute_route(req, Route(1), 0.0)
+    # the worker took it in between iterations and reported it waiting there (the live agent's report, taken after
+    # SGLang's `ingest_requests`, before the batch is formed)
     p = eng.loads.planner_views(0.0)[1]
-    assert (p.num_running, p.num_waiting, p.waiting_new_tokens, p.busy_until_s) == (0, 0, 0, 0.0)  # no report yet
+    assert (p.num_running, p.num_waiting, p.waiting_new_tokens, p.busy_until_s) == (0, 1, 1000, 0.0)
     assert eng.loads.queued_tokens[1] == 1000 and queue_wait_s(eng.policy.router.cost, eng.worker_views(0.0)[1], 0.0)
+    # through its prefill no report (the timer finds it prefilling); the planner takes that report's work as done for
+    # its age, as the live coordinator does (`LoadReported.age_s`)
+    cost = eng.policy.router.cost
+    whole = queue_wait_s(cost, p, 0.0)
+    assert eng.loads.periodic(1, 0.2) > 0.2 and eng.loads.last_report_s[1] == 0.0
+    assert queue_wait_s(cost, eng.loads.planner_views(0.02)[1], 0.02) == pytest.approx(whole - 0.02)
+    assert queue_wait_s(cost, eng.loads.planner_views(whole + 1.0)[1], whole + 1.0) == 0.0
     w = eng.workers[1]
     w.iteration_s = 0.3
     w.running.append((99, 0, req))
@@ -272,3 +281,28 @@ def test_a_workers_iteration_time_is_the_agents_moving_average_per_step():
     finally:
         SimWorker.on_iter_end = real
     assert seen["steps"] > 50 and seen["decode"] > 0 and all(w.iteration_s > 0 for w in eng.workers)
+
+
+def test_workers_report_between_iterations_never_in_a_prefill():
+    """As the live agent (its hook after SGLang's `ingest_requests`): a report is taken between iterations or in a
+    decode stretch, never while a prefill runs; one is due `view_staleness_s` after the last, and a worker going
+    idle reports at once."""
+    from radix_sync.sim.views import LoadViews
+    from radix_sync.sim.worker import PREFILL
+
+    eng = engine(0.2, "kvrep", 6.0, 10.0)
+    taken, real = [], LoadViews.report
+
+    def report(views, wid, now):
+        w = eng.workers[wid]
+        taken.append((wid, now, w.state, bool(w.waiting or w.running)))
+        real(views, wid, now)
+
+    eng.loads.report = report.__get__(eng.loads)
+    eng.run()
+    assert taken and all(state != PREFILL for _, _, state, _ in taken)
+    for wid in range(4):
+        mine = [(t, busy) for w, t, _, busy in taken if w == wid]
+        gaps = [b[0] - a[0] for a, b in zip(mine, mine[1:]) if b[1]]  # (a report on going idle may come sooner)
+        assert min(gaps) >= 0.2 - 1e-9
+        assert any(not busy for _, busy in mine[1:])
