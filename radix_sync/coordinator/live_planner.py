@@ -353,8 +353,7 @@ class LivePlanner:
         incoming: dict[str, int] = {}  # replica tokens on their way to each worker (not in its load report yet)
         for r in in_flight:
             incoming[r.target] = incoming.get(r.target, 0) + r.num_tokens
-        egress_pulls: dict[str, int] = {}  # (pulls per source; then per target; then the tokens they landed)
-        ingress_pulls, wanted = dict(egress_pulls), dict(egress_pulls)
+        egress_pulls, ingress_pulls, wanted = {}, {}, {}  # pulls per source, per target; tokens they landed per target
         for r in pulls:
             egress_pulls[r.source] = egress_pulls.get(r.source, 0) + 1
             ingress_pulls[r.target] = ingress_pulls.get(r.target, 0) + 1

@@ -54,13 +54,13 @@ class LoadViews:
         self.period_s = engine.cfg.view_staleness_s
         n = engine.cfg.num_workers
         self.reports: list = [None] * n
+        """The last report of each worker (None: none yet: the worker as it was at the start, idle and empty)."""
         self.last_report_s = [-1e18] * n
         """When each worker last reported (its next report is due `period_s` after)."""
         self.previous: list = [None] * n
         """The report before each worker's last (what a router sending at the instant of the last still saw)."""
         self.iteration_s = [0.0] * n
         """Each worker's reported iteration time (`SimWorker.iteration_s` at its last report)."""
-        """The last report of each worker (None: none yet: the worker as it was at the start, idle and empty)."""
         # the router's own counts per worker: requests sent and not finished; the prefill work of those not started
         self.outstanding = [0] * n
         self.queued_tokens = [0] * n
@@ -114,9 +114,9 @@ class LoadViews:
         """Worker `w` is between iterations, its arrivals queued and its next batch not formed (where the live
         agent's hook runs, after SGLang's `ingest_requests`): it reports when one is due, or at once when it has
         nothing to do and its last report had work (the agent's report on going idle)."""
-        wid = w.wid
         if not self.stale:
             return
+        wid = w.wid
         last = self.reports[wid]
         if (now >= self.last_report_s[wid] + self.period_s - 1e-9
                 or (not w.waiting and not w.running and last is not None and last[2] + last[3])):
