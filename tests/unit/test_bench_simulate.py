@@ -150,6 +150,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-flash-wait-s2.json.gz", "bench-flash-wait-s3.json.gz",
                                        "bench-routers4-s2.json.gz", "bench-sgl-s0.json.gz",
                                        "bench-sgl49-s0.json.gz", "bench-sgl54-s0.json.gz",
+                                       "bench-sgl55-s0.json.gz",
                                        "bench-unique-cell51-s8.json.gz", "bench-unique-flush50-s8.json.gz",
                                        "bench-unique-split.json.gz", "bench-unique54-s8.json.gz",
                                        "bench-val1.json.gz",
