@@ -453,7 +453,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
              machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False,
              tie_turns: bool = True, frontend: bool = False, overlap_lag: bool = True,
-             sent_pages: bool = True) -> dict:
+             sent_pages: bool = True, front_doors: int = 1) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -473,7 +473,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     overlap scheduler, which on a CPU hands out an iteration's outputs when the next one ends
     (`EngineConfig.overlap_lag`; the testbed's workers have run without it since stop 53: docs/testbed.md).
     `sent_pages`: the simulated router prices what its own requests sent and not started will compute (False: as
-    the live router's `--no-sent-pages`)."""
+    the live router's `--no-sent-pages`). `front_doors`: the arm behind that many routers, the k-th request through
+    door k mod N, as the live `ARM@N` (`PolicyBundle.doors`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.speed import SpeedCalibration
     from radix_sync.policy.planner import PlannerConfig
@@ -492,13 +493,14 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
         profile = scale_profile(profile, speed["prefill"], speed["decode"])
     last = max([r.arrival_s for r in wl.open_requests] + [t for t, _ in wl.session_starts] + [0.0])
     policy = build_policy(SIM_POLICY.get(arm, arm), priced, wl.page_len, seed,
-                          PlannerConfig(endpoint_wait=endpoint_wait))
-    if speed_calibration and hasattr(policy.router, "speed"):
-        policy.router.speed = SpeedCalibration()
-    if hasattr(policy.router, "tie_turns"):
-        policy.router.tie_turns = tie_turns
-    if hasattr(policy.router, "count_sent"):
-        policy.router.count_sent = sent_pages
+                          PlannerConfig(endpoint_wait=endpoint_wait), front_doors)
+    for router in policy.doors or (policy.router,):
+        if speed_calibration and hasattr(router, "speed"):
+            router.speed = SpeedCalibration()
+        if hasattr(router, "tie_turns"):
+            router.tie_turns = tie_turns
+        if hasattr(router, "count_sent"):
+            router.count_sent = sent_pages
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
                         overlap_lag=overlap_lag, record_requests=True, endpoint_wait=endpoint_wait,
@@ -965,7 +967,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     rows = [r for r in data["rows"] if r.get("requests")]
     machine = None if machine_name == "probe" else measure_machine(rows, data.get("speed"), machine_name, overlap)
     for r in rows:
-        if r.get("client") == "sglang" or r.get("fronts", 1) > 1:  # not simulated live either
+        if r.get("client") == "sglang":  # not simulated live either
             continue
         if r["workload"] not in built:
             built[r["workload"]] = build_workload(r["workload"], args)
@@ -974,7 +976,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
                             machine, prompt_reports, calibrated and arm not in FIXED_SPEED_ARMS,
                             turns and arm not in LOWEST_ID_ARMS, frontend, overlap,
-                            arm not in NOSENT_ARMS and sent)
+                            arm not in NOSENT_ARMS and sent, r.get("fronts", 1))
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -1260,8 +1262,8 @@ def run_bench(args) -> int:
                     if errors:
                         _say(f"{label}: {len(errors)} errors, first: {errors[0]}")
                     samples.setdefault((wname, arm), []).extend(r.ttft_s for r in results if r.error is None)
-                    if args.simulate and rnd == 0 and fronts == 1:  # deterministic: once is enough; one router
-                        to_simulate.append((row, wl, base))  # (`shadow@1`, an A/A arm, is simulated as `shadow`)
+                    if args.simulate and rnd == 0:  # deterministic: once is enough
+                        to_simulate.append((row, wl, base, fronts))  # (`shadow@1`, an A/A arm: as `shadow`)
                     row["position"] = position  # its place in the round (`--arm-order`)
                     rows.append(row)
                     checkpoint(out_dir, rows)
@@ -1285,7 +1287,7 @@ def run_bench(args) -> int:
         machine = measure_machine(rows, speed, overlap=bool(getattr(args, "overlap_schedule", True)))
         _say("the simulator's machine: "
              + (describe_machine(machine) if machine else "the probe (too few requests ran alone)"))
-        for row, wl, arm in to_simulate:
+        for row, wl, arm, fronts in to_simulate:
             row["sim"] = simulate(copy.deepcopy(wl), arm, args.workers, args.seed, args.profile,
                                   args.max_total_tokens, args.max_running, speed,
                                   endpoint_wait=getattr(args, "sim_endpoint_wait", True), machine=machine,
@@ -1293,7 +1295,7 @@ def run_bench(args) -> int:
                                   speed_calibration=arm not in FIXED_SPEED_ARMS,
                                   tie_turns=arm not in LOWEST_ID_ARMS,
                                   overlap_lag=bool(getattr(args, "overlap_schedule", True)),
-                                  sent_pages=arm not in NOSENT_ARMS)
+                                  sent_pages=arm not in NOSENT_ARMS, front_doors=fronts)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)

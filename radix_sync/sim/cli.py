@@ -48,6 +48,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"cost profile name or JSON path (shipped: {', '.join(list_profiles())})")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated, from: {', '.join(POLICIES.names())}")
+    parser.add_argument("--front-doors", type=int, default=1, metavar="N",
+                        help="every policy behind N routers of its kind, the k-th request through door k mod N "
+                             "(a fleet's gateways behind a load balancer; default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seeds", default=None, metavar="S1,S2,...",
                         help="run every policy once per seed and report mean and 95%% CI per figure "
@@ -207,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
         for n in names:
             if n not in POLICIES.names():
                 raise ValueError(f"unknown policy {n!r}; known: {', '.join(POLICIES.names())}")
+        if args.front_doors < 1:
+            raise ValueError(f"--front-doors {args.front_doors} must be >= 1")
         probe = build_workload(args, profile.max_context_len)
         last = max([r.arrival_s for r in probe.open_requests] + [t for t, _ in probe.session_starts] + [0.0])
         duration = args.duration_s if args.duration_s is not None else last + 1.0
@@ -220,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     samples = {}
     for name in names:
         wl = probe if not results else build_workload(args, profile.max_context_len)
-        policy = build_policy(name, profile, wl.page_len, args.seed, pcfg)
+        policy = build_policy(name, profile, wl.page_len, args.seed, pcfg, args.front_doors)
         t0 = time.perf_counter()
         eng = Engine(profile, wl, policy, ecfg, _progress_bar(name, duration) if show else None)
         stats = eng.run()

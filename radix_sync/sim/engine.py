@@ -24,7 +24,8 @@ from radix_sync.sim.demote import demote_on, demote_others
 from radix_sync.sim.metrics import RunStats
 from radix_sync.sim.network import CopyRecord, Network, Transfer, reestimate_pending
 from radix_sync.sim.policies import PolicyBundle
-from radix_sync.sim.views import LoadViews, cached_lens, gate_fields, hinted, host_lens, prefix_views, shadow_hit
+from radix_sync.sim.views import (LoadViews, cached_lens, gate_fields, hint_planner, hinted, host_lens, prefix_views,
+                                  shadow_hit)
 from radix_sync.sim.worker import IDLE, SimWorker
 from radix_sync.sim.workload import SimRequest, Workload
 
@@ -50,7 +51,9 @@ class Engine:
         self.workers = [SimWorker(i, profile, worker_cache(i, profile, cfg, self.page_len, self.directory,
                                                            self.host_directory, oracle_pages), self)
                         for i in range(cfg.num_workers)]
-        for priced in (policy.router, policy.planner) if cfg.host_tier_ratio and cfg.host_tier_priced else ():
+        self.routers = policy.doors or (policy.router,)  # (N front doors: the k-th request to door k mod N)
+        self._doors = itertools.count()
+        for priced in (*self.routers, policy.planner) if cfg.host_tier_ratio and cfg.host_tier_priced else ():
             if hasattr(priced, "host_load_bytes_per_s"):
                 priced.host_load_bytes_per_s = cfg.host_load_bytes_per_s
         self.net = Network(cfg.num_workers, profile.nic_bandwidth_bytes_per_s, profile.transfer_latency_s)
@@ -82,9 +85,9 @@ class Engine:
         self.on_boundary = self.loads.at_boundary  # (`WorkerHost.on_boundary`: where the live agent reports)
         self.frontend = FrontEndJobs(cfg.frontend_cpu_s if cfg.shared_cores > 0 else 0.0)
         self._num_events = 0
+        """Events in the heap other than the periodic ones (ticks, load reports): the run ends when none is left."""
         self.pull_log: deque = deque()
         """(start, source, target) of the critical-path pulls, oldest first (trimmed by `views.gate_fields`)."""
-        """Events in the heap other than the periodic ones (ticks, load reports): the run ends when none is left."""
 
     # ---- events ----
     def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
@@ -127,9 +130,9 @@ class Engine:
         if self.loads.stale:
             for w in self.workers:
                 self._push(self.loads.first_report_s(w.wid), REPORT, w.wid)
-        router = self.policy.router
-        if router.poll_period_s > 0:
-            self._push(router.poll_phase_s, POLL, None)
+        for k, r in enumerate(self.routers):  # (N gateways' polls, their phases spread over the period)
+            if r.poll_period_s > 0:
+                self._push(r.poll_phase_s + r.poll_period_s * k / len(self.routers), POLL, k)
         heap = self._heap
         next_report = 0.0
         while heap:
@@ -162,10 +165,10 @@ class Engine:
                 if version == self.frontend.version:
                     self.frontend.finish(t)
                     self.on_busy_changed(t)
-            elif kind == POLL:  # the router's own poll of every worker (smg's load monitor)
-                router.on_poll(tuple([w.loads_report(t) for w in self.workers]), t)
+            elif kind == POLL:  # a router's own poll of every worker (smg's load monitor)
+                self.routers[obj].on_poll(tuple([w.loads_report(t) for w in self.workers]), t)
                 if self._num_events:
-                    self._push(t + router.poll_period_s, POLL, None)
+                    self._push(t + self.routers[obj].poll_period_s, POLL, obj)
             if self._progress is not None and t >= next_report:
                 self._progress(t)
                 next_report = t + 1.0
@@ -202,26 +205,15 @@ class Engine:
                     shadow_hit(self, node.node_id, now)
         view = RequestView(req.rid, req.prompt_len, req.output_len, req.namespace, req.pages, cached, inflight,
                            req.class_key, host_lens(self, req, cached))
-        views = self.worker_views(now) if self.policy.router.uses_worker_views else self._no_views
-        route = self.policy.router.route(view, views, now)
+        router = self.routers[(door := next(self._doors) % len(self.routers))]
+        req.door = door
+        route = router.route(view, self.loads.views(now, door) if router.uses_worker_views else self._no_views, now)
         if self.calibration is not None:  # (the turn its session's copies are for; the requests on popular prefixes)
             self.calibration.arrival(req.pages, req.global_match_len, route.worker_id if req.followup else None, now)
         self._execute_route(req, route, now)
         if req.hint_fanout and self.policy.planner is not None:
-            self._hint(req, route, now)
-
-    def _hint(self, req: SimRequest, route: Route, now: float) -> None:
-        """A request with a fan-out hint was routed: the coordinator learns the hint with the request (not when it
-        finishes), with the expected end of its prefill (the router's estimate) and of its decode, and plans at
-        once; copies from the worker computing the prompt start as soon as it holds it."""
-        cost = self.policy.planner.cost
-        w = self.workers[route.worker_id]
-        prefilled = now + route.expected_ttft_s
-        decode = cost.decode_steps_s(max(0, req.output_len - 1), w.num_running + 1, w.sum_ctx + req.prompt_len)
-        fanout, lead = hinted(req, self.cfg.hint_jitter, prefilled + decode + req.hint_delay_s - now)
-        self.tracker.on_hint(req.pages, req.class_key, req.namespace, fanout, now + lead, route.worker_id, prefilled,
-                             now)
-        self._tick(now)
+            hint_planner(self, req, route, now)
+            self._tick(now)
 
     def _execute_route(self, req: SimRequest, route: Route, now: float) -> None:
         w = self.workers[route.worker_id]
@@ -289,19 +281,19 @@ class Engine:
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
         self.loads.on_started(req)
-        self.policy.router.on_first_token(req.worker, req.rid, now)
+        self.routers[req.door].on_first_token(req.worker, req.rid, now)
         if self.pending:
             self._start_pending(req.worker, now)
 
     def on_reject(self, req: SimRequest, now: float) -> None:
         self.stats.num_rejected += 1
         self.loads.on_done(req)
-        self.policy.router.on_finished(req.worker, req.rid, now)
+        self.routers[req.door].on_finished(req.worker, req.rid, now)
 
     def on_finish(self, req: SimRequest, now: float) -> None:
         self.stats.on_finish(req)
         self.loads.on_done(req)
-        self.policy.router.on_finished(req.worker, req.rid, now)
+        self.routers[req.door].on_finished(req.worker, req.rid, now)
         if self.tracker is not None:
             fanout, delay = hinted(req, self.cfg.hint_jitter, req.hint_delay_s) if req.hint_fanout else (0, 0.0)
             self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, fanout, delay)
@@ -446,8 +438,7 @@ class Engine:
 
     # ---- planner ----
     def worker_views(self, now: float) -> tuple[WorkerView, ...]:
-        """Returns: every worker's load as the router and the coordinator see it (`LoadViews`: exact, or the last
-        report merged with the router's own sends)."""
+        """Returns: every worker's load as the first router and the coordinator see it (`LoadViews.views`)."""
         return self.loads.views(now)
 
     def _tick(self, now: float) -> None:

@@ -56,6 +56,11 @@ class PolicyBundle:
     predictor: Optional[DemandPredictor] = None
     """Without a planner: the predictor of the session tracker that `demote_stale` needs (the tracker only
     recognises next turns; nothing is planned and no idle session is demoted on a prediction)."""
+    doors: tuple[RouterPolicy, ...] = ()
+    """N > 1 front doors: N routers of this policy, `router` the first, in front of the same workers, the k-th request
+    through door k mod N (a load balancer spreading requests over a fleet's gateways). Each knows only what it sent
+    itself (its own requests in flight and their prefixes, its own polls); the directory and the workers' load
+    reports are shared (ours: the coordinator's feed). Empty: `router` alone."""
 
 
 POLICIES: Registry[PolicyBundle] = Registry("policy")
@@ -179,9 +184,17 @@ def _oracle(profile: CostProfile, page_len: int, seed: int, planner_cfg: Planner
 
 
 def build_policy(name: str, profile: CostProfile, page_len: int, seed: int,
-                 planner_cfg: PlannerConfig = PlannerConfig()) -> PolicyBundle:
-    """Returns: a fresh bundle for policy `name`."""
-    return POLICIES.create(name, profile, page_len, seed, planner_cfg)
+                 planner_cfg: PlannerConfig = PlannerConfig(), front_doors: int = 1) -> PolicyBundle:
+    """Returns: a fresh bundle for policy `name`, behind `front_doors` routers (`PolicyBundle.doors`; each one's
+    random tie-breaks seeded apart)."""
+    if front_doors < 1:
+        raise ValueError(f"front_doors={front_doors!r} must be >= 1")
+    bundle = POLICIES.create(name, profile, page_len, seed, planner_cfg)
+    if front_doors == 1:
+        return bundle
+    more = [POLICIES.create(name, profile, page_len, seed + 7919 * k, planner_cfg).router
+            for k in range(1, front_doors)]
+    return replace(bundle, doors=(bundle.router, *more))
 
 
 @POLICIES.register("kvrep_uncalibrated")

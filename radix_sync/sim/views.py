@@ -61,17 +61,8 @@ class LoadViews:
         """The report before each worker's last (what a router sending at the instant of the last still saw)."""
         self.iteration_s = [0.0] * n
         """Each worker's reported iteration time (`SimWorker.iteration_s` at its last report)."""
-        # the router's own counts per worker: requests sent and not finished; the prefill work of those not started
-        self.outstanding = [0] * n
-        self.queued_tokens = [0] * n
-        self.queued_cached = [0] * n
-        self.queued_pairs = [0.0] * n
-        self._queued: dict[int, tuple[int, int, int, float]] = {}  # rid -> (worker, new, cached, pairs)
-        self.queued_cpairs = [0.0] * n
-        self.num_queued = [0] * n
-        self.alone_since: list = [None] * n
-        """Per worker, when the first of the router's requests there not started went to it while it was idle (it
-        has computed them since), None: none of them is left (the live router's `WorkerPool.alone_since`)."""
+        self.own = [OwnSends(n) for _ in range(len(engine.routers))]
+        """Each front door's router's own counts (`OwnSends`), by door (`SimRequest.door`)."""
 
     @property
     def stale(self) -> bool:
@@ -140,14 +131,15 @@ class LoadViews:
                                        waiting_cached_tokens=cached, waiting_attn_pairs=pairs,
                                        waiting_cached_pairs=0.0)
 
-    def views(self, now: float) -> tuple[WorkerView, ...]:
-        """Returns: every worker's view at `now`, as the router and the coordinator see it."""
+    def views(self, now: float, door: int = 0) -> tuple[WorkerView, ...]:
+        """Returns: every worker's view at `now`, as front door `door`'s router (the first: the coordinator's) sees
+        it: the last reports merged with that router's own sends."""
         cap, page, bw = self._consts()
         workers = self.eng.workers
         if not self.stale:
             return tuple([self.exact(w, now, cap, page, bw) for w in workers])
         net = self.eng.net
-        router = self.eng.policy.router
+        router, own = self.eng.routers[door], self.own[door]
         cost = router.cost if isinstance(router, ExpectedTtftRouter) else None
         step = self.eng.p.decode_step_s
         drain = cost is not None and router.count_sent
@@ -161,13 +153,13 @@ class LoadViews:
             # NOTE: as `with_local_load`: what this router sent and has not seen finish bounds the queue from below;
             # as the live router's ranking (`rank_by_ttft`): an iteration in progress is a decode step at most (a
             # prefill in progress is the router's own queued work until its first token)
-            waiting = max(r[3], self.outstanding[i] - r[2])
+            waiting = max(r[3], own.outstanding[i] - r[2])
             v = _new(WorkerView, (
-                i, r[1], r[2], waiting, max(r[4], self.queued_tokens[i]), max(r[5], self.queued_cached[i]),
-                max(r[6], self.queued_pairs[i]), r[7], now + step if r[2] else now, r[9], r[10],
-                net.egress_free_s[i], net.ingress_free_s[i], r[13], self.queued_cpairs[i], r[15], r[16]) + _NO_GATE)
-            if cost is not None and self.num_queued[i]:
-                v = self._own_work(cost, v, i, now, drain)
+                i, r[1], r[2], waiting, max(r[4], own.queued_tokens[i]), max(r[5], own.queued_cached[i]),
+                max(r[6], own.queued_pairs[i]), r[7], now + step if r[2] else now, r[9], r[10],
+                net.egress_free_s[i], net.ingress_free_s[i], r[13], own.queued_cpairs[i], r[15], r[16]) + _NO_GATE)
+            if cost is not None and own.num_queued[i]:
+                v = own.work(cost, v, i, now, drain, router.over_s(i))
             out.append(v)
         return tuple(out)
 
@@ -195,29 +187,60 @@ class LoadViews:
             out.append(drained(cost, v, now - self.last_report_s[i], now) if r[3] else v)
         return tuple(out)
 
-    def _own_work(self, cost, v: WorkerView, i: int, now: float, drain: bool) -> WorkerView:
-        """`v` with the router's own requests at worker `i` not started as the live router prices them: what of them
-        has been computing since the worker was idle is done (`forecast.drained`, only when the router counts its
-        sent prefixes), and the prefill iteration in progress is the first chunk of the rest
-        (`forecast.split_iteration`: what a copy to or from `i` waits for)."""
-        own = own_prefill_s(cost, self.queued_tokens[i], self.queued_pairs[i], self.queued_cpairs[i])
-        since = self.alone_since[i]
-        if drain and since is not None:
-            done = min(own, now - since)
-            v, own = drained(cost, v, done, now), own - done
-        # (the router prices its requests' own prefixes as cached itself: `ExpectedTtftRouter.over_s`)
-        return split_iteration(cost, v, now, max(0.0, own - self.eng.policy.router.over_s(i)))
-
-    # ---- the router's own counts ----
     def on_routed(self, req: SimRequest, now: float = 0.0, plain: bool = True) -> None:
-        """`req` was sent to `req.worker` at `now` (after `SimWorker.enqueue` set its estimates); `plain`: not held
-        for a copy (with one, it waits for the copy to land before it starts)."""
+        """`req` was sent to `req.worker` at `now` through front door `req.door` (after `SimWorker.enqueue` set its
+        estimates); `plain`: not held for a copy (with one, it waits for the copy to land before it starts)."""
         if not self.stale:
             return
         i = req.worker
         # (a report taken at the send's instant, its arrival queued at the worker's boundary, reaches the router after)
         r = self.previous[i] if self.last_report_s[i] == now else self.reports[i]
-        if plain and self.outstanding[i] == 0 and (r is None or not (r[2] or r[3] or r[4])):
+        self.own[req.door].on_routed(req, now, plain and (r is None or not (r[2] or r[3] or r[4])))
+
+    def on_started(self, req: SimRequest) -> None:
+        """`req` streamed its first token: its prefill is no longer queued work."""
+        self.own[req.door].on_started(req)
+
+    def on_done(self, req: SimRequest) -> None:
+        """`req` finished or was rejected."""
+        if self.stale:
+            self.own[req.door].on_done(req)
+
+
+class OwnSends:
+    """One router's own counts per worker: its requests sent there and not finished, and the prefill work of those not
+    started (what it merges with the workers' last reports: the live router's `with_local_load`)."""
+
+    def __init__(self, n: int) -> None:
+        self.outstanding = [0] * n
+        self.queued_tokens = [0] * n
+        self.queued_cached = [0] * n
+        self.queued_pairs = [0.0] * n
+        self._queued: dict[int, tuple[int, int, int, float]] = {}  # rid -> (worker, new, cached, pairs)
+        self.queued_cpairs = [0.0] * n
+        self.num_queued = [0] * n
+        self.alone_since: list = [None] * n
+        """Per worker, when the first of the router's requests there not started went to it while it was idle (it
+        has computed them since), None: none of them is left (the live router's `WorkerPool.alone_since`)."""
+
+    def work(self, cost, v: WorkerView, i: int, now: float, drain: bool, over_s: float) -> WorkerView:
+        """`v` with the router's own requests at worker `i` not started as the live router prices them: what of them
+        has been computing since the worker was idle is done (`forecast.drained`, only when the router counts its
+        sent prefixes), and the prefill iteration in progress is the first chunk of the rest
+        (`forecast.split_iteration`: what a copy to or from `i` waits for); `over_s`: what the router prices of its
+        requests' own prefixes as cached itself (`ExpectedTtftRouter.over_s`)."""
+        own = own_prefill_s(cost, self.queued_tokens[i], self.queued_pairs[i], self.queued_cpairs[i])
+        since = self.alone_since[i]
+        if drain and since is not None:
+            done = min(own, now - since)
+            v, own = drained(cost, v, done, now), own - done
+        return split_iteration(cost, v, now, max(0.0, own - over_s))
+
+    def on_routed(self, req: SimRequest, now: float, idle: bool) -> None:
+        """`req` was sent to `req.worker` at `now`; `idle`: not held for a copy, to a worker whose last report (and
+        this router's counts) showed nothing to do."""
+        i = req.worker
+        if idle and self.outstanding[i] == 0:
             self.alone_since[i] = now  # the worker was idle: it computes this router's requests there from now on
         self.outstanding[i] += 1
         self.num_queued[i] += 1
@@ -229,7 +252,6 @@ class LoadViews:
         self.queued_cpairs[i] += q[2] * (q[2] + 1) / 2.0
 
     def on_started(self, req: SimRequest) -> None:
-        """`req` streamed its first token: its prefill is no longer queued work."""
         q = self._queued.pop(req.rid, None)
         if q is not None:
             i = q[0]
@@ -242,9 +264,6 @@ class LoadViews:
                 self.alone_since[i] = None
 
     def on_done(self, req: SimRequest) -> None:
-        """`req` finished or was rejected."""
-        if not self.stale:
-            return
         self.on_started(req)
         self.outstanding[req.worker] -= 1
 
@@ -400,3 +419,16 @@ def hinted(req: SimRequest, jitter: float, lead_s: float) -> tuple[int, float]:
     (`EngineConfig.hint_jitter`, `hint_error`: the same draw for the request under every policy)."""
     f_time, f_count = hint_error(request_key(req), jitter)
     return max(1, round(req.hint_fanout * f_count)), lead_s * f_time
+
+
+def hint_planner(eng, req: SimRequest, route, now: float) -> None:
+    """A request with a fan-out hint was routed: the coordinator learns the hint with the request (not when it
+    finishes), with the expected end of its prefill (the router's estimate) and of its decode (the engine plans at
+    once after: copies from the worker computing the prompt start as soon as it holds it)."""
+    cost = eng.policy.planner.cost
+    w = eng.workers[route.worker_id]
+    prefilled = now + route.expected_ttft_s
+    decode = cost.decode_steps_s(max(0, req.output_len - 1), w.num_running + 1, w.sum_ctx + req.prompt_len)
+    fanout, lead = hinted(req, eng.cfg.hint_jitter, prefilled + decode + req.hint_delay_s - now)
+    eng.tracker.on_hint(req.pages, req.class_key, req.namespace, fanout, now + lead, route.worker_id, prefilled,
+                        now)

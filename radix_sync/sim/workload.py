@@ -28,7 +28,7 @@ class SimRequest:
                  # runtime
                  "worker", "ready_s", "admitted", "cached_len", "remaining_new", "reserved", "lock_page",
                  "est_new", "est_pairs", "est_cached", "join_step", "first_token_s", "finish_s", "copy_hit_len",
-                 "global_match_len", "inflight_xfer", "followup", "host_len", "load_s")
+                 "global_match_len", "inflight_xfer", "followup", "host_len", "load_s", "door")
 
     def __init__(self, rid: int, prompt_len: int, output_len: int, pages: list[int], namespace: int = 0,
                  class_key: str = "", stop: Optional[str] = None, session: Optional["Session"] = None,
@@ -67,6 +67,8 @@ class SimRequest:
         """Tokens of `cached_len` loaded back from the worker's host tier (`EngineConfig.host_tier_ratio`)."""
         self.load_s = 0.0
         """Load-back time of those tokens, not yet charged to a prefill iteration, s."""
+        self.door = 0
+        """The front door (router) that placed it (`Engine.routers`)."""
 
 
 @dataclass

@@ -72,16 +72,21 @@ def test_resimulate_a_saved_run_compares_the_same_requests(tmp_path, capsys):
     own = simulate(copy.deepcopy(wl), "smg-rr", 3, 0, "cpu-local", 32768, 8)
     live = {"ttft_s": own["ttft_s"], "cached_token_ratio": own["prefix_hit_rate"], "requests": own["num_requests"]}
     row = {"workload": "shared", "arm": "smg-rr", "live": live, "requests": own["requests"]}
-    # an A/A arm (`ARM@1`) is simulated as its arm; one behind 2 front doors is not simulated (nor live)
+    # an A/A arm (`ARM@1`) is simulated as its arm; one behind 2 front doors behind 2 simulated routers
+    two = simulate(copy.deepcopy(wl), "smg-ca", 3, 0, "cpu-local", 32768, 8, front_doors=2)
+    live2 = {"ttft_s": two["ttft_s"], "cached_token_ratio": two["prefix_hit_rate"], "requests": two["num_requests"]}
     saved = {"args": args, "speed": None,
-             "rows": [row, {**row, "arm": "smg-rr@1"}, {**row, "arm": "smg-rr@2", "fronts": 2}]}
+             "rows": [row, {**row, "arm": "smg-rr@1"},
+                      {**row, "arm": "smg-ca@2", "fronts": 2, "live": live2, "requests": two["requests"]}]}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(saved))
     # "probe": the engine on the run's own profile (no speed measured: x1), as this "live" run had it
     assert resimulate(path, machine_name="probe") == 0
     out = capsys.readouterr().out
-    assert "within 20% of the measured value: 4 of 4" in out
+    assert "within 20% of the measured value: 6 of 6" in out
     row = next(x for x in out.splitlines() if x.startswith("shared   smg-rr  round_robin"))
+    assert row.endswith("+0%")
+    row = next(x for x in out.splitlines() if x.startswith("shared   smg-ca@2"))
     assert row.endswith("+0%")
     # and the references: free copies are not slower than smg 1.13 cache_aware on these requests
     bounds = {x.split()[1]: x.split() for x in out.splitlines() if x.startswith("shared ") and "x" in x.split()[-2]}

@@ -52,7 +52,7 @@ def test_a_stale_view_is_the_last_report_raised_by_the_routers_own_sends():
     assert queue_wait_s(cost, eng.worker_views(0.005)[1], 0.005) == pytest.approx(own - 0.005)
     # the first token: the router stops counting its prefill; a report while it decodes says running 1
     eng.loads.on_started(req)
-    assert eng.loads.queued_tokens[1] == 0 and eng.loads.outstanding[1] == 1 and eng.loads.alone_since[1] is None
+    assert eng.loads.own[0].queued_tokens[1] == 0 and eng.loads.own[0].outstanding[1] == 1 and eng.loads.own[0].alone_since[1] is None
     eng.workers[1].running.append((99, 0, req))
     eng.loads.report(1, 0.06)
     v = eng.worker_views(0.06)[1]
@@ -60,17 +60,17 @@ def test_a_stale_view_is_the_last_report_raised_by_the_routers_own_sends():
     assert v.busy_until_s == pytest.approx(0.06 + PROFILE.decode_step_s)  # a decode step, as the live router
     eng.workers[1].running.pop()
     eng.loads.on_done(req)
-    assert eng.loads.outstanding[1] == 0
+    assert eng.loads.own[0].outstanding[1] == 0
 
 
 def test_a_request_sent_to_a_busy_worker_does_not_start_its_clock():
     eng = engine(0.2)
     a, b = SimRequest(0, 1000, 10, [], arrival_s=0.0), SimRequest(1, 500, 10, [], arrival_s=0.0)
     eng._execute_route(a, Route(1, wait_inflight=True), 0.0)  # held for a copy: it does not start at once
-    assert eng.loads.alone_since[1] is None
+    assert eng.loads.own[0].alone_since[1] is None
     eng._execute_route(b, Route(2), 0.0)
     eng._execute_route(SimRequest(2, 500, 10, [], arrival_s=0.0), Route(2), 0.1)  # behind b: the clock stays
-    assert eng.loads.alone_since[2] == 0.0
+    assert eng.loads.own[0].alone_since[2] == 0.0
 
 
 def test_links_are_always_as_booked_now():
@@ -86,7 +86,7 @@ def test_zero_staleness_is_the_exact_state():
     eng._execute_route(req, Route(1), 0.0)
     v = eng.worker_views(0.0)
     assert v == tuple(eng.loads.exact(w, 0.0, *eng.loads._consts()) for w in eng.workers)
-    assert eng.loads.outstanding == [0, 0, 0, 0]  # nothing to merge
+    assert eng.loads.own[0].outstanding == [0, 0, 0, 0]  # nothing to merge
 
 
 def test_stale_runs_complete_and_stay_deterministic():
@@ -238,7 +238,7 @@ def test_the_planner_sees_the_last_report_as_the_live_coordinator_does():
     # SGLang's `ingest_requests`, before the batch is formed)
     p = eng.loads.planner_views(0.0)[1]
     assert (p.num_running, p.num_waiting, p.waiting_new_tokens, p.busy_until_s) == (0, 1, 1000, 0.0)
-    assert eng.loads.queued_tokens[1] == 1000 and queue_wait_s(eng.policy.router.cost, eng.worker_views(0.0)[1], 0.0)
+    assert eng.loads.own[0].queued_tokens[1] == 1000 and queue_wait_s(eng.policy.router.cost, eng.worker_views(0.0)[1], 0.0)
     # through its prefill no report (the timer finds it prefilling); the planner takes that report's work as done for
     # its age, as the live coordinator does (`LoadReported.age_s`)
     cost = eng.policy.router.cost
