@@ -70,6 +70,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     `EngineConfig` field's."""
     parser.add_argument("--tick-s", type=float, default=EngineConfig.tick_s,
                         help="planner period, s (default %(default)s)")
+    parser.add_argument("--door-sends-s", type=float, default=EngineConfig.door_sends_s, metavar="S",
+                        help="with --front-doors N > 1: each door learns the other doors' sends S seconds after "
+                             "(default: never, as the live routers today)")
     parser.add_argument("--shared-cores", type=int, default=EngineConfig.shared_cores,
                         help="the workers share this many CPU cores (processor sharing; a local CPU cluster). "
                              "0: each worker has its own device")
@@ -152,6 +155,7 @@ def engine_config(args: argparse.Namespace, duration_s: float) -> EngineConfig:
                         shared_cores=args.shared_cores, overlap_lag=args.overlap_lag, eviction=args.eviction,
                         tlru_threshold_tokens=args.tlru_threshold, tlru_next_prompt_tokens=args.tlru_next_prompt,
                         view_staleness_s=args.view_staleness_s, hint_jitter=args.hint_jitter,
+                        door_sends_s=args.door_sends_s,
                         endpoint_wait=args.endpoint_wait, host_tier_ratio=args.host_tier,
                         host_load_bytes_per_s=args.host_gbytes_s * 1e9, host_tier_priced=not args.host_tier_unpriced)
 

@@ -7,6 +7,7 @@ Read by the engine (`radix_sync.sim.engine`) and its workers (`radix_sync.sim.wo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,11 @@ class EngineConfig:
     until stop 40 (the sum of `origin_input_ids`); the router and the planner merge it with their own counts as
     live. Only with stale views (`view_staleness_s > 0`). False: the report carries the waiting requests' uncached
     tokens and attention work (the model before, and what the live agent reports since stop 40)."""
+    door_sends_s: Optional[float] = None
+    """With N > 1 front doors (`PolicyBundle.doors`): each door's router learns the other doors' sends this long after
+    they were made (a relay through the coordinator, whose routers' arrival reports carry the chosen worker) and
+    merges them with its own, as it merges its own sends with the workers' last load reports. None: never (the live
+    routers today: a router knows its own sends, the others' only through the workers' next load reports)."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
@@ -93,6 +99,8 @@ class EngineConfig:
             raise ValueError(f"duration_s={self.duration_s!r} and tick_s={self.tick_s!r} must be > 0")
         if not (self.view_staleness_s >= 0 and self.hint_jitter >= 0):
             raise ValueError(f"view_staleness_s={self.view_staleness_s!r}, hint_jitter={self.hint_jitter!r} must be >= 0")
+        if self.door_sends_s is not None and not self.door_sends_s >= 0:
+            raise ValueError(f"door_sends_s={self.door_sends_s!r} must be None or >= 0")
         if self.shared_cores < 0 or self.frontend_cpu_s < 0:
             raise ValueError(f"shared_cores={self.shared_cores!r}, frontend_cpu_s={self.frontend_cpu_s!r} "
                              "must be >= 0")

@@ -63,6 +63,10 @@ class LoadViews:
         """Each worker's reported iteration time (`SimWorker.iteration_s` at its last report)."""
         self.own = [OwnSends(n) for _ in range(len(engine.routers))]
         """Each front door's router's own counts (`OwnSends`), by door (`SimRequest.door`)."""
+        self.relay_s = engine.cfg.door_sends_s if len(engine.routers) > 1 else None
+        self.sent: list[dict] = [{} for _ in range(n)]
+        """With `EngineConfig.door_sends_s`: per worker, every door's requests sent there and not finished, rid ->
+        [sent at, door, new tokens, cached tokens, attention pairs, started]."""
 
     @property
     def stale(self) -> bool:
@@ -153,10 +157,18 @@ class LoadViews:
             # NOTE: as `with_local_load`: what this router sent and has not seen finish bounds the queue from below;
             # as the live router's ranking (`rank_by_ttft`): an iteration in progress is a decode step at most (a
             # prefill in progress is the router's own queued work until its first token)
-            waiting = max(r[3], own.outstanding[i] - r[2])
+            sent, tokens, cached, pairs = (own.outstanding[i], own.queued_tokens[i], own.queued_cached[i],
+                                           own.queued_pairs[i])
+            if self.relay_s is not None and self.sent[i]:  # (the other doors' sends relayed to this one)
+                seen = now - self.relay_s
+                for t0, d, new, c, p, started in self.sent[i].values():
+                    if d != door and t0 <= seen:
+                        sent += 1
+                        if not started:
+                            tokens, cached, pairs = tokens + new, cached + c, pairs + p
             v = _new(WorkerView, (
-                i, r[1], r[2], waiting, max(r[4], own.queued_tokens[i]), max(r[5], own.queued_cached[i]),
-                max(r[6], own.queued_pairs[i]), r[7], now + step if r[2] else now, r[9], r[10],
+                i, r[1], r[2], max(r[3], sent - r[2]), max(r[4], tokens), max(r[5], cached),
+                max(r[6], pairs), r[7], now + step if r[2] else now, r[9], r[10],
                 net.egress_free_s[i], net.ingress_free_s[i], r[13], own.queued_cpairs[i], r[15], r[16]) + _NO_GATE)
             if cost is not None and own.num_queued[i]:
                 v = own.work(cost, v, i, now, drain, router.over_s(i))
@@ -196,15 +208,21 @@ class LoadViews:
         # (a report taken at the send's instant, its arrival queued at the worker's boundary, reaches the router after)
         r = self.previous[i] if self.last_report_s[i] == now else self.reports[i]
         self.own[req.door].on_routed(req, now, plain and (r is None or not (r[2] or r[3] or r[4])))
+        if self.relay_s is not None:
+            self.sent[i][req.rid] = [now, req.door, req.est_new, req.est_cached, req.est_pairs, False]
 
     def on_started(self, req: SimRequest) -> None:
         """`req` streamed its first token: its prefill is no longer queued work."""
         self.own[req.door].on_started(req)
+        rec = self.sent[req.worker].get(req.rid)
+        if rec is not None:
+            rec[5] = True
 
     def on_done(self, req: SimRequest) -> None:
         """`req` finished or was rejected."""
         if self.stale:
             self.own[req.door].on_done(req)
+            self.sent[req.worker].pop(req.rid, None)
 
 
 class OwnSends:
