@@ -111,6 +111,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-abl45-s4.json.gz",
                                        "bench-agent-abl47-s3.json.gz", "bench-agent-abl47-s4.json.gz",
                                        "bench-agent-abl48-s3.json.gz", "bench-agent-abl52-s6.json.gz",
+                                       "bench-agent-abl56-s6.json.gz",
                                        "bench-agent-ablation-s4.json.gz", "bench-agent-ablation.json.gz",
                                        "bench-agent-age55-s6.json.gz",
                                        "bench-agent-bets-s3.json.gz",
