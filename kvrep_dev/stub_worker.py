@@ -2,7 +2,8 @@
 
 It answers `/generate`, `/v1/completions` and `/v1/chat/completions` (streaming or not) in SGLang's shapes, with
 `num_tokens` fake output tokens `delay_s` apart, and says in every answer who served it and which `cache_salt` it
-received (`meta_info.served_by`, `meta_info.cache_salt`; OpenAI answers carry the same under `sglext`). Also
+received (`meta_info.served_by`, `meta_info.cache_salt`; OpenAI answers carry the same under `sglext`); a streamed
+answer's first output waits the body's `stub_hold_s` (at most 30 s: a long prefill, its headers already sent). Also
 `/v1/models`, `/model_info`, `/server_info`, `/flush_cache`, `/health`. Run: `python -m kvrep_dev.stub_worker
 --port P --name A`.
 
@@ -83,6 +84,9 @@ def build_stub(name: str, num_tokens: int = 4, delay_s: float = 0.0, api_key: Op
             return web.json_response({"text": text, "output_ids": [7] * n, "meta_info": meta})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        hold_s = min(30.0, max(0.0, float(body.get("stub_hold_s") or 0.0)))
+        if hold_s:  # (a long prefill: the answer has started, its first output has not come)
+            await asyncio.sleep(hold_s)
         for i in range(n):
             if delay_s:
                 await asyncio.sleep(delay_s)

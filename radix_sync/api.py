@@ -133,6 +133,36 @@ class DemandItems(_Body):
     finishes: Union[Annotated[list[msgspec.Raw], Meta(max_length=MAX_BATCH)], UnsetType] = UNSET
 
 
+MAX_SEND_EVENTS = 4096
+"""Most send events in one `POST /sends` batch and in one `GET /sends/feed` answer."""
+RouterName = Annotated[str, Meta(min_length=1, max_length=128)]
+
+
+class SendEvent(_Body):
+    """One event of a router's request at a worker, relayed to the other routers in front of the same workers
+    (`POST /sends`, `GET /sends/feed`; `radix_sync.coordinator.relay`): `sent` (placed there: `new_tokens` uncached
+    and `cached_tokens` cached prompt tokens queued), `started` (its first output came: no longer queued work),
+    `done` (it ended, whatever the outcome), `gone` (the coordinator's: `router` stopped polling; its requests are
+    forgotten). `rid` numbers the request within its router; `at`: the router's wall clock when it happened (the
+    receivers' relay-lag measure)."""
+
+    kind: Literal["sent", "started", "done", "gone"]
+    rid: Annotated[int, Meta(ge=0, le=2 ** 62)] = 0
+    worker: WorkerName = ""
+    new_tokens: Annotated[int, Meta(ge=0, le=MAX_LIST)] = 0
+    cached_tokens: Annotated[int, Meta(ge=0, le=MAX_LIST)] = 0
+    at: Annotated[float, Meta(ge=0, le=1e11)] = 0.0
+    router: Union[RouterName, Literal[""]] = ""
+    """Set by the coordinator to the poster's name (what a router posts here is ignored)."""
+
+
+class SendBatch(_Body):
+    """`POST /sends`: a router's events since its last batch, in order."""
+
+    router: RouterName
+    events: Annotated[list[SendEvent], Meta(max_length=MAX_SEND_EVENTS)] = []
+
+
 class HintRequest(_Body):
     """`POST /hints`: `fanout` (k branches will extend this prefix after about `delay_s`), `keepalive` (a
     session's next turn is expected within `ttl_s`) or `end` (no turn extends this prefix again: its live hints
@@ -291,6 +321,25 @@ class DemandRecorded(_Answer):
     """Reports dropped as malformed or refused (the others were recorded)."""
     errors: list[str] = []
     """Why, for the first few dropped, each naming its item (`arrivals[3]: ...`)."""
+
+
+class SendsAccepted(_Answer):
+    accepted: int
+    routers: int
+    """Routers that polled the send feed within the relay's `router_gone_s` (the poster included once it polls)."""
+
+
+class SendsFeed(_Answer):
+    """`GET /sends/feed?router=R&epoch=E&since=S&wait_s=W`: the other routers' send events after `since` (`seq`: the
+    last one covered, call again while below `head`); `reset`: events were lost to this caller (another epoch: the
+    coordinator restarted; or too far behind): what it was told before no longer adds up, forget it."""
+
+    epoch: str
+    seq: int
+    head: int
+    routers: int
+    reset: bool = False
+    events: list[SendEvent] = []
 
 
 class HintRecorded(_Answer):

@@ -143,6 +143,10 @@ def _add_router(sub) -> None:
     p.add_argument("--speed-calibration", action=argparse.BooleanOptionalAction, default=C.speed_calibration,
                    help="scale the profile's prefill times by the workers' measured speed (the requests that ran "
                         "alone; --no-speed-calibration: the profile as it is)")
+    p.add_argument("--peer-sends", action=argparse.BooleanOptionalAction, default=C.peer_sends,
+                   help="relay this router's sends to the other routers of the same coordinator and count theirs as "
+                        "its own (inert with one router; --no-peer-sends: learn them from the workers' next load "
+                        "reports only, as before stop 57)")
     p.add_argument("--sent-pages", action=argparse.BooleanOptionalAction, default=C.sent_pages,
                    help="price a prefix this router's requests sent to a worker (not started) will compute there as "
                         "cached there (--no-sent-pages: the directory alone, as before stop 53)")
@@ -216,7 +220,7 @@ def _run_router(args) -> int:
                               pull=args.pull, pull_policy=PullConfig(args.pull_min_wait_s, args.pull_max_wait_s,
                                                                      args.pull_ttl_s),
                               speed_calibration=args.speed_calibration, tie_turns=args.tie_turns,
-                              sent_pages=args.sent_pages)
+                              sent_pages=args.sent_pages, peer_sends=args.peer_sends)
         if config.profile:
             from radix_sync.policy.cost import load_profile
             load_profile(config.profile)  # fail fast on an unknown profile

@@ -32,6 +32,7 @@ from radix_sync.api import AdminError
 from radix_sync.coordinator.replications import STATES, check_token_ids
 from radix_sync.coordinator.state import hash_prompt
 from radix_sync.coordinator.pull import wait_replication
+from radix_sync.coordinator.relay import SendRelay, parse_feed_query
 from radix_sync.integrity import IntegrityError
 
 log = logging.getLogger("kvrep.coordinator")
@@ -101,6 +102,9 @@ class AdminServer:
         self.port = self.sock.getsockname()[1]
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._changed: Optional[asyncio.Event] = None
+        self.relay = SendRelay()
+        """The routers' sends, relayed to one another (on this server's loop only: no lock)."""
+        self._sent: Optional[asyncio.Event] = None
         self._ready = threading.Event()
 
     def routes(self) -> list[tuple[str, str, object]]:
@@ -115,6 +119,8 @@ class AdminServer:
             ("POST", "/directory/lookup", self.lookup),
             ("GET", "/directory/feed", self.feed),
             ("POST", "/arrivals", self.arrivals),
+            ("POST", "/sends", self.sends),
+            ("GET", "/sends/feed", self.sends_feed),
             ("POST", "/hints", self.hints),
             ("POST", "/replicate", self.replicate),
             ("POST", "/replications/wait", self.replication_wait),
@@ -182,6 +188,7 @@ class AdminServer:
                 "num_workers": len(st.workers), "num_pages": st.directory.num_pages(),
                 "num_host_pages": st.directory.host.num_pages(),
                 "feed": {"epoch": st.directory.feed.epoch, "seq": st.directory.feed.seq},
+                "send_relay": self.relay.status(time.monotonic()),
                 "num_protocol_errors": st.num_protocol_errors, "num_refused_facts": dict(st.num_refused_facts),
                 "num_tick_errors": coord.num_tick_errors, "num_critical_joined": coord.num_critical_joined,
                 "num_critical_preempted": coord.num_critical_preempted, "num_decisions_held": coord.num_decisions_held,
@@ -290,6 +297,32 @@ class AdminServer:
         return _json(api.DemandRecorded(recorded=num_a, finishes_recorded=num_f, dropped=len(errors),
                                         errors=[e[:500] for e in errors[:10]]))
 
+    async def sends(self, request: web.Request) -> web.Response:
+        """`POST /sends` (`api.SendBatch`): a router's send events, relayed to the other routers' feeds at once."""
+        batch = await _body(request, api.SendBatch)
+        now = time.monotonic()
+        accepted = self.relay.post(batch, now)
+        self._sent.set()
+        return _json(api.SendsAccepted(accepted=accepted, routers=self.relay.routers(now)))
+
+    async def sends_feed(self, request: web.Request) -> web.Response:
+        """`GET /sends/feed?router=R&epoch=E&since=S&wait_s=W` (`api.SendsFeed`): the other routers' send events after
+        S, answered at once when there are any, else when the first one comes or after W s (long poll, W <= 30)."""
+        router, epoch, since, wait_s = parse_feed_query(request.query)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            self._sent.clear()
+            out = self.relay.feed(router, epoch, since, time.monotonic())
+            left = deadline - loop.time()
+            if out.reset or out.events or out.seq < out.head or left <= 0:
+                return _json(out)
+            epoch, since = out.epoch, out.seq  # (only this router's own events since: wait past them)
+            try:
+                await asyncio.wait_for(self._sent.wait(), timeout=min(left, self.relay.router_gone_s / 2))
+            except asyncio.TimeoutError:
+                pass
+
     async def hints(self, request: web.Request) -> web.Response:
         req = await _body(request, api.HintRequest)
         now = time.monotonic()
@@ -324,6 +357,7 @@ class AdminServer:
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._changed = asyncio.Event()
+        self._sent = asyncio.Event()
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         loop.run_until_complete(runner.setup())
         loop.run_until_complete(web.SockSite(runner, self.sock).start())

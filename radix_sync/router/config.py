@@ -102,6 +102,10 @@ class RouterConfig:
     """A prompt prefix that this router's requests sent to a worker and not started will compute there counts as
     cached there for the next decisions (`rank_by_ttft`'s `sent_pages`, as the simulated router prices it); False:
     only the directory counts, as before stop 53 (kept for the A/B)."""
+    peer_sends: bool = True
+    """Relay this router's sends to the other routers in front of the same workers, and count theirs as its own,
+    through the coordinator (`radix_sync.coordinator.relay`); inert while this router is the only one. False: each
+    router learns the others' sends from the workers' next load reports only (as before stop 57)."""
     host_load_bytes_per_s: float = 0.0
     """The workers run SGLang's hierarchical cache (`--enable-hierarchical-cache`): a prompt prefix in a worker's
     host-memory tier (the directory feed's host-tier holdings) is priced as loaded back at this rate, bytes/s.

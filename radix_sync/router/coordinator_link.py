@@ -24,6 +24,7 @@ import aiohttp
 from radix_sync import api
 from radix_sync.api import AdminError
 from radix_sync.router.directory_replica import DirectoryReplica, FeedError
+from radix_sync.router.peers import PeerSends, SendOutbox
 from radix_sync.router.policy import CopyInFlight
 
 
@@ -97,6 +98,13 @@ class CoordinatorLink:
         self.num_finishes_sent = 0
         self.num_lookups_shed = 0
         self._inflight_lookups = 0
+        self.router_name = ""
+        """This router's name on the send relay (set by `run_send_feed`)."""
+        self.outbox = SendOutbox()
+        self.num_routers = 0
+        """Routers polling the coordinator's send feed, this one included (its last answer): this router relays its
+        sends only while another one listens."""
+        self._posting: Optional[asyncio.Task] = None
 
     def _headers(self, json_body: bool) -> dict:
         headers = dict(_JSON) if json_body else {}
@@ -370,3 +378,63 @@ class CoordinatorLink:
                 await self.flush_arrivals()
             except Exception:  # noqa: BLE001 - a reporting bug must not stop the loop
                 log.exception("arrival flush failed")
+
+    # ---------------------------------------------------------------------------------------------- send relay
+    def relay(self, event: api.SendEvent) -> None:
+        """Sends one of this router's send events to the other routers (`radix_sync.coordinator.relay`) at once:
+        posted with whatever else is waiting as soon as the event loop is free (one post in flight at a time); nothing
+        while no other router polls the feed."""
+        if self.num_routers < 2 or not self.outbox.add(event):
+            return
+        if self._posting is None or self._posting.done():
+            self._posting = asyncio.get_running_loop().create_task(self._post_sends())
+
+    async def _post_sends(self) -> None:
+        while self.outbox.pending and self.may_call():
+            events = self.outbox.take()
+            answer = await self._call("POST", "/sends", api.SendsAccepted,
+                                      api.SendBatch(router=self.router_name, events=events))
+            if answer is None:
+                self.outbox.num_dropped += len(events)  # (a peer's TTL, or the workers' next reports, correct it)
+            else:
+                self.outbox.num_sent += len(events)
+        self.outbox.num_dropped += len(self.outbox.take())  # (backing off: stale by the time it answers)
+
+    async def run_send_feed(self, peers: PeerSends, router_name: str) -> None:
+        """Background task: applies the other routers' send events to `peers` (long poll of `GET /sends/feed`)
+        until cancelled; a lost stretch (coordinator restarted, or this router too far behind) resets `peers`; a
+        coordinator without the relay (404) stops the task."""
+        self.router_name = router_name
+        epoch, since = "", 0
+        wait_s = self.cfg.feed_wait_s
+        timeout = aiohttp.ClientTimeout(total=wait_s + self.cfg.timeout_s + 1.0)
+        while True:
+            if not self.may_call():
+                await asyncio.sleep(max(0.05, self._down_until - time.monotonic()))
+                continue
+            params = {"router": router_name, "epoch": epoch, "since": str(since), "wait_s": str(wait_s)}
+            try:
+                async with self._session.get(self.cfg.url + "/sends/feed", params=params, timeout=timeout,
+                                             headers=self._headers(False)) as resp:
+                    data, status = await resp.read(), resp.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                self._failed(exc)
+                continue
+            if status == 404:
+                log.warning("coordinator %s relays no sends between routers", self.cfg.url)
+                self.num_routers = 0
+                return
+            try:
+                if status != 200:
+                    raise AdminError(f"HTTP {status}: {data[:200]!r}")
+                feed = api.decode(data, api.SendsFeed)
+            except AdminError as exc:
+                log.warning("send feed: %s", exc)
+                await asyncio.sleep(self.cfg.backoff_min_s)
+                continue
+            self._ok()
+            if feed.reset and epoch:
+                peers.reset()
+            peers.apply(feed.events, time.monotonic(), time.time())
+            epoch, since, self.num_routers = feed.epoch, feed.seq, feed.routers
+

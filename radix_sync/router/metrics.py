@@ -18,6 +18,10 @@ policy)."""
 PULL_WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 """How long a request waited for its copy on the critical path, s (a pull's deadline is at most a few s)."""
 
+PEER_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+"""Relay lag of another router's send, s (the simulator: within ~5 ms it takes back most of what several routers
+cost, docs/bench.md)."""
+
 
 class _ReadAtScrape(Collector):
     """A counter kept elsewhere (the coordinator link's), read when scraped."""
@@ -86,6 +90,11 @@ class RouterMetrics:
         self.pull_wait_seconds = Histogram("kvrep_router_pull_wait_seconds",
                                            "Time a request waited for its pull, whatever the outcome.",
                                            buckets=PULL_WAIT_BUCKETS_S, registry=reg)
+
+        self.peer_send_lag_seconds = Histogram(
+            "kvrep_router_peer_send_lag_seconds",
+            "From another router's send to this router counting it (the coordinator's send relay; wall clocks, so "
+            "across hosts only as good as their clock sync).", buckets=PEER_LAG_BUCKETS_S, registry=reg)
 
     def render(self) -> bytes:
         """Returns: every series in the Prometheus text format (`CONTENT_TYPE`)."""

@@ -9,11 +9,14 @@ Owned by `radix_sync.router.service.Router`; runs on its event loop (no locks). 
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
+from radix_sync import api
 from radix_sync.policy.routers import count_pages
+from radix_sync.router.peers import PeerSends
 from radix_sync.router.policy import CopyInFlight, QueuedWork, WorkerState, queued_work, with_local_load
 
 
@@ -69,6 +72,11 @@ class WorkerPool:
         computed them since; `started_alone`); dropped once none of them is left."""
         self.down_until: dict[str, float] = {}
         """url -> end of its cool-down."""
+        self.peers = PeerSends()
+        """The other routers' requests sent and not ended (the coordinator's send relay), merged into every load."""
+        self.relay: Optional[Callable[[api.SendEvent], None]] = None
+        """Tells the other routers of this router's sends (`CoordinatorLink.relay`; None: no coordinator)."""
+        self._rids = itertools.count()
 
     # ---------------------------------------------------------------------------------------------- membership
     def sync(self, workers: Iterable[dict]) -> dict[str, WorkerState]:
@@ -148,8 +156,10 @@ class WorkerPool:
         q = self._queued[st.worker_id]
         since = self.alone_since.get(st.worker_id)
         elapsed = max(0.0, (time.monotonic() if now is None else now) - since) if since is not None else 0.0
-        return with_local_load(st, self.outstanding[st.worker_id], q.num_tokens, q.attn_pairs, q.cached_pairs,
-                               directory, elapsed)
+        # (the other routers' sends there count as this router's own: `peers.PeerSends`)
+        n, tokens, pairs, cached_pairs = self.peers.counts(self.coordinator_ids.get(st.worker_id, ""))
+        return with_local_load(st, self.outstanding[st.worker_id] + n, q.num_tokens + tokens,
+                               q.attn_pairs + pairs, q.cached_pairs + cached_pairs, directory, elapsed)
 
     def started_alone(self, url: str, now: float) -> None:
         """Records that a request of this router went to `url` while it was idle (`Decision.idle`) at `now`: the
@@ -180,6 +190,22 @@ class WorkerPool:
                 count_pages(own, pages, -1)
         return unqueue
 
+    def dispatch(self, url: str, uncached: int, cached: int, pages: Sequence[int] = ()) -> "Dispatched":
+        """Counts a request as sent to `url` and not ended (`outstanding`), its prefill work as queued (`queue`), and
+        tells the other routers (`relay`).
+
+        Returns:
+            its handle: `started()` when its first output came, `done()` when it ended (both idempotent).
+        """
+        self.outstanding[url] += 1
+        return Dispatched(self, url, next(self._rids), self.queue(url, uncached, cached, pages), uncached, cached)
+
+    def _relay(self, kind: str, url: str, rid: int, uncached: int = 0, cached: int = 0) -> None:
+        cid = self.coordinator_ids.get(url)
+        if self.relay is not None and cid is not None:
+            self.relay(api.SendEvent(kind=kind, rid=rid, worker=cid, new_tokens=max(0, uncached),
+                                     cached_tokens=max(0, cached), at=time.time()))
+
     def status(self, now: float) -> list[dict]:
         """Returns: per known worker, what `/kvrep/status` shows of it."""
         return [{"url": u, "id": self.coordinator_ids.get(u), "page_size": w.page_size,
@@ -187,3 +213,31 @@ class WorkerPool:
                  "outstanding": self.outstanding[u],
                  "cooldown_s": round(max(0.0, self.down_until.get(u, 0.0) - now), 3)}
                 for u, w in self.known.items()]
+
+
+class Dispatched:
+    """A request sent to a worker (`WorkerPool.dispatch`)."""
+
+    __slots__ = ("_pool", "url", "rid", "_unqueue", "_started", "_done")
+
+    def __init__(self, pool: WorkerPool, url: str, rid: int, unqueue: Callable[[], None], uncached: int,
+                 cached: int) -> None:
+        self._pool, self.url, self.rid, self._unqueue = pool, url, rid, unqueue
+        self._started = self._done = False
+        pool._relay("sent", url, rid, uncached, cached)
+
+    def started(self) -> None:
+        """Its first output came: its prefill is no longer queued work."""
+        if not self._started:
+            self._started = True
+            self._unqueue()
+            self._pool._relay("started", self.url, self.rid)
+
+    def done(self) -> None:
+        """It ended (answered, failed or given up)."""
+        if not self._done:
+            self._done = True
+            self._unqueue()  # (not `started`: a request that never started tells its peers `done` alone)
+            self._pool.outstanding[self.url] -= 1
+            self._pool._relay("done", self.url, self.rid)
+

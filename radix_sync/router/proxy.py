@@ -113,8 +113,7 @@ class Proxy:
             # NOTE: only a request that starts at once (an idle worker, not held) computes its prefix before the
             # next ones there start: SGLang batches the requests waiting together, none reusing another's prefix
             alone = attempt == 0 and url in decision.idle and not decision.wait_inflight
-            unqueue = pool.queue(url, prompt_len - cached, cached, pages if alone else ())
-            pool.outstanding[url] += 1
+            sent = pool.dispatch(url, prompt_len - cached, cached, pages if alone else ())
             started = False
             try:
                 if attempt == 0 and decision.wait_inflight and self.cfg.max_wait_inflight_s > 0:
@@ -127,10 +126,10 @@ class Proxy:
                     # its prefill counts as queued work until the first output arrives (a stream's first chunk)
                     first: list[float] = []
 
-                    def first_output(unqueue=unqueue, first=first) -> None:
+                    def first_output(sent=sent, first=first) -> None:
                         if not first:
                             first.append(time.monotonic())
-                        unqueue()
+                            sent.started()
 
                     resp, tail = await self._relay(request, up, first_output, url)
                     if up.status == 200:
@@ -144,8 +143,7 @@ class Proxy:
                 self.metrics.upstream_failures.labels(url, type(exc).__name__).inc()
                 log.warning("worker %s failed before answering (%s); trying the next choice", url, exc)
             finally:
-                pool.outstanding[url] -= 1
-                unqueue()
+                sent.done()
         raise NoWorker(f"no worker answered: {last_exc}")
 
     async def _send(self, url: str, target: str, data: bytes, headers: dict, params) -> aiohttp.ClientResponse:

@@ -74,13 +74,11 @@ class PullRunner:
                   "fallback_ttft_s": round(plan.fallback_ttft_s, 4), "deadline_s": round(plan.deadline_s - t0, 4)}
         self.metrics.pulls_started.inc()
         pool, target = self.pool, plan.target
-        unqueue = pool.queue(target, len(ids) - plan.pull_len, plan.pull_len)
-        pool.outstanding[target] += 1
+        held = pool.dispatch(target, len(ids) - plan.pull_len, plan.pull_len)  # (headed there while it waits)
         try:
             outcome, detail, replication_id = await self._copy(plan, ids, namespace)
         finally:
-            pool.outstanding[target] -= 1
-            unqueue()
+            held.done()
         wait_s = time.monotonic() - t0
         self.metrics.pull_wait_seconds.observe(wait_s)
         record.update(outcome=outcome, wait_s=round(wait_s, 4), replication_id=replication_id)

@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
+import socket
 import time
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
@@ -88,6 +91,8 @@ class Router:
         self.replica: Optional[DirectoryReplica] = None
         """The coordinator's holdings, mirrored from its change feed (None: ask it per request)."""
         self._tasks: list[asyncio.Task] = []
+        self.name = f"{socket.gethostname()[:64]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """This router's name among the routers of the coordinator's send relay."""
         self.decisions: deque = deque(maxlen=MAX_DECISIONS_KEPT)
         """The last routing decisions, each with the client's `X-Request-Id` when it sent one (for the record)."""
 
@@ -105,6 +110,10 @@ class Router:
                                                    token=self.secrets.coordinator_token), session)
             self.puller.link = self.link
             self._tasks.append(asyncio.create_task(self.link.run_arrivals()))
+            if self.cfg.peer_sends:  # (sends relayed between the routers in front of the same workers)
+                self.pool.relay = self.link.relay
+                self.pool.peers.on_lag = self.metrics.peer_send_lag_seconds.observe
+                self._tasks.append(asyncio.create_task(self.link.run_send_feed(self.pool.peers, self.name)))
             if self.cfg.directory_feed:
                 self.replica = DirectoryReplica()
                 self._tasks.append(asyncio.create_task(self.link.run_directory_feed(self.replica)))
@@ -380,6 +389,8 @@ class Router:
                 "arrivals_sent": link.num_arrivals_sent, "arrivals_dropped": link.num_arrivals_dropped,
                 "finishes_sent": link.num_finishes_sent, "finishes_dropped": link.num_finishes_dropped,
                 "lookups_shed": link.num_lookups_shed,
+                "send_relay": {"name": self.name, "routers": link.num_routers, "posted": link.outbox.num_sent,
+                               "dropped": link.outbox.num_dropped, "peers": self.pool.peers.status()},
                 "directory_replica": None if self.replica is None else self.replica.status()},
             "tokenizer": self.tokenizer is not None,
             "vocab_size": self.bounds().vocab_size,

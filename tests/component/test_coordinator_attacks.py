@@ -96,11 +96,12 @@ def lookup(coord, tokens, ns=""):
 
 # -------------------------------------------------------------------------------------------- admin credentials
 READ_ROUTES = ["/workers", "/replications", "/status", "/metrics", "/directory/lookup?input_ids=1,2,3,4",
-               "/directory/feed?since=0"]
+               "/directory/feed?since=0", "/sends/feed?router=probe&wait_s=0"]
 WRITE_ROUTES = [("/directory/lookup", {"input_ids": [1]}), ("/arrivals", {"arrivals": []}),
                 ("/hints", {"kind": "fanout", "input_ids": [1]}),
                 ("/replicate", {"source": "a", "target": "b", "input_ids": [1, 2, 3, 4]}),
-                ("/replicas/drop", {}), ("/demote", {"worker": "a", "input_ids": [1]}), ("/policy", {"policy": "none"})]
+                ("/replicas/drop", {}), ("/demote", {"worker": "a", "input_ids": [1]}), ("/policy", {"policy": "none"}),
+                ("/sends", {"router": "probe", "events": []})]
 
 
 def test_the_admin_api_needs_a_token_and_the_write_token_to_act(coord):

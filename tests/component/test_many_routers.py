@@ -8,8 +8,10 @@ docs/bench.md; here the same request list is sent through one router and then sp
 tokens each routing decision finds cached must be the same. No SGLang server is started here.
 """
 import json
+import threading
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvrep_dev.cluster import Coordinator, Router, local_keys
 from tests.component.test_router_process import ACME, KEYS, Agent, call, ids, mirror_synced, ready, start_stub
@@ -54,8 +56,17 @@ class Fleet:
         for proc in (*self.routers, self.a, self.b, self.coord):
             proc.stop(5)
 
-    @staticmethod
-    def generate(router, tokens, **extra):
+    def settle(self, held=None):
+        """Until no router counts another's request as open (but `held`'s one, counted by every other router): the send
+        relay's `done` of a request comes a few ms after its answer, and until then that worker looks busy to the
+        other routers (a prefix of a page or two is then as fast elsewhere)."""
+        def settled():
+            return all(q.status()["coordinator"]["send_relay"]["peers"]["open"] == int(held is not None and q != held)
+                       for q in self.routers)
+        wait_until(settled, what="no router counts another's request as open")
+
+    def generate(self, router, tokens, held=None, **extra):
+        self.settle(held)
         status, _, raw = call(router.url + "/generate", {"input_ids": tokens, **extra}, ACME)
         assert status == 200, raw
         return json.loads(raw)["meta_info"]
@@ -85,7 +96,8 @@ def fleet(tmp_path_factory):
 
 
 def _route(fleet, requests, routers):
-    """Sends request i through routers[i % len(routers)]. Returns: [(served_by, decision)] in order."""
+    """Sends request i through routers[i % len(routers)] (each once the one before has settled: `Fleet.settle`).
+    Returns: [(served_by, decision)] in order."""
     out = []
     for i, tokens in enumerate(requests):
         r = routers[i % len(routers)]
@@ -158,3 +170,43 @@ def test_a_session_that_moves_to_another_router_is_one_session(fleet):
         wait_until(lambda: sessions()["followups"] == 1, what="router 2's arrival recognised as the follow-up")
     finally:
         fleet.coord.post("/policy", {"policy": "none", "mode": "shadow", "reset_demand": True})
+
+
+def test_a_request_another_router_sent_loads_that_worker_in_every_router_until_it_ends(fleet):
+    """Each router counts the others' sends, relayed through the coordinator (`radix_sync.coordinator.relay`), as it
+    counts its own: a worker holding another router's request that has not started is not the idle one."""
+    def relay(r):
+        return r.status()["coordinator"]["send_relay"]
+
+    wait_until(lambda: all(relay(r)["routers"] == N_ROUTERS for r in fleet.routers),
+               what="every router sees the others on the send relay")
+    hold = {"input_ids": ids(60) + [1], "stream": True, "stub_hold_s": 4.0, "sampling_params": {"max_new_tokens": 2}}
+    done = []
+    headers = {**ACME, "X-Request-Id": "held-by-router-0"}
+    thread = threading.Thread(target=lambda: done.append(call(fleet.routers[0].url + "/generate", hold, headers)))
+    thread.start()
+    try:
+        def held():
+            return [d for d in fleet.routers[0].status()["last_decisions"] if d.get("request_id") == headers[
+                "X-Request-Id"]]
+        wait_until(held, what="router 0 sent the held request")
+        busy = held()[0]["worker"]
+        busy_id = next(w["id"] for w in fleet.routers[0].status()["workers"] if w["url"] == busy)
+        for r in fleet.routers[1:]:
+            wait_until(lambda: relay(r)["peers"]["by_worker"].get(busy_id) == 1,
+                       what=f"{r.name} counts router 0's request at {busy_id}")
+        # a prompt nobody holds, while both workers are idle but for router 0's request: every other router
+        # sends it to the other worker (without the relay: a full tie, taken in turns, half of them to `busy`)
+        for k, r in enumerate(fleet.routers[1:] * 2):
+            fleet.generate(r, ids(70 + k) + [k], held=fleet.routers[0])
+            assert fleet.last_decision(r)["worker"] != busy, r.name
+    finally:
+        thread.join(30)
+    assert done and done[0][0] == 200
+    for r in fleet.routers[1:]:
+        wait_until(lambda: relay(r)["peers"]["open"] == 0, what=f"{r.name} saw router 0's request end")
+        assert relay(r)["posted"] >= 6 and relay(r)["dropped"] == 0
+    lag = [m for m in text_string_to_metric_families(call(fleet.routers[1].url + "/metrics", None,
+                                                          fleet.routers[1].admin())[2].decode())
+           if m.name == "kvrep_router_peer_send_lag_seconds"][0]
+    assert any(s.name.endswith("_count") and s.value >= 1 for s in lag.samples)

@@ -2,7 +2,7 @@
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from radix_sync.router.metrics import DECISION_BUCKETS_S, PULL_WAIT_BUCKETS_S, RouterMetrics
+from radix_sync.router.metrics import DECISION_BUCKETS_S, PEER_LAG_BUCKETS_S, PULL_WAIT_BUCKETS_S, RouterMetrics
 
 
 def parse(metrics):
@@ -22,7 +22,8 @@ FAMILIES = {"kvrep_router_requests": "counter", "kvrep_router_upstream_failures"
             "kvrep_router_kv_hints": "counter", "kvrep_router_prefill_speed_scale": "gauge",
             "kvrep_router_arrivals_dropped": "counter", "kvrep_router_decision_seconds": "histogram",
             "kvrep_router_pulls_started": "counter", "kvrep_router_pulls_done": "counter",
-            "kvrep_router_pulls_fallen_back": "counter", "kvrep_router_pull_wait_seconds": "histogram"}
+            "kvrep_router_pulls_fallen_back": "counter", "kvrep_router_pull_wait_seconds": "histogram",
+            "kvrep_router_peer_send_lag_seconds": "histogram"}
 
 
 def test_a_fresh_router_exposes_every_series_at_zero():
@@ -38,6 +39,9 @@ def test_a_fresh_router_exposes_every_series_at_zero():
     assert hist[("kvrep_router_decision_seconds_count", ())] == 0.0
     assert len([k for k in hist if k[0].endswith("_bucket")]) == len(DECISION_BUCKETS_S) + 1
     assert fams["kvrep_router_pulls_fallen_back"][1] == {}
+    lag = fams["kvrep_router_peer_send_lag_seconds"][1]
+    assert lag[("kvrep_router_peer_send_lag_seconds_count", ())] == 0.0
+    assert len([k for k in lag if k[0].endswith("_bucket")]) == len(PEER_LAG_BUCKETS_S) + 1
     # the learned prefill speed starts at the profile's (1: not learned yet)
     assert fams["kvrep_router_prefill_speed_scale"][1] == {("kvrep_router_prefill_speed_scale", ()): 1.0}
     hist = fams["kvrep_router_pull_wait_seconds"][1]

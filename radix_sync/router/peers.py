@@ -1,0 +1,130 @@
+"""The other routers' sends, as this router counts them: each request another router in front of the same workers
+sent and did not see end, by worker, with the prefill work of those not started, merged with this router's own
+sends (`WorkerPool.with_local_load`), as the simulator's `--door-sends-s` relay merges them (`radix_sync.sim.views`).
+
+In: the coordinator's send feed (`GET /sends/feed`, `radix_sync.coordinator.relay`), applied by `apply`. Out:
+`SendOutbox`, this router's own events, posted (`POST /sends`) at once while another router polls the feed, nothing
+while this one is alone. Owned by `radix_sync.router.service.Router`; runs on its event loop (no locks); reads no
+clock: callers pass `now`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Iterable
+
+from radix_sync import api
+from radix_sync.router.policy import queued_work
+
+
+class _Counts:
+    """One worker's sums over the other routers' requests there: sent and not ended (`count`), and of those not
+    started, the prefill work (`policy.QueuedWork`'s fields)."""
+
+    __slots__ = ("count", "num_tokens", "attn_pairs", "cached_pairs")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.num_tokens = 0
+        self.attn_pairs = 0.0
+        self.cached_pairs = 0.0
+
+
+class PeerSends:
+    """The other routers' requests sent and not ended (see the module docstring).
+
+    Args:
+        ttl_s: a request not heard of for this long is dropped (its `done` was lost), s.
+    """
+
+    def __init__(self, ttl_s: float = 120.0) -> None:
+        self.ttl_s = ttl_s
+        self._open: dict[tuple[str, int], list] = {}
+        """(router, rid) -> [worker, QueuedWork or None once started, when sent (this router's clock)]."""
+        self._by_worker: dict[str, _Counts] = defaultdict(_Counts)
+        """Coordinator worker id -> its sums."""
+        self.num_applied = 0
+        self.num_resets = 0
+        self.on_lag: Callable[[float], None] = lambda lag_s: None
+        """Called with each `sent` event's relay lag (its `at` to this router's wall clock), s."""
+
+    def counts(self, worker_id: str) -> tuple[int, int, float, float]:
+        """Returns: (requests, queued tokens, attention pairs, cached pairs) of the other routers at a worker."""
+        c = self._by_worker.get(worker_id)
+        return (0, 0, 0.0, 0.0) if c is None else (c.count, c.num_tokens, c.attn_pairs, c.cached_pairs)
+
+    def apply(self, events: Iterable[api.SendEvent], now: float, wall_now: float) -> None:
+        """Applies the feed's events in order; `now`: this router's monotonic clock, `wall_now`: its wall clock."""
+        for e in events:
+            self.num_applied += 1
+            key = (e.router, e.rid)
+            if e.kind == "sent":
+                if key in self._open:
+                    continue  # (a repeat)
+                work = queued_work(e.new_tokens, e.cached_tokens)
+                self._open[key] = [e.worker, work, now]
+                self._add(e.worker, 1, work, +1)
+                if e.at > 0:
+                    self.on_lag(max(0.0, wall_now - e.at))
+            elif e.kind == "started":
+                rec = self._open.get(key)
+                if rec is not None and rec[1] is not None:
+                    self._add(rec[0], 0, rec[1], -1)
+                    rec[1] = None
+            elif e.kind == "done":
+                rec = self._open.pop(key, None)
+                if rec is not None:
+                    self._add(rec[0], -1, rec[1], -1)
+            elif e.kind == "gone":
+                for k in [k for k in self._open if k[0] == e.router]:
+                    rec = self._open.pop(k)
+                    self._add(rec[0], -1, rec[1], -1)
+        self.expire(now)
+
+    def _add(self, worker: str, count: int, work, sign: int) -> None:
+        c = self._by_worker[worker]
+        c.count += count
+        if work is not None:
+            c.num_tokens += sign * work.num_tokens
+            c.attn_pairs += sign * work.attn_pairs
+            c.cached_pairs += sign * work.cached_pairs
+        if c.count <= 0:
+            del self._by_worker[worker]  # (nothing of the others there: no float drift left behind)
+
+    def expire(self, now: float) -> None:
+        """Drops the requests sent more than `ttl_s` ago."""
+        cutoff = now - self.ttl_s
+        for k in [k for k, rec in self._open.items() if rec[2] < cutoff]:
+            rec = self._open.pop(k)
+            self._add(rec[0], -1, rec[1], -1)
+
+    def reset(self) -> None:
+        """Forgets everything (the feed lost events: what was told before no longer adds up)."""
+        self._open.clear()
+        self._by_worker.clear()
+        self.num_resets += 1
+
+    def status(self) -> dict:
+        return {"open": len(self._open), "applied": self.num_applied, "resets": self.num_resets,
+                "by_worker": {w: c.count for w, c in self._by_worker.items()}}
+
+
+class SendOutbox:
+    """This router's own send events, waiting for the next `POST /sends` (bounded: beyond `max_pending` they are
+    dropped and counted; a peer then misses one request, which its TTL or the next load report corrects)."""
+
+    def __init__(self, max_pending: int = api.MAX_SEND_EVENTS) -> None:
+        self.max_pending = max_pending
+        self.pending: list[api.SendEvent] = []
+        self.num_dropped = 0
+        self.num_sent = 0
+
+    def add(self, event: api.SendEvent) -> bool:
+        if len(self.pending) >= self.max_pending:
+            self.num_dropped += 1
+            return False
+        self.pending.append(event)
+        return True
+
+    def take(self) -> list[api.SendEvent]:
+        out, self.pending = self.pending, []
+        return out
