@@ -54,6 +54,8 @@ class LinkConfig:
     shedding: the coordinator is not marked down, and the lookup is counted as shed)."""
     feed_wait_s: float = 1.0
     """Long-poll window of the directory feed, s (an answer comes at once when the directory changes)."""
+    sends_coalesce_s: float = 0.0
+    """A send event waits this long for others to go in the same `POST /sends` (the relay's lag for its CPU), s."""
     token: Optional[str] = None
     """Bearer token sent on every call (the coordinator's admin "write" token; None: none sent)."""
 
@@ -390,7 +392,10 @@ class CoordinatorLink:
             self._posting = asyncio.get_running_loop().create_task(self._post_sends())
 
     async def _post_sends(self) -> None:
+        if self.cfg.sends_coalesce_s > 0:
+            await asyncio.sleep(self.cfg.sends_coalesce_s)
         while self.outbox.pending and self.may_call():
+            self.outbox.num_posts += 1
             events = self.outbox.take()
             answer = await self._call("POST", "/sends", api.SendsAccepted,
                                       api.SendBatch(router=self.router_name, events=events))

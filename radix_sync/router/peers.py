@@ -43,6 +43,8 @@ class PeerSends:
         self._by_worker: dict[str, _Counts] = defaultdict(_Counts)
         """Coordinator worker id -> its sums."""
         self.num_applied = 0
+        self.num_answers = 0
+        """Feed answers applied."""
         self.num_resets = 0
         self.on_lag: Callable[[float], None] = lambda lag_s: None
         """Called with each `sent` event's relay lag (its `at` to this router's wall clock), s."""
@@ -54,6 +56,7 @@ class PeerSends:
 
     def apply(self, events: Iterable[api.SendEvent], now: float, wall_now: float) -> None:
         """Applies the feed's events in order; `now`: this router's monotonic clock, `wall_now`: its wall clock."""
+        self.num_answers += 1
         for e in events:
             self.num_applied += 1
             key = (e.router, e.rid)
@@ -104,7 +107,8 @@ class PeerSends:
         self.num_resets += 1
 
     def status(self) -> dict:
-        return {"open": len(self._open), "applied": self.num_applied, "resets": self.num_resets,
+        return {"open": len(self._open), "applied": self.num_applied, "answers": self.num_answers,
+                "resets": self.num_resets,
                 "by_worker": {w: c.count for w, c in self._by_worker.items()}}
 
 
@@ -117,6 +121,7 @@ class SendOutbox:
         self.pending: list[api.SendEvent] = []
         self.num_dropped = 0
         self.num_sent = 0
+        self.num_posts = 0
 
     def add(self, event: api.SendEvent) -> bool:
         if len(self.pending) >= self.max_pending:

@@ -157,7 +157,7 @@ class WorkerPool:
         since = self.alone_since.get(st.worker_id)
         elapsed = max(0.0, (time.monotonic() if now is None else now) - since) if since is not None else 0.0
         # (the other routers' sends there count as this router's own: `peers.PeerSends`)
-        n, tokens, pairs, cached_pairs = self.peers.counts(self.coordinator_ids.get(st.worker_id, ""))
+        n, tokens, pairs, cached_pairs = self.peers.counts(self.report_id(st.worker_id))
         return with_local_load(st, self.outstanding[st.worker_id] + n, q.num_tokens + tokens,
                                q.attn_pairs + pairs, q.cached_pairs + cached_pairs, directory, elapsed)
 
@@ -201,9 +201,8 @@ class WorkerPool:
         return Dispatched(self, url, next(self._rids), self.queue(url, uncached, cached, pages), uncached, cached)
 
     def _relay(self, kind: str, url: str, rid: int, uncached: int = 0, cached: int = 0) -> None:
-        cid = self.coordinator_ids.get(url)
-        if self.relay is not None and cid is not None:
-            self.relay(api.SendEvent(kind=kind, rid=rid, worker=cid, new_tokens=max(0, uncached),
+        if self.relay is not None:  # (the worker by the coordinator's id; by its url while not listed)
+            self.relay(api.SendEvent(kind=kind, rid=rid, worker=self.report_id(url), new_tokens=max(0, uncached),
                                      cached_tokens=max(0, cached), at=time.time()))
 
     def status(self, now: float) -> list[dict]:

@@ -389,7 +389,7 @@ class Router:
                 "arrivals_sent": link.num_arrivals_sent, "arrivals_dropped": link.num_arrivals_dropped,
                 "finishes_sent": link.num_finishes_sent, "finishes_dropped": link.num_finishes_dropped,
                 "lookups_shed": link.num_lookups_shed,
-                "send_relay": {"name": self.name, "routers": link.num_routers, "posted": link.outbox.num_sent,
+                "send_relay": {"name": self.name, "routers": link.num_routers, "posted": link.outbox.num_sent, "posts": link.outbox.num_posts,
                                "dropped": link.outbox.num_dropped, "peers": self.pool.peers.status()},
                 "directory_replica": None if self.replica is None else self.replica.status()},
             "tokenizer": self.tokenizer is not None,
