@@ -63,10 +63,11 @@ class EngineConfig:
     live. Only with stale views (`view_staleness_s > 0`). False: the report carries the waiting requests' uncached
     tokens and attention work (the model before, and what the live agent reports since stop 40)."""
     door_sends_s: Optional[float] = None
-    """With N > 1 front doors (`PolicyBundle.doors`): each door's router learns the other doors' sends this long after
-    they were made (a relay through the coordinator, whose routers' arrival reports carry the chosen worker) and
-    merges them with its own, as it merges its own sends with the workers' last load reports. None: never (the live
-    routers today: a router knows its own sends, the others' only through the workers' next load reports)."""
+    """With N > 1 front doors (`PolicyBundle.doors`): each door's router learns the other doors' sends, and their first
+    outputs and ends, this long after they happened and merges them with its own, as it merges its own sends with the
+    workers' last load reports: the live routers' send relay through the coordinator (`radix_sync.coordinator.relay`,
+    `--peer-sends`, measured at 2-3 ms mean on loopback: docs/bench.md). None: never (live `--no-peer-sends`: a
+    router knows its own sends, the others' only through the workers' next load reports)."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)

@@ -280,19 +280,19 @@ class Engine:
             self.stats.on_copy_hit(req, matched_pages * self.page_len)
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
-        self.loads.on_started(req)
+        self.loads.on_started(req, now)
         self.routers[req.door].on_first_token(req.worker, req.rid, now)
         if self.pending:
             self._start_pending(req.worker, now)
 
     def on_reject(self, req: SimRequest, now: float) -> None:
         self.stats.num_rejected += 1
-        self.loads.on_done(req)
+        self.loads.on_done(req, now)
         self.routers[req.door].on_finished(req.worker, req.rid, now)
 
     def on_finish(self, req: SimRequest, now: float) -> None:
         self.stats.on_finish(req)
-        self.loads.on_done(req)
+        self.loads.on_done(req, now)
         self.routers[req.door].on_finished(req.worker, req.rid, now)
         if self.tracker is not None:
             fanout, delay = hinted(req, self.cfg.hint_jitter, req.hint_delay_s) if req.hint_fanout else (0, 0.0)

@@ -38,6 +38,7 @@ from radix_sync.sim.workload import SimRequest, request_key
 
 _new = tuple.__new__
 _NO_GATE = (0, 0, 0, 0, 0.0, 0.0)
+_NEVER = float("inf")
 """The gate's fields of a `WorkerView` (pending link bytes, incoming and waited-for tokens, pull rates), zero in the
 views routers get at every arrival; `gate_fields` fills them for the planner's snapshot."""
 PULL_RATE_WINDOW_S = 30.0
@@ -65,8 +66,8 @@ class LoadViews:
         """Each front door's router's own counts (`OwnSends`), by door (`SimRequest.door`)."""
         self.relay_s = engine.cfg.door_sends_s if len(engine.routers) > 1 else None
         self.sent: list[dict] = [{} for _ in range(n)]
-        """With `EngineConfig.door_sends_s`: per worker, every door's requests sent there and not finished, rid ->
-        [sent at, door, new tokens, cached tokens, attention pairs, started]."""
+        """With `EngineConfig.door_sends_s`: per worker, every door's requests sent there and not seen end by every door,
+        rid -> [sent at, door, new tokens, cached tokens, attention pairs, started at, ended at] (`_NEVER`: not yet)."""
 
     @property
     def stale(self) -> bool:
@@ -159,12 +160,12 @@ class LoadViews:
             # prefill in progress is the router's own queued work until its first token)
             sent, tokens, cached, pairs = (own.outstanding[i], own.queued_tokens[i], own.queued_cached[i],
                                            own.queued_pairs[i])
-            if self.relay_s is not None and self.sent[i]:  # (the other doors' sends relayed to this one)
+            if self.relay_s is not None and self.sent[i]:  # (the other doors' events, relayed to this one)
                 seen = now - self.relay_s
-                for t0, d, new, c, p, started in self.sent[i].values():
-                    if d != door and t0 <= seen:
+                for t0, d, new, c, p, started, ended in self.sent[i].values():
+                    if d != door and t0 <= seen and not ended <= seen:
                         sent += 1
-                        if not started:
+                        if not started <= seen:
                             tokens, cached, pairs = tokens + new, cached + c, pairs + p
             v = _new(WorkerView, (
                 i, r[1], r[2], max(r[3], sent - r[2]), max(r[4], tokens), max(r[5], cached),
@@ -209,20 +210,28 @@ class LoadViews:
         r = self.previous[i] if self.last_report_s[i] == now else self.reports[i]
         self.own[req.door].on_routed(req, now, plain and (r is None or not (r[2] or r[3] or r[4])))
         if self.relay_s is not None:
-            self.sent[i][req.rid] = [now, req.door, req.est_new, req.est_cached, req.est_pairs, False]
+            sent = self.sent[i]
+            if len(sent) > 64:  # (drop what every door has seen end)
+                over = now - self.relay_s
+                for rid in [rid for rid, rec in sent.items() if rec[6] < over]:
+                    del sent[rid]
+            sent[req.rid] = [now, req.door, req.est_new, req.est_cached, req.est_pairs, _NEVER, _NEVER]
 
-    def on_started(self, req: SimRequest) -> None:
-        """`req` streamed its first token: its prefill is no longer queued work."""
+    def on_started(self, req: SimRequest, now: float = 0.0) -> None:
+        """`req` streamed its first token at `now`: its prefill is no longer queued work (the other doors learn it
+        `EngineConfig.door_sends_s` later, as its send)."""
         self.own[req.door].on_started(req)
         rec = self.sent[req.worker].get(req.rid)
-        if rec is not None:
-            rec[5] = True
+        if rec is not None and rec[5] == _NEVER:
+            rec[5] = now
 
-    def on_done(self, req: SimRequest) -> None:
-        """`req` finished or was rejected."""
+    def on_done(self, req: SimRequest, now: float = 0.0) -> None:
+        """`req` finished or was rejected at `now` (the other doors learn it `door_sends_s` later)."""
         if self.stale:
             self.own[req.door].on_done(req)
-            self.sent[req.worker].pop(req.rid, None)
+            rec = self.sent[req.worker].get(req.rid)
+            if rec is not None:
+                rec[6] = now
 
 
 class OwnSends:

@@ -71,6 +71,30 @@ def test_a_doors_view_counts_its_own_sends_not_another_doors():
     assert queue_wait_s(cost, other, 0.01) == 0.0 and other.num_waiting == 0 and other.waiting_new_tokens == 0
 
 
+def relayed_engine(relay_s):
+    wl = AgentWorkload(GeneratorConfig(), rate=2.0, duration_s=10.0, seed=3, max_context_len=PROFILE.max_context_len)
+    eng = Engine(PROFILE, wl, build_policy("kvrep_route", PROFILE, wl.page_len, 3, front_doors=2),
+                 EngineConfig(num_workers=4, duration_s=10.0, door_sends_s=relay_s))
+    eng.loads.last_report_s[2] = 0.0  # (no report due: only the routers' counts can show the request)
+    req = SimRequest(10_000, 2000, 10, [], arrival_s=0.0)
+    req.door = 1
+    eng._execute_route(req, Route(2), 0.0)
+    return eng, req
+
+
+def test_a_door_learns_the_other_doors_first_outputs_and_ends_after_the_relay_delay_too():
+    eng, req = relayed_engine(0.005)
+    eng.loads.on_started(req, 0.02)
+    queued = eng.loads.views(0.022, 0)[2]
+    assert queued.num_waiting == 1 and queued.waiting_new_tokens == 2000  # (its start not relayed yet)
+    started = eng.loads.views(0.03, 0)[2]
+    assert started.num_waiting == 1 and started.waiting_new_tokens == 0
+    eng.loads.on_done(req, 0.05)
+    assert eng.loads.views(0.052, 0)[2].num_waiting == 1  # (its end not relayed yet: the worker still looks busy)
+    assert eng.loads.views(0.06, 0)[2].num_waiting == 0
+    assert eng.loads.views(0.06, 1)[2].num_waiting == 0  # (its own door knew at once)
+
+
 def test_a_door_learns_the_other_doors_sends_only_when_relayed_and_only_after_the_relay_delay():
     def view_after(relay_s, t):
         wl = AgentWorkload(GeneratorConfig(), rate=2.0, duration_s=10.0, seed=3,
