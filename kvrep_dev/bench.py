@@ -103,6 +103,13 @@ NOSENT_ARMS = ("active-nosent",)
 """The arms served by a router started with `--pull --no-sent-pages` (a prefix its own requests sent to a worker and
 not started is not priced as cached there; the simulated router the same): the ablation of that pricing."""
 LOWEST_ID_ARMS = ("shadow-lowid",)
+PEER_SENDS = "relayed"
+"""Saved as a run's `peer_sends`: its `ARM@N` routers of ours relayed their sends to one another through the coordinator
+(`--peer-sends`, the default since stop 57), and `--resimulate` simulates their doors so, each learning the others'
+events `RELAY_LAG_S` late (absent: never, as before)."""
+RELAY_LAG_S = 0.003
+"""The relay's lag as simulated: its mean measured live, 4 routers on loopback at 200 requests/s, 2.2-3.2 ms a round
+(`scripts/relay_lag.py`, docs/bench.md)."""
 SENT_PAGES = "priced"
 """Saved as a run's `sent_pages`: its routers priced what their own requests sent and not started will compute
 (`--sent-pages`, the default since stop 53; absent: the directory alone, and `--resimulate` simulates them so)."""
@@ -453,7 +460,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
              machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False,
              tie_turns: bool = True, frontend: bool = False, overlap_lag: bool = True,
-             sent_pages: bool = True, front_doors: int = 1) -> dict:
+             sent_pages: bool = True, front_doors: int = 1, door_sends_s: Optional[float] = None) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -474,7 +481,9 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     (`EngineConfig.overlap_lag`; the testbed's workers have run without it since stop 53: docs/testbed.md).
     `sent_pages`: the simulated router prices what its own requests sent and not started will compute (False: as
     the live router's `--no-sent-pages`). `front_doors`: the arm behind that many routers, the k-th request through
-    door k mod N, as the live `ARM@N` (`PolicyBundle.doors`)."""
+    door k mod N, as the live `ARM@N` (`PolicyBundle.doors`); `door_sends_s`: behind several, each of our routers
+    learns the others' sends that late (`EngineConfig.door_sends_s`, the live send relay; None: never; smg's gateways
+    relay nothing)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.speed import SpeedCalibration
     from radix_sync.policy.planner import PlannerConfig
@@ -505,6 +514,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
                         overlap_lag=overlap_lag, record_requests=True, endpoint_wait=endpoint_wait,
                         prompt_token_reports=prompt_reports,
+                        door_sends_s=door_sends_s if front_doors > 1 and arm not in SMG_POLICY else None,
                         frontend_cpu_s=(testbed.FRONTEND_CPU_S["smg" if arm in SMG_POLICY else "kvrep"]
                                         if frontend else 0.0))
     stats = Engine(profile, wl, policy, ecfg).run()
@@ -954,6 +964,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     turns = data.get("ties") == TIES
     overlap = bool(data.get("args", {}).get("overlap_schedule", True))  # (runs before stop 53: SGLang's default)
     sent = data.get("sent_pages") == SENT_PAGES
+    relay_s = RELAY_LAG_S if data.get("peer_sends") == PEER_SENDS else None
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
@@ -976,7 +987,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
                             machine, prompt_reports, calibrated and arm not in FIXED_SPEED_ARMS,
                             turns and arm not in LOWEST_ID_ARMS, frontend, overlap,
-                            arm not in NOSENT_ARMS and sent, r.get("fronts", 1))
+                            arm not in NOSENT_ARMS and sent, r.get("fronts", 1), relay_s)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -1295,7 +1306,7 @@ def run_bench(args) -> int:
                                   speed_calibration=arm not in FIXED_SPEED_ARMS,
                                   tie_turns=arm not in LOWEST_ID_ARMS,
                                   overlap_lag=bool(getattr(args, "overlap_schedule", True)),
-                                  sent_pages=arm not in NOSENT_ARMS, front_doors=fronts)
+                                  sent_pages=arm not in NOSENT_ARMS, front_doors=fronts, door_sends_s=RELAY_LAG_S)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -1324,7 +1335,8 @@ def run_bench(args) -> int:
     with open(out_dir / "results.json", "w") as f:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
                    "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS,
-                   "prefill_speed": PREFILL_SPEED, "ties": TIES, "sent_pages": SENT_PAGES, "flushed": bool(args.flush_caches)},
+                   "prefill_speed": PREFILL_SPEED, "ties": TIES, "sent_pages": SENT_PAGES, "peer_sends": PEER_SENDS,
+                   "flushed": bool(args.flush_caches)},
                   f, indent=2,
                   default=str)
     (out_dir / CHECKPOINT).unlink(missing_ok=True)
