@@ -326,11 +326,13 @@ class DemandRecorded(_Answer):
 class SendsAccepted(_Answer):
     accepted: int
     routers: int
-    """Routers that polled the send feed within the relay's `router_gone_s` (the poster included once it polls)."""
+    """Routers that served requests within the relay's `router_gone_s` (posted, or polled saying so), the poster
+    included: a router posts only while there are two or more."""
 
 
 class SendsFeed(_Answer):
-    """`GET /sends/feed?router=R&epoch=E&since=S&wait_s=W`: the other routers' send events after `since` (`seq`: the
+    """`GET /sends/feed?router=R&epoch=E&since=S&wait_s=W&serving=0|1`: the other routers' send events after `since`
+    (`routers`: as `SendsAccepted.routers`; `seq`: the
     last one covered, call again while below `head`); `reset`: events were lost to this caller (another epoch: the
     coordinator restarted; or too far behind): what it was told before no longer adds up, forget it."""
 

@@ -112,6 +112,7 @@ def arm(relay: bool, args, tmp: Path, keys: Path, coord: Coordinator, workers: t
     try:
         for r in routers:
             wait_http(r.url + "/health")
+        asyncio.run(drive([r.url for r in routers], prompts[:len(routers)], [0.0] * len(routers)))  # (all serving)
         if relay:
             deadline = time.monotonic() + 30
             while not all(r.status(0)["coordinator"]["send_relay"]["routers"] >= args.routers for r in routers):

@@ -306,14 +306,15 @@ class AdminServer:
         return _json(api.SendsAccepted(accepted=accepted, routers=self.relay.routers(now)))
 
     async def sends_feed(self, request: web.Request) -> web.Response:
-        """`GET /sends/feed?router=R&epoch=E&since=S&wait_s=W` (`api.SendsFeed`): the other routers' send events after
-        S, answered at once when there are any, else when the first one comes or after W s (long poll, W <= 30)."""
-        router, epoch, since, wait_s = parse_feed_query(request.query)
+        """`GET /sends/feed?router=R&epoch=E&since=S&wait_s=W&serving=0|1` (`api.SendsFeed`): the other routers' send
+        events after S, answered at once when there are any, else when the first one comes or after W s (long poll,
+        W <= 30); `serving=0`: the caller has sent no request lately (it listens, it does not count as a router)."""
+        router, epoch, since, wait_s, serving = parse_feed_query(request.query)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
             self._sent.clear()
-            out = self.relay.feed(router, epoch, since, time.monotonic())
+            out = self.relay.feed(router, epoch, since, time.monotonic(), serving)
             left = deadline - loop.time()
             if out.reset or out.events or out.seq < out.head or left <= 0:
                 return _json(out)

@@ -45,8 +45,9 @@ class SendRelay:
         self.head = 0
         """Number of the last event kept."""
         self._events: deque[tuple[int, api.SendEvent]] = deque(maxlen=capacity)
-        self._polling: dict[str, float] = {}
-        """Router -> when it last polled the feed (only pollers count as routers: `routers`)."""
+        self._serving: dict[str, float] = {}
+        """Router -> when it last posted, or polled saying it serves requests (only those count: `routers`; an idle
+        router, e.g. a benchmark's spare one, listens without making the others post)."""
         self._heard: dict[str, float] = {}
         """Router -> when it last posted or polled."""
         self.num_posted = 0
@@ -55,6 +56,7 @@ class SendRelay:
     def post(self, batch: api.SendBatch, now: float) -> int:
         """Keeps a router's events, in order, each named by the poster. Returns: how many."""
         self._hear(batch.router, now)
+        self._serving[batch.router] = now
         self.sweep(now)
         for e in batch.events:
             if e.kind == "gone":
@@ -77,21 +79,23 @@ class SendRelay:
         cutoff = now - self.router_gone_s
         for router in [r for r, t in self._heard.items() if t < cutoff]:
             del self._heard[router]
-            self._polling.pop(router, None)
+            self._serving.pop(router, None)
             self._append(api.SendEvent(kind="gone", router=router))
 
     # --------------------------------------------------------------------------------------------------- reading
     def routers(self, now: float) -> int:
-        """Routers that polled within `router_gone_s`."""
+        """Routers that served requests within `router_gone_s` (posted, or polled saying so)."""
         cutoff = now - self.router_gone_s
-        return sum(1 for t in self._polling.values() if t >= cutoff)
+        return sum(1 for t in self._serving.values() if t >= cutoff)
 
-    def feed(self, router: str, epoch: str, since: int, now: float,
+    def feed(self, router: str, epoch: str, since: int, now: float, serving: bool = True,
              max_events: int = api.MAX_SEND_EVENTS) -> api.SendsFeed:
         """The other routers' events after `since` for `router` (its own left out), at most `max_events`; a
-        `reset` answer (no events, `seq` = `head`) for another epoch or a `since` older than what is kept."""
+        `reset` answer (no events, `seq` = `head`) for another epoch or a `since` older than what is kept.
+        `serving`: the caller sends requests to workers (it counts among `routers`)."""
         self._hear(router, now)
-        self._polling[router] = now
+        if serving:
+            self._serving[router] = now
         self.sweep(now)
         n = self.routers(now)
         oldest = self._events[0][0] if self._events else self.head + 1
@@ -115,8 +119,8 @@ class SendRelay:
                 "posted": self.num_posted}
 
 
-def parse_feed_query(query) -> tuple[str, str, int, float]:
-    """`GET /sends/feed`'s query: (router, epoch, since, wait_s). Raises AdminError (400) when malformed."""
+def parse_feed_query(query) -> tuple[str, str, int, float, bool]:
+    """`GET /sends/feed`'s query: (router, epoch, since, wait_s, serving). Raises AdminError (400) when malformed."""
     router = query.get("router", "")
     if not 1 <= len(router) <= 128:
         raise AdminError("router must name the caller (1-128 characters)")
@@ -125,5 +129,5 @@ def parse_feed_query(query) -> tuple[str, str, int, float]:
         wait_s = min(max(float(query.get("wait_s", "0")), 0.0), 30.0)
     except ValueError:
         raise AdminError("since must be an integer and wait_s a number") from None
-    return router, query.get("epoch", ""), since, wait_s
+    return router, query.get("epoch", ""), since, wait_s, query.get("serving", "1") != "0"
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import aiohttp
 
@@ -405,10 +405,12 @@ class CoordinatorLink:
                 self.outbox.num_sent += len(events)
         self.outbox.num_dropped += len(self.outbox.take())  # (backing off: stale by the time it answers)
 
-    async def run_send_feed(self, peers: PeerSends, router_name: str) -> None:
+    async def run_send_feed(self, peers: PeerSends, router_name: str,
+                            serving: Callable[[], bool] = lambda: True) -> None:
         """Background task: applies the other routers' send events to `peers` (long poll of `GET /sends/feed`)
         until cancelled; a lost stretch (coordinator restarted, or this router too far behind) resets `peers`; a
-        coordinator without the relay (404) stops the task."""
+        coordinator without the relay (404) stops the task. `serving()`: this router sent requests lately (said on
+        every poll: an idle router listens without counting among the routers that post)."""
         self.router_name = router_name
         epoch, since = "", 0
         wait_s = self.cfg.feed_wait_s
@@ -417,7 +419,8 @@ class CoordinatorLink:
             if not self.may_call():
                 await asyncio.sleep(max(0.05, self._down_until - time.monotonic()))
                 continue
-            params = {"router": router_name, "epoch": epoch, "since": str(since), "wait_s": str(wait_s)}
+            params = {"router": router_name, "epoch": epoch, "since": str(since), "wait_s": str(wait_s),
+                      "serving": "1" if serving() else "0"}
             try:
                 async with self._session.get(self.cfg.url + "/sends/feed", params=params, timeout=timeout,
                                              headers=self._headers(False)) as resp:

@@ -77,6 +77,8 @@ class WorkerPool:
         self.relay: Optional[Callable[[api.SendEvent], None]] = None
         """Tells the other routers of this router's sends (`CoordinatorLink.relay`; None: no coordinator)."""
         self._rids = itertools.count()
+        self.last_dispatch_s = -float("inf")
+        """When this router last sent a request to a worker (`time.monotonic()`)."""
 
     # ---------------------------------------------------------------------------------------------- membership
     def sync(self, workers: Iterable[dict]) -> dict[str, WorkerState]:
@@ -198,6 +200,7 @@ class WorkerPool:
             its handle: `started()` when its first output came, `done()` when it ended (both idempotent).
         """
         self.outstanding[url] += 1
+        self.last_dispatch_s = time.monotonic()
         return Dispatched(self, url, next(self._rids), self.queue(url, uncached, cached, pages), uncached, cached)
 
     def _relay(self, kind: str, url: str, rid: int, uncached: int = 0, cached: int = 0) -> None:

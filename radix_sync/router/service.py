@@ -48,6 +48,9 @@ refuses longer ones, and one refused item would cost the whole batch of arrivals
 MAX_DECISIONS_KEPT = 4096
 """Routing decisions a router keeps for `/kvrep/status` (a benchmark cell of a few thousand requests, whole)."""
 MAX_REQUEST_ID_LEN = 128
+SERVING_S = 5.0
+"""A router that sent a request within this long counts among the routers of the send relay (it then posts its sends
+while another one does too), s."""
 
 
 def client_request_id(request: web.Request) -> Optional[str]:
@@ -113,7 +116,8 @@ class Router:
             if self.cfg.peer_sends:  # (sends relayed between the routers in front of the same workers)
                 self.pool.relay = self.link.relay
                 self.pool.peers.on_lag = self.metrics.peer_send_lag_seconds.observe
-                self._tasks.append(asyncio.create_task(self.link.run_send_feed(self.pool.peers, self.name)))
+                self._tasks.append(asyncio.create_task(self.link.run_send_feed(
+                    self.pool.peers, self.name, lambda: time.monotonic() - self.pool.last_dispatch_s < SERVING_S)))
             if self.cfg.directory_feed:
                 self.replica = DirectoryReplica()
                 self._tasks.append(asyncio.create_task(self.link.run_directory_feed(self.replica)))

@@ -221,17 +221,19 @@ class LoadViews:
         """`req` streamed its first token at `now`: its prefill is no longer queued work (the other doors learn it
         `EngineConfig.door_sends_s` later, as its send)."""
         self.own[req.door].on_started(req)
-        rec = self.sent[req.worker].get(req.rid)
-        if rec is not None and rec[5] == _NEVER:
-            rec[5] = now
+        if self.relay_s is not None:
+            rec = self.sent[req.worker].get(req.rid)
+            if rec is not None and rec[5] == _NEVER:
+                rec[5] = now
 
     def on_done(self, req: SimRequest, now: float = 0.0) -> None:
         """`req` finished or was rejected at `now` (the other doors learn it `door_sends_s` later)."""
         if self.stale:
             self.own[req.door].on_done(req)
-            rec = self.sent[req.worker].get(req.rid)
-            if rec is not None:
-                rec[6] = now
+            if self.relay_s is not None:
+                rec = self.sent[req.worker].get(req.rid)
+                if rec is not None:
+                    rec[6] = now
 
 
 class OwnSends:

@@ -178,6 +178,8 @@ def test_a_request_another_router_sent_loads_that_worker_in_every_router_until_i
     def relay(r):
         return r.status()["coordinator"]["send_relay"]
 
+    for k, r in enumerate(fleet.routers):  # (a router counts on the relay once it serves requests)
+        fleet.generate(r, ids(90 + k) + [k])
     wait_until(lambda: all(relay(r)["routers"] == N_ROUTERS for r in fleet.routers),
                what="every router sees the others on the send relay")
     hold = {"input_ids": ids(60) + [1], "stream": True, "stub_hold_s": 4.0, "sampling_params": {"max_new_tokens": 2}}

@@ -71,6 +71,8 @@ SEEDS_API = [
     (api.ReplicationWaitRequest, {"id": "r1", "wait_s": 1.0, "want": True}),
     (api.DemoteRequest, {"worker": "w0", "input_ids": TOKENS, "cache_salt": ""}),
     (api.PolicyRequest, {"policy": "rules", "mode": "shadow", "reset_demand": True}),
+    (api.SendBatch, {"router": "r1", "events": [{"kind": "sent", "rid": 3, "worker": "w0", "new_tokens": 900,
+                                                 "cached_tokens": 64, "at": 1.7e9}, {"kind": "done", "rid": 3}]}),
 ]
 
 EXTREMES = [0, -1, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 32, 2 ** 40, 2 ** 63 - 1, -2 ** 63, 2 ** 64 - 1, 0.5, -0.0,
@@ -203,6 +205,10 @@ SEEDS_ANSWERS = [
     (api.HintRecorded, {"recorded": 1, "kind": "fanout", "prefix_len": 16, "ttl_s": 30.0}),
     (api.DemandRecorded, {"recorded": 3, "finishes_recorded": 1, "dropped": 1, "errors": ["arrivals[2]: x"]}),
     (api.ErrorAnswer, {"error": "refused: shadow mode"}),
+    (api.SendsFeed, {"epoch": "e", "seq": 4, "head": 9, "routers": 3, "reset": False,
+                     "events": [{"kind": "sent", "rid": 1, "worker": "w1", "new_tokens": 5, "router": "r2"},
+                                {"kind": "gone", "router": "r3"}]}),
+    (api.SendsAccepted, {"accepted": 2, "routers": 2}),
 ]
 ANSWER_TYPES = list(dict.fromkeys(t for t, _ in SEEDS_ANSWERS))
 

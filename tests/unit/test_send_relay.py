@@ -83,6 +83,19 @@ def test_a_router_that_stops_polling_is_announced_gone_once():
     assert again.events == []
 
 
+def test_only_routers_that_serve_count_an_idle_one_listens():
+    board = SendRelay(router_gone_s=5.0)
+    start = board.feed("r1", "", 0, now=0.0)
+    spare = board.feed("spare", "", 0, now=0.0, serving=False)
+    assert board.routers(now=0.0) == 1  # (r1 alone serves: it has nobody to tell)
+    board.post(batch("r2", sent(1)), now=1.0)  # (posting is serving)
+    assert board.routers(now=1.0) == 2
+    assert [e.rid for e in board.feed("spare", spare.epoch, spare.seq, now=1.0, serving=False).events] == [1]
+    assert board.routers(now=6.5) == 0  # (r1 polled at 0, r2 posted at 1: neither served since)
+    board.feed("r1", start.epoch, start.seq, now=6.6)
+    assert board.routers(now=6.6) == 1
+
+
 def test_the_board_refuses_routers_past_its_bound_and_malformed_queries():
     board = SendRelay(max_routers=2)
     board.feed("r1", "", 0, now=0.0)
@@ -93,7 +106,8 @@ def test_the_board_refuses_routers_past_its_bound_and_malformed_queries():
     for query in ({}, {"router": "x" * 129}, {"router": "r", "since": "a"}, {"router": "r", "wait_s": "x"}):
         with pytest.raises(AdminError):
             parse_feed_query(query)
-    assert parse_feed_query({"router": "r", "since": "3", "wait_s": "99"}) == ("r", "", 3, 30.0)
+    assert parse_feed_query({"router": "r", "since": "3", "wait_s": "99"}) == ("r", "", 3, 30.0, True)
+    assert parse_feed_query({"router": "r", "serving": "0"})[4] is False
 
 
 def test_bad_batches_are_refused_by_the_schema():
