@@ -58,18 +58,19 @@ from kvrep_dev.report import bench_progress as _say
 if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
-ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "active-nosent", "shadow-lowid", "smg-rr",
-        "smg-ca")
+ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "active-nosent", "shadow-lowid",
+        "shadow-norelay", "smg-rr", "smg-ca")
 """The ablation of ours, one part added per arm (routing alone; + copies on the request's path; + demotion of a moved
 session's stale copies; + the predictive planner; its copies landing as ordinary cache, not evict-first; `active`
 priced at the profile's prefill times, not the measured speed; `active` whose router prices only the directory's
 holdings, not what its own requests sent and not started will compute, as before stop 53; routing alone with every
-full tie to the lowest id, as before stop 49), then today's router (smg 1.13) in two policies."""
+full tie to the lowest id, as before stop 49; routing alone whose routers do not relay their sends to one another,
+as before stop 57: an `@N` arm's ablation), then today's router (smg 1.13) in two policies."""
 DEFAULT_ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
 """`kvrep bench`'s arms unless `--arms` says (`demote` only when asked: one more arm is minutes a round)."""
 SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_pull_demote", "active": "kvrep",
               "active-lru": "kvrep_lru", "active-fixed": "kvrep", "active-nosent": "kvrep",
-              "shadow-lowid": "kvrep_shadow",
+              "shadow-lowid": "kvrep_shadow", "shadow-norelay": "kvrep_shadow",
               "smg-rr": "round_robin",
               "smg-ca": "cache_aware",
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
@@ -103,6 +104,10 @@ NOSENT_ARMS = ("active-nosent",)
 """The arms served by a router started with `--pull --no-sent-pages` (a prefix its own requests sent to a worker and
 not started is not priced as cached there; the simulated router the same): the ablation of that pricing."""
 LOWEST_ID_ARMS = ("shadow-lowid",)
+NORELAY_ARMS = ("shadow-norelay",)
+"""The arms served by routers started with `--no-peer-sends` (behind N doors, each learns the others' sends only from
+the workers' next load reports; the simulated doors the same): the send relay's ablation (`shadow-norelay@4` against
+`shadow@4`)."""
 PEER_SENDS = "relayed"
 """Saved as a run's `peer_sends`: its `ARM@N` routers of ours relayed their sends to one another through the coordinator
 (`--peer-sends`, the default since stop 57), and `--resimulate` simulates their doors so, each learning the others'
@@ -138,6 +143,8 @@ def router_flags(arm: str) -> tuple[str, ...]:
         return ("--no-tie-turns",)
     if arm in NOSENT_ARMS:
         return "--pull", "--no-sent-pages"
+    if arm in NORELAY_ARMS:
+        return ("--no-peer-sends",)
     return ("--pull",) if arm in PULL_ARMS else ()
 
 
@@ -730,7 +737,8 @@ def format_front_doors(front: list[dict]) -> str:
 
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
           ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"), ("active", "active-fixed"),
-          ("active", "active-nosent"), ("shadow", "shadow-lowid"), ("shadow@1", "shadow"))
+          ("active", "active-nosent"), ("shadow", "shadow-lowid"), ("shadow@1", "shadow"),
+          ("shadow@4", "shadow-norelay@4"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
 prediction), where both arms ran; and `shadow@1`/`shadow`, an A/A control (the same router, its own prompts): how far
@@ -987,7 +995,8 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
                             args.max_total_tokens, args.max_running, data.get("speed"), cores, endpoint_wait,
                             machine, prompt_reports, calibrated and arm not in FIXED_SPEED_ARMS,
                             turns and arm not in LOWEST_ID_ARMS, frontend, overlap,
-                            arm not in NOSENT_ARMS and sent, r.get("fronts", 1), relay_s)
+                            arm not in NOSENT_ARMS and sent, r.get("fronts", 1),
+                            None if arm in NORELAY_ARMS else relay_s)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -1123,7 +1132,7 @@ def run_bench(args) -> int:
             procs.append(pull_router)
             routers = {a: pull_router for a in PULL_ARMS}
         for group, name in ((FIXED_SPEED_ARMS, "router-fixed"), (LOWEST_ID_ARMS, "router-lowid"),
-                            (NOSENT_ARMS, "router-nosent")):
+                            (NOSENT_ARMS, "router-nosent"), (NORELAY_ARMS, "router-norelay")):
             if not per_cell and any(a in group for a in bases):  # an ablation's router: the same one less one part
                 other = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name=name,
                                extra_args=("--profile", args.profile, *router_flags(group[0])))
@@ -1306,7 +1315,8 @@ def run_bench(args) -> int:
                                   speed_calibration=arm not in FIXED_SPEED_ARMS,
                                   tie_turns=arm not in LOWEST_ID_ARMS,
                                   overlap_lag=bool(getattr(args, "overlap_schedule", True)),
-                                  sent_pages=arm not in NOSENT_ARMS, front_doors=fronts, door_sends_s=RELAY_LAG_S)
+                                  sent_pages=arm not in NOSENT_ARMS, front_doors=fronts,
+                                  door_sends_s=None if arm in NORELAY_ARMS else RELAY_LAG_S)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)

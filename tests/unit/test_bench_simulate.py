@@ -490,3 +490,17 @@ def test_front_end_cpu_is_simulated_only_when_asked_and_per_front_door(monkeypat
 
 def test_every_arm_starts_on_empty_caches_unless_told_otherwise():
     assert bench_args().flush_caches and not bench_args("--no-flush-caches").flush_caches
+
+
+def test_the_send_relays_ablation_arm_runs_routers_without_it_live_and_simulated():
+    from kvrep_dev.bench import ARMS, CLAIMS, NORELAY_ARMS, RELAY_LAG_S, SIM_POLICY, router_flags
+
+    assert NORELAY_ARMS == ("shadow-norelay",) and "shadow-norelay" in ARMS
+    assert SIM_POLICY["shadow-norelay"] == "kvrep_shadow" and router_flags("shadow-norelay") == ("--no-peer-sends",)
+    assert ("shadow@4", "shadow-norelay@4") in CLAIMS and "shadow-norelay" not in bench_args().arms.split(",")
+    # simulated behind 2 doors: relayed (as a run's `shadow@2`) or not (`shadow-norelay@2`), the same requests
+    wl = build_workload("agent", bench_args())
+    relayed = simulate(copy.deepcopy(wl), "shadow", 2, 0, front_doors=2, door_sends_s=RELAY_LAG_S)
+    blind = simulate(copy.deepcopy(wl), "shadow", 2, 0, front_doors=2)
+    assert relayed["num_requests"] == blind["num_requests"] == workload_size(wl)["requests"]
+    assert [q["worker"] for q in relayed["requests"]] != [q["worker"] for q in blind["requests"]]
