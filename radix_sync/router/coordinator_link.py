@@ -397,8 +397,12 @@ class CoordinatorLink:
         while self.outbox.pending and self.may_call():
             self.outbox.num_posts += 1
             events = self.outbox.take()
-            answer = await self._call("POST", "/sends", api.SendsAccepted,
-                                      api.SendBatch(router=self.router_name, events=events))
+            try:
+                answer = await self._call("POST", "/sends", api.SendsAccepted,
+                                          api.SendBatch(router=self.router_name, events=events))
+            except RuntimeError as exc:  # (the session closed under it: the router is stopping)
+                log.debug("send relay post: %s", exc)
+                answer = None
             if answer is None:
                 self.outbox.num_dropped += len(events)  # (a peer's TTL, or the workers' next reports, correct it)
             else:
