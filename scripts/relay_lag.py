@@ -35,19 +35,6 @@ from kvrep_dev.cluster import Coordinator, Proc, Router, free_port, local_keys  
 METRIC = "kvrep_router_peer_send_lag_seconds"
 
 
-def wait_http(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not up in {timeout_s} s")
-
-
 def stub(name: str, logs: Path, key: str, delay_s: float) -> Proc:
     port = free_port()
     proc = Proc(f"stub-{name}", [sys.executable, "-m", "kvrep_dev.stub_worker", "--port", str(port), "--name", name,
@@ -111,7 +98,7 @@ def arm(relay: bool, args, tmp: Path, keys: Path, coord: Coordinator, workers: t
                       extra_args=extra) for i in range(args.routers)]
     try:
         for r in routers:
-            wait_http(r.url + "/health")
+            r.wait_http(r.url + "/health", 30)
         asyncio.run(drive([r.url for r in routers], prompts[:len(routers)], [0.0] * len(routers)))  # (all serving)
         if relay:
             deadline = time.monotonic() + 30
@@ -159,7 +146,7 @@ def main() -> None:
     try:
         coord.wait_ready()
         for s in stubs:
-            wait_http(s.url + "/health")
+            s.wait_http(s.url + "/health", 30)
         for rnd_i in range(args.rounds):
             prompts = [[rnd.randrange(1, 30000) for _ in range(args.prompt_len)] for _ in range(args.num_requests)]
             gaps = [rnd.expovariate(args.rate) for _ in range(args.num_requests)]

@@ -97,15 +97,7 @@ def test_a_door_learns_the_other_doors_first_outputs_and_ends_after_the_relay_de
 
 def test_a_door_learns_the_other_doors_sends_only_when_relayed_and_only_after_the_relay_delay():
     def view_after(relay_s, t):
-        wl = AgentWorkload(GeneratorConfig(), rate=2.0, duration_s=10.0, seed=3,
-                           max_context_len=PROFILE.max_context_len)
-        eng = Engine(PROFILE, wl, build_policy("kvrep_route", PROFILE, wl.page_len, 3, front_doors=2),
-                     EngineConfig(num_workers=4, duration_s=10.0, door_sends_s=relay_s))
-        eng.loads.last_report_s[2] = 0.0  # (no report due: only the routers' counts can show the request)
-        req = SimRequest(10_000, 2000, 10, [], arrival_s=0.0)
-        req.door = 1
-        eng._execute_route(req, Route(2), 0.0)
-        return eng.loads.views(t, 0)[2]
+        return relayed_engine(relay_s)[0].loads.views(t, 0)[2]
 
     assert view_after(None, 0.01).num_waiting == 0  # (today: door 0 never hears of door 1's send)
     assert view_after(0.005, 0.001).num_waiting == 0  # not yet relayed
