@@ -156,9 +156,10 @@ def main() -> None:
             row = {"round": rnd_i, "on": on, "off": off, "p50_ratio": on["p50_s"] / off["p50_s"],
                    "p99_ratio": on["p99_s"] / off["p99_s"]}
             rows.append(row)
-            print(f"round {rnd_i}: lag mean {on.get('lag_mean_s', float('nan')) * 1e3:.2f} ms, p50 <= "
-                  f"{on.get('lag_p50_le_s', float('nan')) * 1e3:g} ms, p99 <= {on.get('lag_p99_le_s', float('nan')) * 1e3:g}"
-                  f" ms over {on['lag_events']:.0f} events ({on['posted']} posted in {on['posts']} posts, {on['answers']} feed "
+            nan = float("nan")
+            print(f"round {rnd_i}: lag mean {on.get('lag_mean_s', nan) * 1e3:.2f} ms, p50 <= "
+                  f"{on.get('lag_p50_le_s', nan) * 1e3:g} ms, p99 <= {on.get('lag_p99_le_s', nan) * 1e3:g} ms over "
+                  f"{on['lag_events']:.0f} events ({on['posted']} posted in {on['posts']} posts, {on['answers']} feed "
                   f"answers, {on['dropped']} dropped); "
                   f"latency on/off p50 {row['p50_ratio']:.3f}x p99 {row['p99_ratio']:.3f}x "
                   f"(off p50 {off['p50_s'] * 1e3:.1f} ms, p99 {off['p99_s'] * 1e3:.1f} ms)", flush=True)

@@ -66,8 +66,9 @@ class LoadViews:
         """Each front door's router's own counts (`OwnSends`), by door (`SimRequest.door`)."""
         self.relay_s = engine.cfg.door_sends_s if len(engine.routers) > 1 else None
         self.sent: list[dict] = [{} for _ in range(n)]
-        """With `EngineConfig.door_sends_s`: per worker, every door's requests sent there and not seen end by every door,
-        rid -> [sent at, door, new tokens, cached tokens, attention pairs, started at, ended at] (`_NEVER`: not yet)."""
+        """With `EngineConfig.door_sends_s`: per worker, every door's requests sent there and not seen end by every
+        door, rid -> [sent at, door, new tokens, cached tokens, attention pairs, started at, ended at] (`_NEVER`: not
+        yet)."""
 
     @property
     def stale(self) -> bool:
