@@ -321,8 +321,6 @@ class AdminServer:
             epoch, since = out.epoch, out.seq  # (only this router's own events since: wait past them)
             try:
                 await asyncio.wait_for(self._sent.wait(), timeout=min(left, self.relay.router_gone_s / 2))
-                if self.relay.coalesce_s > 0:  # (what the other routers post meanwhile goes in the same answer)
-                    await asyncio.sleep(self.relay.coalesce_s)
             except asyncio.TimeoutError:
                 pass
 

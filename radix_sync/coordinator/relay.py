@@ -31,16 +31,12 @@ class SendRelay:
         capacity: events kept (older ones are gone: a caller that asks for them resets).
         router_gone_s: a router not heard of (no post, no poll) this long is announced gone, s.
         max_routers: routers tracked at once (a new one beyond it is refused, 429).
-        coalesce_s: see `coalesce_s`.
     """
 
-    def __init__(self, capacity: int = 65_536, router_gone_s: float = 5.0, max_routers: int = 1024,
-                 coalesce_s: float = 0.0) -> None:
+    def __init__(self, capacity: int = 65_536, router_gone_s: float = 5.0, max_routers: int = 1024) -> None:
         if capacity < 1 or not router_gone_s > 0 or max_routers < 1:
             raise ValueError("capacity and max_routers must be >= 1 and router_gone_s > 0")
         self.capacity, self.router_gone_s, self.max_routers = capacity, router_gone_s, max_routers
-        self.coalesce_s = coalesce_s
-        """A waiting poll woken by new events answers this much later, with what else came meanwhile, s."""
         self.epoch = uuid.uuid4().hex[:16]
         self.head = 0
         """Number of the last event kept."""

@@ -54,8 +54,6 @@ class LinkConfig:
     shedding: the coordinator is not marked down, and the lookup is counted as shed)."""
     feed_wait_s: float = 1.0
     """Long-poll window of the directory feed, s (an answer comes at once when the directory changes)."""
-    sends_coalesce_s: float = 0.0
-    """A send event waits this long for others to go in the same `POST /sends` (the relay's lag for its CPU), s."""
     token: Optional[str] = None
     """Bearer token sent on every call (the coordinator's admin "write" token; None: none sent)."""
 
@@ -104,8 +102,8 @@ class CoordinatorLink:
         """This router's name on the send relay (set by `run_send_feed`)."""
         self.outbox = SendOutbox()
         self.num_routers = 0
-        """Routers polling the coordinator's send feed, this one included (its last answer): this router relays its
-        sends only while another one listens."""
+        """Routers serving requests in front of the coordinator's workers, this one included (the send feed's last
+        answer): this router relays its sends only while there are two or more."""
         self._posting: Optional[asyncio.Task] = None
 
     def _headers(self, json_body: bool) -> dict:
@@ -285,6 +283,16 @@ class CoordinatorLink:
         return status, answer, ""
 
     # ------------------------------------------------------------------------------------------ directory feed
+    async def _long_poll(self, path: str, params: dict, timeout: aiohttp.ClientTimeout) -> Optional[tuple[int, bytes]]:
+        """One long poll of a feed: (status, body); None when it got no answer (the coordinator marked down)."""
+        try:
+            async with self._session.get(self.cfg.url + path, params=params, timeout=timeout,
+                                         headers=self._headers(False)) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self._failed(exc)
+            return None
+
     async def run_directory_feed(self, replica: DirectoryReplica) -> None:
         """Background task: keeps `replica` current from the coordinator's change feed (long poll) until
         cancelled. A failure marks the replica unusable (the router then asks per request) and the coordinator
@@ -297,15 +305,11 @@ class CoordinatorLink:
                 await asyncio.sleep(max(0.05, self._down_until - time.monotonic()))
                 continue
             params = {"epoch": replica.epoch, "since": str(replica.seq), "wait_s": str(wait_s), "tiers": "1"}
-            try:
-                async with self._session.get(self.cfg.url + "/directory/feed", params=params,
-                                             timeout=timeout, headers=self._headers(False)) as resp:
-                    data = await resp.read()
-                    status = resp.status
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            got = await self._long_poll("/directory/feed", params, timeout)
+            if got is None:
                 replica.mark_unhealthy()
-                self._failed(exc)
                 continue
+            status, data = got
             if status == 404:
                 replica.mark_unhealthy()
                 log.warning("coordinator %s has no directory feed; asking it per request", self.cfg.url)
@@ -382,18 +386,20 @@ class CoordinatorLink:
                 log.exception("arrival flush failed")
 
     # ---------------------------------------------------------------------------------------------- send relay
-    def relay(self, event: api.SendEvent) -> None:
-        """Sends one of this router's send events to the other routers (`radix_sync.coordinator.relay`) at once:
-        posted with whatever else is waiting as soon as the event loop is free (one post in flight at a time); nothing
-        while no other router polls the feed."""
-        if self.num_routers < 2 or not self.outbox.add(event):
+    def relay(self, kind: str, worker: str, rid: int, uncached: int = 0, cached: int = 0) -> None:
+        """Sends one of this router's send events (`api.SendEvent`'s fields) to the other routers
+        (`radix_sync.coordinator.relay`) at once: posted with whatever else is waiting as soon as the event loop is
+        free (one post in flight at a time); nothing, not even the event, while no other router serves."""
+        if self.num_routers < 2:
+            return
+        event = api.SendEvent(kind=kind, rid=rid, worker=worker, new_tokens=max(0, uncached),
+                              cached_tokens=max(0, cached), at=time.time())
+        if not self.outbox.add(event):
             return
         if self._posting is None or self._posting.done():
             self._posting = asyncio.get_running_loop().create_task(self._post_sends())
 
     async def _post_sends(self) -> None:
-        if self.cfg.sends_coalesce_s > 0:
-            await asyncio.sleep(self.cfg.sends_coalesce_s)
         while self.outbox.pending and self.may_call():
             self.outbox.num_posts += 1
             events = self.outbox.take()
@@ -425,13 +431,10 @@ class CoordinatorLink:
                 continue
             params = {"router": router_name, "epoch": epoch, "since": str(since), "wait_s": str(wait_s),
                       "serving": "1" if serving() else "0"}
-            try:
-                async with self._session.get(self.cfg.url + "/sends/feed", params=params, timeout=timeout,
-                                             headers=self._headers(False)) as resp:
-                    data, status = await resp.read(), resp.status
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                self._failed(exc)
+            got = await self._long_poll("/sends/feed", params, timeout)
+            if got is None:
                 continue
+            status, data = got
             if status == 404:
                 log.warning("coordinator %s relays no sends between routers", self.cfg.url)
                 self.num_routers = 0

@@ -13,20 +13,28 @@ from collections import defaultdict
 from typing import Callable, Iterable
 
 from radix_sync import api
-from radix_sync.router.policy import queued_work
+from radix_sync.router.policy import QueuedWork, queued_work
 
 
-class _Counts:
-    """One worker's sums over the other routers' requests there: sent and not ended (`count`), and of those not
-    started, the prefill work (`policy.QueuedWork`'s fields)."""
+class QueuedSums:
+    """The sums of `QueuedWork` of one worker's requests sent and not started (`count` of them): this router's own
+    (`WorkerPool`) and the other routers' (`PeerSends`)."""
 
-    __slots__ = ("count", "num_tokens", "attn_pairs", "cached_pairs")
+    __slots__ = ("num_tokens", "attn_pairs", "cached_pairs", "count")
 
     def __init__(self) -> None:
         self.count = 0
         self.num_tokens = 0
         self.attn_pairs = 0.0
         self.cached_pairs = 0.0
+
+    def add(self, work: QueuedWork, sign: int) -> None:
+        self.count += sign
+        self.num_tokens += sign * work.num_tokens
+        self.attn_pairs += sign * work.attn_pairs
+        self.cached_pairs += sign * work.cached_pairs
+        if self.num_tokens == 0:
+            self.attn_pairs = self.cached_pairs = 0.0  # no float drift
 
 
 class PeerSends:
@@ -40,8 +48,10 @@ class PeerSends:
         self.ttl_s = ttl_s
         self._open: dict[tuple[str, int], list] = {}
         """(router, rid) -> [worker, QueuedWork or None once started, when sent (this router's clock)]."""
-        self._by_worker: dict[str, _Counts] = defaultdict(_Counts)
-        """Coordinator worker id -> its sums."""
+        self._outstanding: dict[str, int] = {}
+        """Coordinator worker id -> the other routers' requests there not ended."""
+        self._queued: dict[str, QueuedSums] = defaultdict(QueuedSums)
+        """Coordinator worker id -> the sums of those not started."""
         self.num_applied = 0
         self.num_answers = 0
         """Feed answers applied."""
@@ -51,8 +61,11 @@ class PeerSends:
 
     def counts(self, worker_id: str) -> tuple[int, int, float, float]:
         """Returns: (requests, queued tokens, attention pairs, cached pairs) of the other routers at a worker."""
-        c = self._by_worker.get(worker_id)
-        return (0, 0, 0.0, 0.0) if c is None else (c.count, c.num_tokens, c.attn_pairs, c.cached_pairs)
+        n = self._outstanding.get(worker_id, 0)
+        if not n:
+            return 0, 0, 0.0, 0.0
+        q = self._queued[worker_id]
+        return n, q.num_tokens, q.attn_pairs, q.cached_pairs
 
     def apply(self, events: Iterable[api.SendEvent], now: float, wall_now: float) -> None:
         """Applies the feed's events in order; `now`: this router's monotonic clock, `wall_now`: its wall clock."""
@@ -65,51 +78,51 @@ class PeerSends:
                     continue  # (a repeat)
                 work = queued_work(e.new_tokens, e.cached_tokens)
                 self._open[key] = [e.worker, work, now]
-                self._add(e.worker, 1, work, +1)
+                self._outstanding[e.worker] = self._outstanding.get(e.worker, 0) + 1
+                self._queued[e.worker].add(work, +1)
                 if e.at > 0:
                     self.on_lag(max(0.0, wall_now - e.at))
             elif e.kind == "started":
                 rec = self._open.get(key)
                 if rec is not None and rec[1] is not None:
-                    self._add(rec[0], 0, rec[1], -1)
+                    self._queued[rec[0]].add(rec[1], -1)
                     rec[1] = None
             elif e.kind == "done":
-                rec = self._open.pop(key, None)
-                if rec is not None:
-                    self._add(rec[0], -1, rec[1], -1)
+                self._end(key)
             elif e.kind == "gone":
                 for k in [k for k in self._open if k[0] == e.router]:
-                    rec = self._open.pop(k)
-                    self._add(rec[0], -1, rec[1], -1)
+                    self._end(k)
         self.expire(now)
 
-    def _add(self, worker: str, count: int, work, sign: int) -> None:
-        c = self._by_worker[worker]
-        c.count += count
+    def _end(self, key: tuple[str, int]) -> None:
+        rec = self._open.pop(key, None)
+        if rec is None:
+            return
+        worker, work = rec[0], rec[1]
         if work is not None:
-            c.num_tokens += sign * work.num_tokens
-            c.attn_pairs += sign * work.attn_pairs
-            c.cached_pairs += sign * work.cached_pairs
-        if c.count <= 0:
-            del self._by_worker[worker]  # (nothing of the others there: no float drift left behind)
+            self._queued[worker].add(work, -1)
+        self._outstanding[worker] -= 1
+        if not self._outstanding[worker]:  # (nothing of the others there: no float drift left behind)
+            del self._outstanding[worker]
+            self._queued.pop(worker, None)
 
     def expire(self, now: float) -> None:
         """Drops the requests sent more than `ttl_s` ago."""
         cutoff = now - self.ttl_s
         for k in [k for k, rec in self._open.items() if rec[2] < cutoff]:
-            rec = self._open.pop(k)
-            self._add(rec[0], -1, rec[1], -1)
+            self._end(k)
 
     def reset(self) -> None:
         """Forgets everything (the feed lost events: what was told before no longer adds up)."""
         self._open.clear()
-        self._by_worker.clear()
+        self._outstanding.clear()
+        self._queued.clear()
         self.num_resets += 1
 
     def status(self) -> dict:
         return {"open": len(self._open), "applied": self.num_applied, "answers": self.num_answers,
                 "resets": self.num_resets,
-                "by_worker": {w: c.count for w, c in self._by_worker.items()}}
+                "by_worker": dict(self._outstanding)}
 
 
 class SendOutbox:

@@ -14,30 +14,9 @@ import time
 from collections import defaultdict
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from radix_sync import api
 from radix_sync.policy.routers import count_pages
-from radix_sync.router.peers import PeerSends
-from radix_sync.router.policy import CopyInFlight, QueuedWork, WorkerState, queued_work, with_local_load
-
-
-class _Queued:
-    """The sums of `QueuedWork` of one worker's requests sent and not started."""
-
-    __slots__ = ("num_tokens", "attn_pairs", "cached_pairs", "count")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.num_tokens = 0
-        self.attn_pairs = 0.0
-        self.cached_pairs = 0.0
-
-    def add(self, work: QueuedWork, sign: int) -> None:
-        self.count += sign
-        self.num_tokens += sign * work.num_tokens
-        self.attn_pairs += sign * work.attn_pairs
-        self.cached_pairs += sign * work.cached_pairs
-        if self.num_tokens == 0:
-            self.attn_pairs = self.cached_pairs = 0.0  # no float drift
+from radix_sync.router.peers import PeerSends, QueuedSums
+from radix_sync.router.policy import CopyInFlight, WorkerState, queued_work, with_local_load
 
 
 class WorkerPool:
@@ -64,7 +43,7 @@ class WorkerPool:
         """coordinator id -> url (the inverse of `coordinator_ids`, rebuilt when it changes)."""
         self.outstanding: dict[str, int] = defaultdict(int)
         """url -> requests sent and not finished."""
-        self._queued: dict[str, _Queued] = defaultdict(_Queued)
+        self._queued: dict[str, QueuedSums] = defaultdict(QueuedSums)
         self.sent_pages: dict[str, dict[int, int]] = defaultdict(dict)
         """url -> page hash -> how many of the requests sent there and not started hold it (`queue`'s `pages`)."""
         self.alone_since: dict[str, float] = {}
@@ -74,8 +53,9 @@ class WorkerPool:
         """url -> end of its cool-down."""
         self.peers = PeerSends()
         """The other routers' requests sent and not ended (the coordinator's send relay), merged into every load."""
-        self.relay: Optional[Callable[[api.SendEvent], None]] = None
-        """Tells the other routers of this router's sends (`CoordinatorLink.relay`; None: no coordinator)."""
+        self.relay: Optional[Callable[[str, str, int, int, int], None]] = None
+        """Tells the other routers of this router's sends: (kind, worker, rid, uncached, cached tokens)
+        (`CoordinatorLink.relay`; None: no coordinator)."""
         self._rids = itertools.count()
         self.last_dispatch_s = -float("inf")
         """When this router last sent a request to a worker (`time.monotonic()`)."""
@@ -205,8 +185,7 @@ class WorkerPool:
 
     def _relay(self, kind: str, url: str, rid: int, uncached: int = 0, cached: int = 0) -> None:
         if self.relay is not None:  # (the worker by the coordinator's id; by its url while not listed)
-            self.relay(api.SendEvent(kind=kind, rid=rid, worker=self.report_id(url), new_tokens=max(0, uncached),
-                                     cached_tokens=max(0, cached), at=time.time()))
+            self.relay(kind, self.report_id(url), rid, uncached, cached)
 
     def status(self, now: float) -> list[dict]:
         """Returns: per known worker, what `/kvrep/status` shows of it."""

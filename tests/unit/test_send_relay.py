@@ -174,7 +174,7 @@ def pool_with_ids():
 def test_a_routers_requests_emit_sent_started_done_with_the_coordinators_worker_ids():
     pool = pool_with_ids()
     events = []
-    pool.relay = events.append
+    pool.relay = lambda *event: events.append(event)
     first = pool.dispatch(A, 100, 20)
     second = pool.dispatch(B, 50, 0)
     assert pool.outstanding[A] == 1 and pool.outstanding[B] == 1
@@ -183,10 +183,10 @@ def test_a_routers_requests_emit_sent_started_done_with_the_coordinators_worker_
     first.done()
     second.done()  # (ended without a first output: failed)
     second.done()
-    assert [(e.kind, e.rid, e.worker) for e in events] == [
-        ("sent", first.rid, "wA"), ("sent", second.rid, "wB"), ("started", first.rid, "wA"),
-        ("done", first.rid, "wA"), ("done", second.rid, "wB")]
-    assert (events[0].new_tokens, events[0].cached_tokens) == (100, 20) and events[0].at > 0
+    assert [e[:3] for e in events] == [
+        ("sent", "wA", first.rid), ("sent", "wB", second.rid), ("started", "wA", first.rid),
+        ("done", "wA", first.rid), ("done", "wB", second.rid)]
+    assert events[0][3:] == (100, 20)
     assert pool.outstanding[A] == pool.outstanding[B] == 0 and pool._queued[A].count == 0
 
 
@@ -202,3 +202,27 @@ def test_the_other_routers_sends_load_a_worker_in_this_routers_view():
     both = pool.with_local_load(idle, True, now=0.0)
     assert both.num_waiting == 2 and both.num_waiting_tokens == 400
     own.done()
+
+
+def test_the_link_relays_only_while_another_router_serves_and_dates_each_event():
+    import asyncio
+
+    import aiohttp
+
+    from radix_sync.router.coordinator_link import CoordinatorLink, LinkConfig
+
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            link = CoordinatorLink(LinkConfig("http://127.0.0.1:9"), session)
+            link.num_routers = 1  # (alone: nothing is built or queued)
+            link.relay("sent", "wA", 1, 100, 20)
+            assert link.outbox.pending == []
+            link.num_routers = 2
+            link.relay("sent", "wA", 2, 100, -5)
+            [event] = link.outbox.pending
+            assert (event.kind, event.worker, event.rid, event.new_tokens, event.cached_tokens) == (
+                "sent", "wA", 2, 100, 0) and event.at > 0
+            await link._posting  # (nothing answers on port 9: the event is dropped and counted, not kept)
+            assert link.outbox.pending == [] and link.outbox.num_dropped == 1
+
+    asyncio.run(run())
