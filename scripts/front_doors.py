@@ -48,9 +48,13 @@ def run_one(flags: list[str], seed: int, policy: str, doors: int) -> dict:
     profile = load_profile(args.profile)
     wl = build_workload(args, profile.max_context_len)
     policy_obj = build_policy(policy, profile, wl.page_len, seed, front_doors=doors)
-    r = Engine(profile, wl, policy_obj, engine_config(args, args.duration_s)).run().to_dict()
-    return {"hit": r["prefix_hit_rate"], "mean": r["ttft_s"]["mean"], "p99": r["ttft_s"]["p99"],
-            "requests": r["num_requests"]}
+    eng = Engine(profile, wl, policy_obj, engine_config(args, args.duration_s))
+    r = eng.run().to_dict()
+    out = {"hit": r["prefix_hit_rate"], "mean": r["ttft_s"]["mean"], "p99": r["ttft_s"]["p99"],
+           "requests": r["num_requests"]}
+    if eng.ledger is not None:  # (`--engine "--ledger-holdout F"`: the copy ledger's verdict at the run's end)
+        out["ledger"] = eng.ledger.status(eng.now)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,6 +68,12 @@ class EngineConfig:
     workers' last load reports: the live routers' send relay through the coordinator (`radix_sync.coordinator.relay`,
     `--peer-sends`, measured at 2-3 ms mean on loopback: docs/bench.md). None: never (live `--no-peer-sends`: a
     router knows its own sends, the others' only through the workers' next load reports)."""
+    ledger_holdout: float = 0.0
+    """The coordinator's copy ledger (`radix_sync.coordinator.ledger.CopyLedger`, the same object; live default
+    `--ledger-holdout 0.2`): this share of the prefixes the planner decides on is held out (their copies not made),
+    each finished request's time to first token is attributed to its deepest decided prefix, and while the copied
+    group is shown slower the planner is paused (every new decision held out). 0: no holdout, never paused (the
+    simulator before stop 58). Planner copies only; the live pull ledger is not modelled."""
     shared_cores: int = 0
     """0: every worker has its own accelerator. N > 0: the workers share N CPU cores (a local CPU cluster with
     more workers than cores): processor sharing, every iteration in progress (prefill or decode) runs at min(1, N/k)
@@ -102,6 +108,8 @@ class EngineConfig:
             raise ValueError(f"view_staleness_s={self.view_staleness_s!r}, hint_jitter={self.hint_jitter!r} must be >= 0")
         if self.door_sends_s is not None and not self.door_sends_s >= 0:
             raise ValueError(f"door_sends_s={self.door_sends_s!r} must be None or >= 0")
+        if not 0.0 <= self.ledger_holdout <= 1.0:
+            raise ValueError(f"ledger_holdout={self.ledger_holdout!r} must be in [0, 1]")
         if self.shared_cores < 0 or self.frontend_cpu_s < 0:
             raise ValueError(f"shared_cores={self.shared_cores!r}, frontend_cpu_s={self.frontend_cpu_s!r} "
                              "must be >= 0")

@@ -11,6 +11,7 @@ import itertools
 from collections import deque
 from typing import Callable, Optional
 
+from radix_sync.coordinator.ledger import CopyLedger, LedgerConfig
 from radix_sync.gc_pacing import frozen_during
 from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.cost import CostProfile
@@ -66,6 +67,8 @@ class Engine:
         self.calibration = UseCalibration(cal) if cal is not None else None  # (fed here, read by the planner)
         if policy.planner is not None:
             policy.planner.calibration = self.calibration
+        self.ledger = CopyLedger(LedgerConfig(holdout=cfg.ledger_holdout)) if cfg.ledger_holdout and \
+            policy.planner is not None and not policy.shadow else None  # (the coordinator's, as live)
         self._copy_ids = itertools.count(1)
         self.inflight: list[Transfer] = []
         self.pending: list[Transfer] = []
@@ -294,6 +297,8 @@ class Engine:
         self.stats.on_finish(req)
         self.loads.on_done(req, now)
         self.routers[req.door].on_finished(req.worker, req.rid, now)
+        if self.ledger is not None and req.first_token_s >= 0:  # (the routers' `FinishReport.ttft_s`)
+            self.ledger.finished(req.pages, req.first_token_s - req.arrival_s, now)
         if self.tracker is not None:
             fanout, delay = hinted(req, self.cfg.hint_jitter, req.hint_delay_s) if req.hint_fanout else (0, 0.0)
             self.tracker.on_finish(req.pages, req.class_key, req.namespace, req.stop, now, fanout, delay)
@@ -479,6 +484,8 @@ class Engine:
                                         ttl_s=d.ttl_s, useful=False))
                 self.stats.on_shadow_copy(nbytes)
                 continue
+            if self.ledger is not None and not self.ledger.assign(d.node_id, now):
+                continue  # held out, or the planner paused: its copies shown to cost (live: `Coordinator._tick`)
             kind = "host" if d.tier == "host" else "replica"  # (a copy into the target's host tier, or its pool)
             if ready:
                 x = self._start_transfer(kind, d.source, d.target, n.pages, lo, hi, now, d.node_id, d.ttl_s)

@@ -39,7 +39,7 @@ def run_watched(argv: list[str], out_dir, timeout_s: float = 600) -> tuple[subpr
 def test_bench_shadow_active_and_smg_on_a_fanout(tmp_path):
     out_dir = tmp_path / "bench"
     argv = [sys.executable, "-m", "radix_sync.cli", "bench", "--model", "tiny", "--workers", "2",
-            "--workloads", "fanout", "--arms", "shadow,active,smg-ca,shadow@2,smg-ca@2,shadow@1", "--duration-s", "8",
+            "--workloads", "fanout", "--arms", "shadow,active,smg-ca,shadow@2,smg-ca@2,shadow@1", "--duration-s", "5",
             "--fanout-rate", "2",
             "--fanout-k", "3", "--simulate", "--out-dir", str(out_dir)]
     proc, started = run_watched(argv, tmp_path / "run")

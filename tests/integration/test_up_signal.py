@@ -104,10 +104,11 @@ def test_a_signal_during_bench_or_demo_start_up_stops_everything(tmp_path, comma
     assert "cluster up" not in text and f"{signal.Signals(sig).name}: stopped" in text, text
 
 
-@pytest.mark.parametrize("command,sig,arms", [("bench", signal.SIGINT, "shadow,active"),
-                                              ("demo", signal.SIGTERM, "smg-ca,shadow")])
+@pytest.mark.parametrize("command,sig,arms", [("demo", signal.SIGTERM, "smg-ca,shadow")])
 def test_a_signal_mid_replay_stops_everything(tmp_path, command, sig, arms):
-    """Mid-replay through our router (bench) and through smg (demo): smg's process goes too."""
+    """Mid-replay through smg: smg's process goes too, and the round ends unfinished. (One case: each case starts a
+    cluster, ~75 s of the suite; `bench` and SIGINT reach the same stop as `demo` and SIGTERM, tested at start-up
+    above, and a replay through our router was the second case until stop 58.)"""
     proc = start([command, *BENCH, "--arms", arms, "--out-dir", str(tmp_path)])
     lines: list[str] = []
     first = arms.split(",")[0]
