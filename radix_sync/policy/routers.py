@@ -11,6 +11,7 @@ from the exact directory.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -125,7 +126,7 @@ _pull_eta_s = pull_eta_s  # (the name the baselines import)
 
 
 def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[WorkerView],
-                  tie_start: int = 0) -> tuple[float, int, int]:
+                  tie_start: int = 0, tie_draw: Optional[Sequence[float]] = None) -> tuple[float, float, float]:
     """The order of `ExpectedTtftRouter`'s options, best first (its choice is the lowest; `kvrep router` ranks
     its failover order by it too).
 
@@ -134,11 +135,30 @@ def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[Work
         worker_id: the option's worker (an index into `workers`).
         workers: every worker's load, indexed by worker id.
         tie_start: the worker a full tie goes to first (`next_tie_start`).
+        tie_draw: a random number per worker (`tie_draws`), drawn for this decision by a router that shares the
+            workers with other routers serving at the same time: ties on the expected TTFT then go by it alone.
     Returns:
         (expected TTFT rounded to 1 ns, the worker's outstanding requests, its distance from `tie_start` in
-        cyclic id order): so ties go to fewer outstanding requests, then to the worker at or after `tie_start`.
+        cyclic id order): so ties go to fewer outstanding requests, then to the worker at or after `tie_start`;
+        with `tie_draw`, (expected TTFT rounded to 1 ns, 0, the worker's draw).
     """
+    if tie_draw is not None:
+        return round(expected_ttft_s, 9), 0, tie_draw[worker_id]
     return round(expected_ttft_s, 9), _load(workers[worker_id]), (worker_id - tie_start) % max(1, len(workers))
+
+
+def tie_draws(rng: random.Random, num_workers: int) -> list[float]:
+    """Returns: a random number per worker, for one decision's ties on the expected TTFT (`ttft_rank_key`).
+
+    For a router that is not alone: several routers in front of the same workers see the same shared load (the
+    workers' reports, the other routers' sends relayed a few ms late). Ties on the expected TTFT are common (every
+    idle worker holding a prompt's whole prefix ties), and broken by that shared load and a turn they all take alike,
+    every router sent its share of a burst to the same worker before hearing of the others' sends. Measured in the
+    simulator (shared-prefix bursts, 16 H200 workers, 4 routers relayed 3 ms late, seeds 1-2, stop 58): 53% of the
+    requests went to a worker another router had sent one to in the last 3 ms (one router: 3%), and TTFT mean
+    rose 1.77x over one router's; drawn at random, 1.30x. Alone, the shared load is this router's own and the
+    draw is not used (it cost 1-3% there)."""
+    return [rng.random() for _ in range(num_workers)]
 
 
 def full_tie(ranked: Sequence[tuple], workers: Sequence[WorkerView]) -> bool:
@@ -204,7 +224,7 @@ class ExpectedTtftRouter(RouterPolicy):
 
     def __init__(self, cost: CostModel, kv_bytes_per_token: int, allow_pull: bool = True,
                  endpoint_wait: bool = False, page_len: int = 1, host_load_bytes_per_s: float = 0.0,
-                 **_: object) -> None:
+                 seed: int = 0, **_: object) -> None:
         self.cost = cost
         self.page_len = max(1, page_len)
         self._sent: dict[int, tuple[int, Sequence[int], float]] = {}
@@ -236,6 +256,15 @@ class ExpectedTtftRouter(RouterPolicy):
         """The worker the next full tie goes to first (`next_tie_start`)."""
         self.tie_turns = True
         """Whether full ties take turns; False: the lowest id takes each (the live router's `--no-tie-turns`)."""
+        self.peers = 0
+        """Other routers serving the same workers at the same time whose sends this one hears of (simulated: the
+        other front doors, when their sends are relayed, `EngineConfig.door_sends_s`; live: the send relay's
+        routers less one). With any, ties on the expected TTFT go by a random draw (`tie_draws`), not by the
+        shared load and turn."""
+        self.tie_draw: Optional[Sequence[float]] = None
+        """The next decision's draw, when the caller drew it (the live router: one draw for its ranking and its
+        puller); None: drawn here when `peers`."""
+        self._rng = random.Random(seed)
 
     def expect_pages(self, pages: Mapping[int, Mapping[int, int]]) -> None:
         """Sets, per worker index, the page hashes of this router's requests sent there and not started (hash ->
@@ -348,10 +377,12 @@ class ExpectedTtftRouter(RouterPolicy):
         # fastest can tie with it (the rest need no key)
         opts = self._scan(req, workers, now)
         near = min(o[0] for o in opts) + 2e-9
+        draw = self.tie_draw if self.tie_draw is not None else tie_draws(self._rng, len(workers)) \
+            if self.peers else None
         ranked = sorted((o for o in opts if o[0] <= near),
-                        key=lambda o: ttft_rank_key(o[0], o[1], workers, self.tie_start))
+                        key=lambda o: ttft_rank_key(o[0], o[1], workers, self.tie_start, draw))
         best = ranked[0]
-        if self.tie_turns:
+        if self.tie_turns and draw is None:
             self.tie_start = next_tie_start(ranked, workers, self.tie_start)
         if best[2]:  # waits for a copy: its prefill is gated until it lands
             self._gated.setdefault(best[1], {})[req.request_id] = (best[6], best[7])

@@ -144,6 +144,8 @@ class Decision:
     """The first choice when it won a full tie (equal expected TTFT and load: `policy.routers.full_tie`) and is where
     the request goes (no pull): the next tie goes to the worker after it (`rank_by_ttft`'s `tie_after`); None: no
     tie decided the request."""
+    tie_drawn: bool = False
+    """Ties on the expected TTFT went by a random draw (`rank_by_ttft`'s `tie_draw`: other routers serve too)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                  pull_cfg: PullConfig = PullConfig(), host_matched: Mapping[str, int] = {},
                  host_load_bytes_per_s: float = 0.0, tie_after: Optional[str] = None,
                  page_hashes: Sequence[int] = (), page_len: int = 1,
-                 sent_pages: Mapping[str, Mapping[int, int]] = {}) -> Decision:
+                 sent_pages: Mapping[str, Mapping[int, int]] = {},
+                 tie_draw: Optional[Sequence[float]] = None) -> Decision:
     """Ranks workers by expected TTFT (the policy engine's `ExpectedTtftRouter`, no pull), and with `allow_pull`
     says whether a copy on the critical path beats the ranking's first (the same router with pulls).
 
@@ -226,6 +229,9 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         host_matched: tokens of the prompt past `matched` that each worker's host-memory tier holds (SGLang's
             hierarchical cache loads them back before the prefill), priced at `host_load_bytes_per_s` (0: not).
         tie_after: the worker that took the last full tie (`Decision.tie_taken`), None: none yet.
+        tie_draw: a random number per worker, in worker id order (`radix_sync.policy.routers.tie_draws`), drawn
+            by a router that is not alone (the send relay's other routers serve too): ties on the expected TTFT go
+            by it, not by the shared load and turn (`tie_after` unused, no `tie_taken`).
         page_hashes, page_len: the prompt's chained page hashes and their page size (empty: not known).
         sent_pages: per worker, the page hashes of the requests this router sent there and has not seen start
             (hash -> how many hold it; `WorkerPool.sent_pages`): what that worker will have computed before a
@@ -284,9 +290,9 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     policy.expect_pages(sent)
     options = policy.options(req, views, now)
     # NOTE: the key ExpectedTtftRouter.route picks by, so ranked[0] is exactly its choice.
-    options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views, tie_start))
+    options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views, tie_start, tie_draw))
     first = options[0]
-    tied = full_tie([(r.expected_ttft_s, r.worker_id) for r in options], views)
+    tied = tie_draw is None and full_tie([(r.expected_ttft_s, r.worker_id) for r in options], views)
     pull = None
     if allow_pull:
         # NOTE: a live view counts the prefill in progress as queued; a copy waits for it at both ends
@@ -294,7 +300,7 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         puller = ExpectedTtftRouter(model, kvb, allow_pull=True, endpoint_wait=True, page_len=page_len,
                                     host_load_bytes_per_s=host_load_bytes_per_s)
         puller.expect_pages(sent)
-        puller.tie_start = tie_start
+        puller.tie_start, puller.tie_draw = tie_start, tie_draw
         route = puller.route(req, iterating, now)
         plan = plan_pull(route, first, model.prefill_s(prompt_len - route.pull_len, route.pull_len), now, pull_cfg)
         if plan is not None:
@@ -305,7 +311,7 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
                     tuple(r.expected_ttft_s for r in options), DIRECTORY, max(cached[first.worker_id], own),
                     first.wait_inflight, tuple(cached[r.worker_id] for r in options), pull,
                     waited, frozenset(order[v.worker_id].worker_id for v in views if runs_alone(v, now)),
-                    order[first.worker_id].worker_id if tied and pull is None else None)
+                    order[first.worker_id].worker_id if tied and pull is None else None, tie_draw is not None)
 
 
 class ApproxPrefixIndex:

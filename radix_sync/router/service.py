@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import random
 import socket
 import time
 import uuid
@@ -26,6 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from radix_sync.hashing import page_hashes
+from radix_sync.policy.routers import tie_draws
 from radix_sync.policy.speed import SpeedCalibration
 from radix_sync.router.auth import RouterSecrets, load_secrets
 from radix_sync.router.config import MAX_TOKEN_ID, RouterConfig
@@ -81,6 +83,8 @@ class Router:
         self.index = ApproxPrefixIndex()
         self._tie_after: Optional[str] = None
         """The worker that took the last full tie (`Decision.tie_taken`): the next one goes to the worker after it."""
+        self._tie_rng = random.Random()
+        """Ties' draws while other routers serve the same workers (`radix_sync.policy.routers.tie_draws`)."""
         if cfg.profile:
             from radix_sync.policy.cost import CostModel, load_profile
             self.model = CostModel(load_profile(cfg.profile))
@@ -222,7 +226,9 @@ class Router:
                                     pull_cfg=self.cfg.pull_policy, host_matched=pool.by_url(host),
                                     host_load_bytes_per_s=self.cfg.host_load_bytes_per_s, tie_after=self._tie_after,
                                     page_hashes=hashes, page_len=page_size,
-                                    sent_pages=pool.sent_pages if self.cfg.sent_pages else {})
+                                    sent_pages=pool.sent_pages if self.cfg.sent_pages else {},
+                                    tie_draw=tie_draws(self._tie_rng, len(cands))
+                                    if self.link is not None and self.link.num_routers >= 2 else None)
             if decision.tie_taken is not None and self.cfg.tie_turns:
                 self._tie_after = decision.tie_taken
         else:
@@ -330,6 +336,7 @@ class Router:
                                "cached_by_worker": list(decision.cached_by_worker),
                                "cached_tokens": decision.cached_tokens if attempt == 0 else None,
                                **({"pull": pull} if pull is not None else {}),
+                               **({"ties": "drawn"} if decision.tie_drawn else {}),  # (other routers serve too)
                                **({"request_id": request_id} if request_id is not None else {}),
                                # held for a copy in flight to its first choice (`Decision.wait_inflight`), seconds
                                **({"held_s": round(held_s, 4)} if held_s is not None else {})})

@@ -65,6 +65,9 @@ class LoadViews:
         self.own = [OwnSends(n) for _ in range(len(engine.routers))]
         """Each front door's router's own counts (`OwnSends`), by door (`SimRequest.door`)."""
         self.relay_s = engine.cfg.door_sends_s if len(engine.routers) > 1 else None
+        for router in engine.routers if self.relay_s is not None else ():
+            if hasattr(router, "peers"):  # (each door hears of the others: the live relay's routers serving)
+                router.peers = len(engine.routers) - 1
         self.sent: list[dict] = [{} for _ in range(n)]
         """With `EngineConfig.door_sends_s`: per worker, every door's requests sent there and not seen end by every
         door, rid -> [sent at, door, new tokens, cached tokens, attention pairs, started at, ended at] (`_NEVER`: not

@@ -297,6 +297,31 @@ def test_full_ties_rotate_over_the_workers_and_other_choices_leave_the_turn_alon
     assert sorted(range(3), key=lambda i: ttft_rank_key(0.1, i, ws, 2)) == [2, 0, 1]
 
 
+def test_a_router_with_peers_breaks_ties_on_the_expected_ttft_by_its_own_draw():
+    from radix_sync.policy.routers import make_router, ttft_rank_key
+
+    # equal time, unequal load: alone, the less loaded worker takes every tie (the load is its own to read);
+    # with other routers serving, that load is shared and every router would pick the same worker: ties go by a
+    # draw of each router's own, so they spread over the tied workers whatever their load
+    ws = workers(3, w0=dict(num_running=2), w2=dict(num_running=1))
+    alone = router("expected_ttft", allow_pull=False)
+    assert {alone.route(req(10, cached=(0, 0, 0), rid=k), ws, 0.0).worker_id for k in range(30)} == {1}
+    picks = [[], []]
+    for seed, out in zip((5, 6), picks):
+        r = make_router("expected_ttft", cost=alone.cost, kv_bytes_per_token=1, allow_pull=False, seed=seed)
+        r.peers = 3
+        out.extend(r.route(req(10, cached=(0, 0, 0), rid=k), ws, 0.0).worker_id for k in range(60))
+        assert set(out) == {0, 1, 2} and r.tie_start == 0  # (no turn taken: the draw decided)
+    assert picks[0] != picks[1]  # two routers, two draws
+    # a strictly faster option is never drawn against: a holder wins every time
+    r.peers = 3
+    assert {r.route(req(10, cached=(0, 8, 0), rid=k), ws, 0.0).worker_id for k in range(20)} == {1}
+    # a caller's draw (the live router's) decides instead of the router's own
+    r.tie_draw = (0.9, 0.8, 0.1)
+    assert r.route(req(10, cached=(0, 0, 0)), ws, 0.0).worker_id == 2
+    assert ttft_rank_key(0.1, 2, ws, 0, (0.9, 0.8, 0.1)) == (0.1, 0, 0.1)
+
+
 def test_expected_ttft_queues_behind_its_own_requests_waiting_for_the_same_copy():
     # a replica lands on w1 at 0.5 s; w0 (the holder) has 10 s of queue. The first request waits for it: 0.5 + 0.1
     r = router("expected_ttft", allow_pull=False)

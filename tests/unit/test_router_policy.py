@@ -45,6 +45,20 @@ def test_a_full_tie_goes_to_the_worker_after_the_last_one_that_took_one():
     assert d.ranked[0] == "a" and d.tie_taken is None
 
 
+def test_a_router_that_is_not_alone_breaks_ties_by_its_draw_and_takes_no_turn():
+    model = cost_model(COSTS)
+    ws = [w("a"), w("b", running=1), w("c")]
+    # alone: equal time, the less loaded first, the turn taken
+    d = rank_by_ttft(ws, {}, (), 100, "", 0.0, model)
+    assert d.ranked[0] == "a" and d.tie_taken == "a" and not d.tie_drawn
+    # with a draw (other routers serve too): ties in the draw's order, whatever the load; no turn
+    d = rank_by_ttft(ws, {}, (), 100, "", 0.0, model, tie_after="a", tie_draw=(0.5, 0.1, 0.9))
+    assert d.ranked == ("b", "a", "c") and d.tie_taken is None and d.tie_drawn
+    # a holder is no tie: it wins whatever the draw
+    d = rank_by_ttft(ws, {"c": 80}, (), 100, "", 0.0, model, tie_draw=(0.5, 0.1, 0.9))
+    assert d.ranked[0] == "c"
+
+
 def test_queue_at_the_holder_sends_the_request_elsewhere():
     # a: wait 100 queued tokens (1.0 s) + 0.2 s; b: recompute 100 tokens = 1.0 s
     d = rank([w("a", waiting=1, waiting_tokens=100), w("b")], {"a": 80})

@@ -105,3 +105,16 @@ def test_a_door_learns_the_other_doors_sends_only_when_relayed_and_only_after_th
     assert relayed.num_waiting == 1 and relayed.waiting_new_tokens == 2000
     with pytest.raises(ValueError, match="door_sends_s"):
         EngineConfig(door_sends_s=-1.0)
+
+
+def test_doors_that_hear_of_each_other_draw_their_ties_and_the_others_do_not():
+    # (the live routers draw while the send relay says others serve: `ExpectedTtftRouter.peers`)
+    def engine(doors, relay):
+        wl = AgentWorkload(GeneratorConfig(), rate=2.0, duration_s=20.0, seed=3,
+                           max_context_len=PROFILE.max_context_len)
+        return Engine(PROFILE, wl, build_policy("kvrep_route", PROFILE, wl.page_len, 3, front_doors=doors),
+                      EngineConfig(num_workers=4, duration_s=20.0, door_sends_s=relay))
+
+    assert [r.peers for r in engine(3, 0.003).routers] == [2, 2, 2]
+    assert [r.peers for r in engine(3, None).routers] == [0, 0, 0]  # (no relay: each one believes it is alone)
+    assert [r.peers for r in engine(1, 0.003).routers] == [0]
