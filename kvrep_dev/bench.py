@@ -59,18 +59,20 @@ if TYPE_CHECKING:
     from radix_sync.sim.workload import Workload
 
 ARMS = ("shadow", "pull", "demote", "active", "active-lru", "active-fixed", "active-nosent", "shadow-lowid",
-        "shadow-norelay", "smg-rr", "smg-ca")
+        "shadow-norelay", "shadow-nodraw", "smg-rr", "smg-ca")
 """The ablation of ours, one part added per arm (routing alone; + copies on the request's path; + demotion of a moved
 session's stale copies; + the predictive planner; its copies landing as ordinary cache, not evict-first; `active`
 priced at the profile's prefill times, not the measured speed; `active` whose router prices only the directory's
 holdings, not what its own requests sent and not started will compute, as before stop 53; routing alone with every
 full tie to the lowest id, as before stop 49; routing alone whose routers do not relay their sends to one another,
-as before stop 57: an `@N` arm's ablation), then today's router (smg 1.13) in two policies."""
+as before stop 57: an `@N` arm's ablation; routing alone whose routers break ties by the load and turn they share even
+behind several doors, as before stop 58: another), then today's router (smg 1.13) in two policies."""
 DEFAULT_ARMS = ("shadow", "pull", "active", "smg-rr", "smg-ca")
 """`kvrep bench`'s arms unless `--arms` says (`demote` only when asked: one more arm is minutes a round)."""
 SIM_POLICY = {"shadow": "kvrep_shadow", "pull": "kvrep_pull", "demote": "kvrep_pull_demote", "active": "kvrep",
               "active-lru": "kvrep_lru", "active-fixed": "kvrep", "active-nosent": "kvrep",
               "shadow-lowid": "kvrep_shadow", "shadow-norelay": "kvrep_shadow",
+              "shadow-nodraw": "kvrep_shadow",
               "smg-rr": "round_robin",
               "smg-ca": "cache_aware",
               # runs saved before smg 1.13 replaced it (bench/results/): sglang-router 0.3.2's arms
@@ -104,7 +106,16 @@ NOSENT_ARMS = ("active-nosent",)
 """The arms served by a router started with `--pull --no-sent-pages` (a prefix its own requests sent to a worker and
 not started is not priced as cached there; the simulated router the same): the ablation of that pricing."""
 LOWEST_ID_ARMS = ("shadow-lowid",)
+"""The arms served by a router started with `--no-tie-turns` (every full tie to the lowest id; the simulated router
+the same): the tie rotation's ablation."""
 NORELAY_ARMS = ("shadow-norelay",)
+NODRAW_ARMS = ("shadow-nodraw",)
+"""The arms served by routers started with `--no-tie-draws` (behind N doors, each breaks ties on the expected TTFT by
+the shared load and turn, as alone; the simulated doors the same): the tie draw's ablation (`shadow-nodraw@4` against
+`shadow@4`)."""
+TIE_DRAWS = "drawn"
+"""Saved as a run's `tie_draws`: its routers of ours drew their ties while others served (`--tie-draws`, the default
+since stop 58), and `--resimulate` simulates their doors so (absent: by load and turn, as before)."""
 """The arms served by routers started with `--no-peer-sends` (behind N doors, each learns the others' sends only from
 the workers' next load reports; the simulated doors the same): the send relay's ablation (`shadow-norelay@4` against
 `shadow@4`)."""
@@ -118,8 +129,6 @@ RELAY_LAG_S = 0.003
 SENT_PAGES = "priced"
 """Saved as a run's `sent_pages`: its routers priced what their own requests sent and not started will compute
 (`--sent-pages`, the default since stop 53; absent: the directory alone, and `--resimulate` simulates them so)."""
-"""The arms served by a router started with `--no-tie-turns` (every full tie to the lowest id; the simulated router
-the same): the tie rotation's ablation."""
 MAX_FRONTS = 16
 """`ARM@N`: an arm served by N front doors at most."""
 
@@ -145,6 +154,8 @@ def router_flags(arm: str) -> tuple[str, ...]:
         return "--pull", "--no-sent-pages"
     if arm in NORELAY_ARMS:
         return ("--no-peer-sends",)
+    if arm in NODRAW_ARMS:
+        return ("--no-tie-draws",)
     return ("--pull",) if arm in PULL_ARMS else ()
 
 
@@ -467,7 +478,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
              speed: Optional[dict] = None, cores: Optional[int] = None, endpoint_wait: bool = True,
              machine: Optional[dict] = None, prompt_reports: bool = False, speed_calibration: bool = False,
              tie_turns: bool = True, frontend: bool = False, overlap_lag: bool = True,
-             sent_pages: bool = True, front_doors: int = 1, door_sends_s: Optional[float] = None) -> dict:
+             sent_pages: bool = True, front_doors: int = 1, door_sends_s: Optional[float] = None,
+             tie_draws: bool = True) -> dict:
     """Runs the simulator on the scaled workload under the arm's sim policy (or the simulator policy named `arm`),
     as the live run had it: every session to its end, the workers sharing `cores` cores (default: this machine's)
     with SGLang's overlap scheduler, copies starting between scheduler iterations at both ends (as the live agents
@@ -490,7 +502,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     the live router's `--no-sent-pages`). `front_doors`: the arm behind that many routers, the k-th request through
     door k mod N, as the live `ARM@N` (`PolicyBundle.doors`); `door_sends_s`: behind several, each of our routers
     learns the others' sends that late (`EngineConfig.door_sends_s`, the live send relay; None: never; smg's gateways
-    relay nothing)."""
+    relay nothing); `tie_draws`: behind several relayed doors, ours break ties on the expected TTFT by a draw each
+    (`ExpectedTtftRouter.tie_draws`; False: the live `--no-tie-draws`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.speed import SpeedCalibration
     from radix_sync.policy.planner import PlannerConfig
@@ -517,6 +530,8 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
             router.tie_turns = tie_turns
         if hasattr(router, "count_sent"):
             router.count_sent = sent_pages
+        if hasattr(router, "tie_draws"):
+            router.tie_draws = tie_draws
     # NOTE: duration_s stops issuing requests, so it must not cut the sessions still going after the last start
     ecfg = EngineConfig(num_workers=workers, duration_s=last + 3600.0, shared_cores=cores or os.cpu_count() or 1,
                         overlap_lag=overlap_lag, record_requests=True, endpoint_wait=endpoint_wait,
@@ -738,7 +753,7 @@ def format_front_doors(front: list[dict]) -> str:
 CLAIMS = (("active", "shadow"), ("active", "pull"), ("active", BASELINE), ("pull", "shadow"), ("demote", "pull"),
           ("active", "demote"), ("active-lru", "active"), ("active-lru", "pull"), ("active", "active-fixed"),
           ("active", "active-nosent"), ("shadow", "shadow-lowid"), ("shadow@1", "shadow"),
-          ("shadow@4", "shadow-norelay@4"))
+          ("shadow@4", "shadow-norelay@4"), ("shadow@4", "shadow-nodraw@4"))
 """The ratios the claims rest on: predictive + reactive copies against routing alone, reactive copies alone and
 today's router; then the ablation's steps, each part against the arm without it (copies on the path, demotion,
 prediction), where both arms ran; and `shadow@1`/`shadow`, an A/A control (the same router, its own prompts): how far
@@ -973,6 +988,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
     overlap = bool(data.get("args", {}).get("overlap_schedule", True))  # (runs before stop 53: SGLang's default)
     sent = data.get("sent_pages") == SENT_PAGES
     relay_s = RELAY_LAG_S if data.get("peer_sends") == PEER_SENDS else None
+    draws = data.get("tie_draws") == TIE_DRAWS
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
@@ -996,7 +1012,7 @@ def resimulate(path: Path, cores: Optional[int] = None, endpoint_wait: bool = Tr
                             machine, prompt_reports, calibrated and arm not in FIXED_SPEED_ARMS,
                             turns and arm not in LOWEST_ID_ARMS, frontend, overlap,
                             arm not in NOSENT_ARMS and sent, r.get("fronts", 1),
-                            None if arm in NORELAY_ARMS else relay_s)
+                            None if arm in NORELAY_ARMS else relay_s, draws and arm not in NODRAW_ARMS)
     probe = (f"prefill x{data['speed']['prefill']:.2f}, decode x{data['speed']['decode']:.2f}" if data.get("speed")
              else "not measured, x1")
     print(f"re-simulated {path} ({len(rows)} rows; {cores or os.cpu_count()} cores shared; the engine on "
@@ -1132,7 +1148,8 @@ def run_bench(args) -> int:
             procs.append(pull_router)
             routers = {a: pull_router for a in PULL_ARMS}
         for group, name in ((FIXED_SPEED_ARMS, "router-fixed"), (LOWEST_ID_ARMS, "router-lowid"),
-                            (NOSENT_ARMS, "router-nosent"), (NORELAY_ARMS, "router-norelay")):
+                            (NOSENT_ARMS, "router-nosent"), (NORELAY_ARMS, "router-norelay"),
+                            (NODRAW_ARMS, "router-nodraw")):
             if not per_cell and any(a in group for a in bases):  # an ablation's router: the same one less one part
                 other = Router(logs, keys, coordinator=coord, tokenizer=model_path(args.model), name=name,
                                extra_args=("--profile", args.profile, *router_flags(group[0])))
@@ -1316,7 +1333,8 @@ def run_bench(args) -> int:
                                   tie_turns=arm not in LOWEST_ID_ARMS,
                                   overlap_lag=bool(getattr(args, "overlap_schedule", True)),
                                   sent_pages=arm not in NOSENT_ARMS, front_doors=fronts,
-                                  door_sends_s=None if arm in NORELAY_ARMS else RELAY_LAG_S)
+                                  door_sends_s=None if arm in NORELAY_ARMS else RELAY_LAG_S,
+                                  tie_draws=arm not in NODRAW_ARMS)
     _ratios(rows)
     _add_cis(rows)
     claims = claim_ratios(rows)
@@ -1346,6 +1364,7 @@ def run_bench(args) -> int:
         json.dump({"args": meta, "command": " ".join(sys.argv), "rows": rows, "summary": summary, "claims": claims,
                    "front_doors": front, "speed": speed, "machine": machine, "waiting_reports": WAITING_REPORTS,
                    "prefill_speed": PREFILL_SPEED, "ties": TIES, "sent_pages": SENT_PAGES, "peer_sends": PEER_SENDS,
+                   "tie_draws": TIE_DRAWS,
                    "flushed": bool(args.flush_caches)},
                   f, indent=2,
                   default=str)

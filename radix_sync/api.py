@@ -109,7 +109,7 @@ class FinishReport(_Body):
     seq: ReportSeq = 0
     ttft_s: Optional[Annotated[float, Meta(ge=0, le=86400)]] = None
     """Time to first token the router measured (from its decision, a pull's wait included): the copy ledger's
-    evidence (`radix_sync.coordinator.ledger`)."""
+    evidence (`radix_sync.policy.ledger`)."""
     alone_new_tokens: Optional[Annotated[int, Meta(ge=0, le=MAX_LIST)]] = None
     """Set (with `alone_cached_tokens` and `ttft_s`) when the request ran alone at its worker (nothing else running
     or queued there when the router sent it): its uncached prompt tokens. The coordinator's speed calibration

@@ -153,6 +153,9 @@ def _add_router(sub) -> None:
     p.add_argument("--tie-turns", action=argparse.BooleanOptionalAction, default=C.tie_turns,
                    help="workers take turns at prompts that tie on expected TTFT and load (--no-tie-turns: the "
                         "lowest id takes every tie, as before)")
+    p.add_argument("--tie-draws", action=argparse.BooleanOptionalAction, default=C.tie_draws,
+                   help="while other routers serve the same workers (the send relay's count), break ties on expected "
+                        "TTFT by this router's own random draw (--no-tie-draws: by load and turn, as alone)")
     p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
     p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
     p.add_argument("--worker-keepalive-s", type=float, default=C.worker_keepalive_s,
@@ -219,7 +222,7 @@ def _run_router(args) -> int:
                               hints_per_s=args.hints_per_s, hints_burst=args.hints_burst,
                               pull=args.pull, pull_policy=PullConfig(args.pull_min_wait_s, args.pull_max_wait_s,
                                                                      args.pull_ttl_s),
-                              speed_calibration=args.speed_calibration, tie_turns=args.tie_turns,
+                              speed_calibration=args.speed_calibration, tie_turns=args.tie_turns, tie_draws=args.tie_draws,
                               sent_pages=args.sent_pages, peer_sends=args.peer_sends)
         if config.profile:
             from radix_sync.policy.cost import load_profile

@@ -39,7 +39,7 @@ class StateConfig:
     """A replica fact is never believed to live longer than this, s."""
     ledger_holdout: float = 0.2
     """Fraction of the prefixes the planner decides on whose copies are not made, so the copy ledger can tell
-    whether copies pay (`radix_sync.coordinator.ledger`; 0: no holdout, no verdict, never paused); the same for
+    whether copies pay (`radix_sync.policy.ledger`; 0: no holdout, no verdict, never paused); the same for
     the prefixes routers ask to pull (the pull ledger, `radix_sync.coordinator.pull.ledger_allows_pull`)."""
 
     def __post_init__(self) -> None:

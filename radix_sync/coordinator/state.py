@@ -22,7 +22,7 @@ from radix_sync import api
 from radix_sync import protocol as p
 from radix_sync.api import AdminError
 from radix_sync.coordinator.config import StateConfig
-from radix_sync.coordinator.ledger import CopyLedger, LedgerConfig
+from radix_sync.policy.ledger import CopyLedger, LedgerConfig
 from radix_sync.coordinator.demand import ArrivalRecord, DemandLog, FinishRecord, HintRecord
 from radix_sync.coordinator.replications import (FAILED, DONE, PENDING, RUNNING, Replication, ReplicationBook,
                                                  check_token_ids)
@@ -52,7 +52,7 @@ class ClusterState:
         self.speed = SpeedCalibration()
         """Prefill speed from the requests routers saw run alone (`FinishReport.alone_*`; `LivePolicy.observe`)."""
         """Whether the planner's copies, and the routers' pulls (`pull.ledger_allows_pull`), pay, live (a holdout of
-        prefixes each; `radix_sync.coordinator.ledger`)."""
+        prefixes each; `radix_sync.policy.ledger`)."""
         self.num_protocol_errors = 0
         self.num_refused_facts: dict[str, int] = {}
         """Facts refused after decoding, by type (unverifiable pages, a non-party's fact, an expired replica)."""

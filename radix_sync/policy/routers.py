@@ -261,6 +261,9 @@ class ExpectedTtftRouter(RouterPolicy):
         other front doors, when their sends are relayed, `EngineConfig.door_sends_s`; live: the send relay's
         routers less one). With any, ties on the expected TTFT go by a random draw (`tie_draws`), not by the
         shared load and turn."""
+        self.tie_draws = True
+        """Whether ties are drawn with `peers` (False: by the shared load and turn whatever `peers` says, the live
+        router's `--no-tie-draws`, as before stop 58)."""
         self.tie_draw: Optional[Sequence[float]] = None
         """The next decision's draw, when the caller drew it (the live router: one draw for its ranking and its
         puller); None: drawn here when `peers`."""
@@ -378,7 +381,7 @@ class ExpectedTtftRouter(RouterPolicy):
         opts = self._scan(req, workers, now)
         near = min(o[0] for o in opts) + 2e-9
         draw = self.tie_draw if self.tie_draw is not None else tie_draws(self._rng, len(workers)) \
-            if self.peers else None
+            if self.peers and self.tie_draws else None
         ranked = sorted((o for o in opts if o[0] <= near),
                         key=lambda o: ttft_rank_key(o[0], o[1], workers, self.tie_start, draw))
         best = ranked[0]

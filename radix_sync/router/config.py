@@ -98,6 +98,10 @@ class RouterConfig:
     """Full ties (equal expected TTFT and load) take turns over the workers
     (`radix_sync.policy.routers.next_tie_start`); False: the lowest id takes every one, as before stop 49 (kept for
     the ablation's `shadow-lowid` arm)."""
+    tie_draws: bool = True
+    """While other routers serve the same workers (the send relay's count), ties on the expected TTFT go by a random
+    draw of this router's own (`radix_sync.policy.routers.tie_draws`), not by the load and turn all the routers
+    share; False: as alone, as before stop 58 (kept for the ablation's `shadow-nodraw` arm)."""
     sent_pages: bool = True
     """A prompt prefix that this router's requests sent to a worker and not started will compute there counts as
     cached there for the next decisions (`rank_by_ttft`'s `sent_pages`, as the simulated router prices it); False:

@@ -228,7 +228,8 @@ class Router:
                                     page_hashes=hashes, page_len=page_size,
                                     sent_pages=pool.sent_pages if self.cfg.sent_pages else {},
                                     tie_draw=tie_draws(self._tie_rng, len(cands))
-                                    if self.link is not None and self.link.num_routers >= 2 else None)
+                                    if self.cfg.tie_draws and self.link is not None and self.link.num_routers >= 2
+                                    else None)
             if decision.tie_taken is not None and self.cfg.tie_turns:
                 self._tie_after = decision.tie_taken
         else:

@@ -69,7 +69,7 @@ class EngineConfig:
     `--peer-sends`, measured at 2-3 ms mean on loopback: docs/bench.md). None: never (live `--no-peer-sends`: a
     router knows its own sends, the others' only through the workers' next load reports)."""
     ledger_holdout: float = 0.0
-    """The coordinator's copy ledger (`radix_sync.coordinator.ledger.CopyLedger`, the same object; live default
+    """The coordinator's copy ledger (`radix_sync.policy.ledger.CopyLedger`, the same object; live default
     `--ledger-holdout 0.2`): this share of the prefixes the planner decides on is held out (their copies not made),
     each finished request's time to first token is attributed to its deepest decided prefix, and while the copied
     group is shown slower the planner is paused (every new decision held out). 0: no holdout, never paused (the

@@ -11,7 +11,7 @@ import itertools
 from collections import deque
 from typing import Callable, Optional
 
-from radix_sync.coordinator.ledger import CopyLedger, LedgerConfig
+from radix_sync.policy.ledger import CopyLedger, LedgerConfig
 from radix_sync.gc_pacing import frozen_during
 from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.cost import CostProfile

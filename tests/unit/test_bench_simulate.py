@@ -505,3 +505,17 @@ def test_the_send_relays_ablation_arm_runs_routers_without_it_live_and_simulated
     blind = simulate(copy.deepcopy(wl), "shadow", 2, 0, front_doors=2)
     assert relayed["num_requests"] == blind["num_requests"] == workload_size(wl)["requests"]
     assert [q["worker"] for q in relayed["requests"]] != [q["worker"] for q in blind["requests"]]
+
+
+def test_the_tie_draws_ablation_arm_runs_routers_without_it_live_and_simulated():
+    from kvrep_dev.bench import ARMS, CLAIMS, NODRAW_ARMS, RELAY_LAG_S, SIM_POLICY, TIE_DRAWS, router_flags
+
+    assert NODRAW_ARMS == ("shadow-nodraw",) and "shadow-nodraw" in ARMS and TIE_DRAWS == "drawn"
+    assert SIM_POLICY["shadow-nodraw"] == "kvrep_shadow" and router_flags("shadow-nodraw") == ("--no-tie-draws",)
+    assert ("shadow@4", "shadow-nodraw@4") in CLAIMS and "shadow-nodraw" not in bench_args().arms.split(",")
+    # simulated behind 2 relayed doors: ties drawn (a run's `shadow@2`) or by load and turn (`shadow-nodraw@2`)
+    wl = build_workload("agent", bench_args())
+    drawn = simulate(copy.deepcopy(wl), "shadow", 2, 0, front_doors=2, door_sends_s=RELAY_LAG_S)
+    shared = simulate(copy.deepcopy(wl), "shadow", 2, 0, front_doors=2, door_sends_s=RELAY_LAG_S, tie_draws=False)
+    assert drawn["num_requests"] == shared["num_requests"] == workload_size(wl)["requests"]
+    assert [q["worker"] for q in drawn["requests"]] != [q["worker"] for q in shared["requests"]]

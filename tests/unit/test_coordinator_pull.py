@@ -233,7 +233,7 @@ def test_pulls_are_a_bet_the_pull_ledger_holds_some_out_and_pauses_them_all_when
     """Inert unless it pays, for reactive copies too: a share of the prefixes pulls are asked for is held out
     (409: the router routes by its ranking instead); answers on pulled prefixes and on held-out ones are compared;
     once pulls are shown to cost, every new pull is held out (inert: routing only) until the evidence ages out."""
-    from radix_sync.coordinator.ledger import COPIED, HELD_OUT
+    from radix_sync.policy.ledger import COPIED, HELD_OUT
     from radix_sync.coordinator.pull import ledger_allows_pull
 
     groups = {COPIED: [], HELD_OUT: []}

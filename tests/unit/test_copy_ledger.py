@@ -1,4 +1,4 @@
-"""The copy ledger (`radix_sync.coordinator.ledger`): a reproducible holdout of prefixes, answers attributed to the
+"""The copy ledger (`radix_sync.policy.ledger`): a reproducible holdout of prefixes, answers attributed to the
 deepest decided prefix of their prompt, a Welch interval on the difference, and the planner paused while copies
 are shown to cost (inert unless it pays), resumed once that evidence ages out."""
 import contextlib
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from radix_sync.coordinator.ledger import COPIED, HELD_OUT, CopyLedger, LedgerConfig, _unit, welch
+from radix_sync.policy.ledger import COPIED, HELD_OUT, CopyLedger, LedgerConfig, _unit, welch
 
 
 def test_welch_interval_by_hand():

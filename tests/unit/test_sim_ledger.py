@@ -4,7 +4,7 @@ copies are shown to cost."""
 
 import pytest
 
-from radix_sync.coordinator.ledger import COPIED, HELD_OUT, _unit
+from radix_sync.policy.ledger import COPIED, HELD_OUT, _unit
 from radix_sync.policy.cost import load_profile
 from radix_sync.sim.config import EngineConfig
 from radix_sync.sim.engine import Engine

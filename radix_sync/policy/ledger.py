@@ -1,5 +1,8 @@
 """The copy ledger: whether the planner's copies pay, measured live on the requests themselves (a holdout).
 
+Pure (no I/O, no clock of its own): the coordinator's (`ClusterState.ledger`, `pull_ledger`) and the simulator's
+(`EngineConfig.ledger_holdout`) are this same object, fed the same way.
+
 Copying ahead is a bet, and the coordinator must know when it loses. In active mode each prefix the planner wants
 to copy is assigned once, at random (by its hash: reproducible), to one of two groups for `attribution_s`:
 `copied` (its copies are made) or `held_out` (they are not: the prefix is served as without the planner, by
