@@ -83,6 +83,19 @@ def test_copies_that_pay_are_shown_to_pay_and_nothing_is_paused():
     assert verdict == "pays" and d == pytest.approx(-0.7) and hi < 0
     fresh = [x for x in range(1000, 2000) if _unit(x) >= 0.5][0]
     assert ledger.assign(fresh, 6.0) is True
+    # while they pay, a quarter of the holdout is held out (measuring costs what the held-out prefixes lose): a
+    # prefix the full holdout draws out, and the smaller one does not, is copied; one both draw out is not
+    status = ledger.status(6.0)
+    assert status["holdout_now"] == pytest.approx(0.125) and not status["paused"]
+    between = [x for x in range(2000, 4000) if 0.125 <= _unit(x) < 0.5][:3]
+    below = [x for x in range(2000, 4000) if _unit(x) < 0.125][:3]
+    assert [ledger.assign(x, 6.0) for x in between] == [True] * 3
+    assert [ledger.assign(x, 6.0) for x in below] == [False] * 3
+    # the same prefixes under a ledger that has not judged yet: the full holdout
+    judging = CopyLedger(LedgerConfig(holdout=0.5, attribution_s=1000.0, min_samples=30))
+    assert [judging.assign(x, 6.0) for x in between] == [False] * 3 and judging.status(6.0)["holdout_now"] == 0.5
+    with pytest.raises(ValueError, match="paying_share"):
+        LedgerConfig(paying_share=1.5)
 
 
 def test_bounds():
