@@ -222,7 +222,8 @@ def _run_router(args) -> int:
                               hints_per_s=args.hints_per_s, hints_burst=args.hints_burst,
                               pull=args.pull, pull_policy=PullConfig(args.pull_min_wait_s, args.pull_max_wait_s,
                                                                      args.pull_ttl_s),
-                              speed_calibration=args.speed_calibration, tie_turns=args.tie_turns, tie_draws=args.tie_draws,
+                              speed_calibration=args.speed_calibration, tie_turns=args.tie_turns,
+                              tie_draws=args.tie_draws,
                               sent_pages=args.sent_pages, peer_sends=args.peer_sends)
         if config.profile:
             from radix_sync.policy.cost import load_profile

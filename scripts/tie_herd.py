@@ -3,13 +3,13 @@ workers (no SGLang) that the coordinator knows as idle and holding nothing, so e
 TTFT at every worker.
 
 Per round, the same bursts go through `--routers` routers (request j of a burst through router j mod N, the burst's
-requests a fraction of a millisecond apart, bursts `--gap-s` apart, open loop: with short answers, `--tokens 2`,
-each burst finds the workers drained; with long ones they overlap and find the workers' loads unequal) twice: ties drawn (the
-default, `--tie-draws`: each router breaks ties on expected TTFT by a random draw of its own while the send relay
-says others serve) and not (`--no-tie-draws`: by the load and turn every router shares, as before stop 58), order
-alternating, routers started afresh per arm. Both relay their sends (the default). Printed per round and pooled: the
-share of requests sent to a worker that another request of the same burst went to (`collisions`: 0 for a burst no
-larger than the workers spread perfectly, 1 for every burst on one worker; uniform random choices share with
+requests a fraction of a millisecond apart, bursts `--gap-s` apart, open loop: with short answers, `--tokens 2`, each
+burst finds the workers drained; with long ones they overlap and find the workers' loads unequal) twice: ties drawn
+(the default, `--tie-draws`: each router breaks ties on expected TTFT by a random draw of its own while the send
+relay says others serve) and not (`--no-tie-draws`: by the load and turn every router shares, as before stop 58),
+order alternating, routers started afresh per arm. Both relay their sends (the default). Printed per round and
+pooled: the share of requests sent to a worker that another request of the same burst went to (`collisions`: 0 for a
+burst no larger than the workers spread perfectly, 1 for every burst on one worker; uniform random choices share with
 probability 1 - (1 - 1/W)^(B-1) for W workers and bursts of B: 0.58 at 4 and 4), and of the decisions the routers
 logged (their last 256 each), how many drew their ties (`ties: drawn`).
 
