@@ -154,10 +154,10 @@ def tie_draws(rng: random.Random, num_workers: int) -> list[float]:
     workers' reports, the other routers' sends relayed a few ms late). Ties on the expected TTFT are common (every
     idle worker holding a prompt's whole prefix ties), and broken by that shared load and a turn they all take alike,
     every router sent its share of a burst to the same worker before hearing of the others' sends. Measured in the
-    simulator (shared-prefix bursts, 16 H200 workers, 4 routers relayed 3 ms late, seeds 1-2, stop 58): 53% of the
-    requests went to a worker another router had sent one to in the last 3 ms (one router: 3%), and TTFT mean
-    rose 1.77x over one router's; drawn at random, 1.30x. Alone, the shared load is this router's own and the
-    draw is not used (it cost 1-3% there)."""
+    simulator (shared-prefix bursts, 16 H200 workers, 4 routers relayed 3 ms late, stop 58): 53% of the requests
+    went to a worker another router had sent one to in the last 3 ms (one router: 3%; seed 1), and the mean TTFT
+    was 1.77x one router's; drawn, 1.29x (seeds 1-4). Alone, the shared load is this router's own and the draw is
+    not used (drawn there it cost 1-3%, seeds 1-2). docs/bench.md, "Ties behind several routers"."""
     return [rng.random() for _ in range(num_workers)]
 
 

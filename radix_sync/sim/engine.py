@@ -11,11 +11,11 @@ import itertools
 from collections import deque
 from typing import Callable, Optional
 
-from radix_sync.policy.ledger import CopyLedger, LedgerConfig
 from radix_sync.gc_pacing import frozen_during
 from radix_sync.policy.calibration import UseCalibration
 from radix_sync.policy.cost import CostProfile
 from radix_sync.policy.demotion import DemotionGate
+from radix_sync.policy.ledger import CopyLedger, LedgerConfig
 from radix_sync.policy.snapshot import REPLICA, ClusterSnapshot, HolderView, RequestView, Route, WorkerView
 from radix_sync.policy.tracker import NodeTracker
 from radix_sync.sim.cache import Directory, worker_cache
