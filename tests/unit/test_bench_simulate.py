@@ -137,6 +137,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-agent-wait-s2.json.gz", "bench-agent-wait-s3.json.gz",
                                        "bench-agent-wait47-s3.json.gz",
                                        "bench-cpu-account.json.gz", "bench-draws58-s2.json.gz",
+                                       "bench-draws58-s3.json.gz",
                                        "bench-fanflash-speed-s5.json.gz",
                                        "bench-fanflash-split.json.gz",
                                        "bench-fanout-abl47-s5.json.gz", "bench-fanout-abl48-s5.json.gz",
