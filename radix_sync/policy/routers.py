@@ -147,8 +147,22 @@ def ttft_rank_key(expected_ttft_s: float, worker_id: int, workers: Sequence[Work
     return round(expected_ttft_s, 9), _load(workers[worker_id]), (worker_id - tie_start) % max(1, len(workers))
 
 
+def two_choices(ranked: list, workers: Sequence[WorkerView], ttft=lambda o: o[0],
+                worker=lambda o: o[1]) -> list:
+    """Power of two choices among the ties on the expected TTFT: `ranked` is ordered by `ttft_rank_key` with a
+    `tie_draw` (so its first two, when they tie, are two tied workers drawn at random); returns it with those two
+    swapped when the second has fewer requests outstanding. Each router thus keeps the load's information (of two
+    tied workers, the less loaded; with two workers, the old rule's first key) without every router sending to the
+    one least-loaded worker they all see. `ttft`, `worker`: how to read an item's expected TTFT and worker index."""
+    if len(ranked) > 1 and round(ttft(ranked[0]), 9) == round(ttft(ranked[1]), 9) \
+            and _load(workers[worker(ranked[1])]) < _load(workers[worker(ranked[0])]):
+        return [ranked[1], ranked[0], *ranked[2:]]
+    return ranked
+
+
 def tie_draws(rng: random.Random, num_workers: int) -> list[float]:
-    """Returns: a random number per worker, for one decision's ties on the expected TTFT (`ttft_rank_key`).
+    """Returns: a random number per worker, for one decision's ties on the expected TTFT (`ttft_rank_key`, then
+    `two_choices`).
 
     For a router that is not alone: several routers in front of the same workers see the same shared load (the
     workers' reports, the other routers' sends relayed a few ms late). Ties on the expected TTFT are common (every
@@ -156,8 +170,10 @@ def tie_draws(rng: random.Random, num_workers: int) -> list[float]:
     every router sent its share of a burst to the same worker before hearing of the others' sends. Measured in the
     simulator (shared-prefix bursts, 16 H200 workers, 4 routers relayed 3 ms late, stop 58): 53% of the requests
     went to a worker another router had sent one to in the last 3 ms (one router: 3%; seed 1), and the mean TTFT
-    was 1.77x one router's; drawn, 1.29x (seeds 1-4). Alone, the shared load is this router's own and the draw is
-    not used (drawn there it cost 1-3%, seeds 1-2). docs/bench.md, "Ties behind several routers"."""
+    was 1.77x one router's. Drawn plainly (the first choice the lowest draw) it fell to 1.29x, but live on two CPU
+    workers the plain draw's P99 was worse in 5 rounds of 6 (it ignores how loaded the two are); with
+    `two_choices` (the less loaded of two drawn) 1.34x in the simulator. Alone, the shared load is this router's
+    own and no draw is made. docs/bench.md, "Ties behind several routers"."""
     return [rng.random() for _ in range(num_workers)]
 
 
@@ -384,6 +400,8 @@ class ExpectedTtftRouter(RouterPolicy):
             if self.peers and self.tie_draws else None
         ranked = sorted((o for o in opts if o[0] <= near),
                         key=lambda o: ttft_rank_key(o[0], o[1], workers, self.tie_start, draw))
+        if draw is not None:
+            ranked = two_choices(ranked, workers)
         best = ranked[0]
         if self.tie_turns and draw is None:
             self.tie_start = next_tie_start(ranked, workers, self.tie_start)

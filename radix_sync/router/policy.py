@@ -26,7 +26,7 @@ from radix_sync.policy.cost import CostModel, CostProfile
 from radix_sync.policy.forecast import drained, own_prefill_s, split_iteration
 from radix_sync.policy.pagetree import PageTree
 from radix_sync.policy.pull import PullConfig, PullPlan, plan_pull
-from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, full_tie, ttft_rank_key
+from radix_sync.policy.routers import CacheAwareConfig, ExpectedTtftRouter, full_tie, ttft_rank_key, two_choices
 from radix_sync.policy.snapshot import REPLICA, HolderView, RequestView, WorkerView
 from radix_sync.policy.speed import runs_alone
 
@@ -231,7 +231,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
         tie_after: the worker that took the last full tie (`Decision.tie_taken`), None: none yet.
         tie_draw: a random number per worker, in worker id order (`radix_sync.policy.routers.tie_draws`), drawn
             by a router that is not alone (the send relay's other routers serve too): ties on the expected TTFT go
-            by it, not by the shared load and turn (`tie_after` unused, no `tie_taken`).
+            to the less loaded of the two with the lowest draws (`two_choices`), not to the one least-loaded worker
+            every router sees, then in turn (`tie_after` unused, no `tie_taken`).
         page_hashes, page_len: the prompt's chained page hashes and their page size (empty: not known).
         sent_pages: per worker, the page hashes of the requests this router sent there and has not seen start
             (hash -> how many hold it; `WorkerPool.sent_pages`): what that worker will have computed before a
@@ -291,6 +292,8 @@ def rank_by_ttft(workers: Sequence[WorkerState], matched: Mapping[str, int], cop
     options = policy.options(req, views, now)
     # NOTE: the key ExpectedTtftRouter.route picks by, so ranked[0] is exactly its choice.
     options.sort(key=lambda r: ttft_rank_key(r.expected_ttft_s, r.worker_id, views, tie_start, tie_draw))
+    if tie_draw is not None:
+        options = two_choices(options, views, lambda r: r.expected_ttft_s, lambda r: r.worker_id)
     first = options[0]
     tied = tie_draw is None and full_tie([(r.expected_ttft_s, r.worker_id) for r in options], views)
     pull = None

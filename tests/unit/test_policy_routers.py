@@ -301,8 +301,9 @@ def test_a_router_with_peers_breaks_ties_on_the_expected_ttft_by_its_own_draw():
     from radix_sync.policy.routers import make_router, ttft_rank_key
 
     # equal time, unequal load: alone, the less loaded worker takes every tie (the load is its own to read);
-    # with other routers serving, that load is shared and every router would pick the same worker: ties go by a
-    # draw of each router's own, so they spread over the tied workers whatever their load
+    # with other routers serving, that load is shared and every router would pick the same worker: each router
+    # draws two of the tied workers and takes the less loaded of them (power of two choices), so the least loaded
+    # takes most, the middle one some (when drawn with the most loaded), the most loaded none
     ws = workers(3, w0=dict(num_running=2), w2=dict(num_running=1))
     alone = router("expected_ttft", allow_pull=False)
     assert {alone.route(req(10, cached=(0, 0, 0), rid=k), ws, 0.0).worker_id for k in range(30)} == {1}
@@ -310,14 +311,19 @@ def test_a_router_with_peers_breaks_ties_on_the_expected_ttft_by_its_own_draw():
     for seed, out in zip((5, 6), picks):
         r = make_router("expected_ttft", cost=alone.cost, kv_bytes_per_token=1, allow_pull=False, seed=seed)
         r.peers = 3
-        out.extend(r.route(req(10, cached=(0, 0, 0), rid=k), ws, 0.0).worker_id for k in range(60))
-        assert set(out) == {0, 1, 2} and r.tie_start == 0  # (no turn taken: the draw decided)
+        out.extend(r.route(req(10, cached=(0, 0, 0), rid=k), ws, 0.0).worker_id for k in range(90))
+        assert set(out) == {1, 2} and out.count(1) > out.count(2) and r.tie_start == 0  # (no turn: drawn)
     assert picks[0] != picks[1]  # two routers, two draws
+    # equal load too: the draw alone
+    even = workers(3)
+    assert {r.route(req(10, cached=(0, 0, 0), rid=100 + k), even, 0.0).worker_id for k in range(40)} == {0, 1, 2}
     # a strictly faster option is never drawn against: a holder wins every time
     r.peers = 3
     assert {r.route(req(10, cached=(0, 8, 0), rid=k), ws, 0.0).worker_id for k in range(20)} == {1}
-    # a caller's draw (the live router's) decides instead of the router's own
+    # a caller's draw (the live router's) decides instead of the router's own: w2 and w1 drawn, w1 less loaded
     r.tie_draw = (0.9, 0.8, 0.1)
+    assert r.route(req(10, cached=(0, 0, 0)), ws, 0.0).worker_id == 1
+    r.tie_draw = (0.1, 0.9, 0.2)  # w0 and w2 drawn: w2, less loaded than w0 (w1, the least, not drawn)
     assert r.route(req(10, cached=(0, 0, 0)), ws, 0.0).worker_id == 2
     assert ttft_rank_key(0.1, 2, ws, 0, (0.9, 0.8, 0.1)) == (0.1, 0, 0.1)
 

@@ -51,9 +51,12 @@ def test_a_router_that_is_not_alone_breaks_ties_by_its_draw_and_takes_no_turn():
     # alone: equal time, the less loaded first, the turn taken
     d = rank_by_ttft(ws, {}, (), 100, "", 0.0, model)
     assert d.ranked[0] == "a" and d.tie_taken == "a" and not d.tie_drawn
-    # with a draw (other routers serve too): ties in the draw's order, whatever the load; no turn
+    # with a draw (other routers serve too): the two lowest draws (b, a), the less loaded of them first (a); no turn
     d = rank_by_ttft(ws, {}, (), 100, "", 0.0, model, tie_after="a", tie_draw=(0.5, 0.1, 0.9))
-    assert d.ranked == ("b", "a", "c") and d.tie_taken is None and d.tie_drawn
+    assert d.ranked == ("a", "b", "c") and d.tie_taken is None and d.tie_drawn
+    # b and c drawn, equally loaded: the draw's order
+    d = rank_by_ttft([w("a", running=1), w("b"), w("c")], {}, (), 100, "", 0.0, model, tie_draw=(0.9, 0.5, 0.1))
+    assert d.ranked == ("c", "b", "a")
     # a holder is no tie: it wins whatever the draw
     d = rank_by_ttft(ws, {"c": 80}, (), 100, "", 0.0, model, tie_draw=(0.5, 0.1, 0.9))
     assert d.ranked[0] == "c"
