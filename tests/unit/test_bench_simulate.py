@@ -156,7 +156,7 @@ def test_the_committed_validation_runs_load_for_resimulate():
                                        "bench-flash-sent53-s5.json.gz", "bench-flash-slow52-s5.json.gz",
                                        "bench-flash-wait-s1.json.gz",
                                        "bench-flash-wait-s2.json.gz", "bench-flash-wait-s3.json.gz",
-                                       "bench-relay57-s2.json.gz",
+                                       "bench-p2c58-s3.json.gz", "bench-relay57-s2.json.gz",
                                        "bench-routers4-s2.json.gz", "bench-sgl-s0.json.gz",
                                        "bench-sgl49-s0.json.gz", "bench-sgl54-s0.json.gz",
                                        "bench-sgl55-s0.json.gz",
