@@ -502,7 +502,7 @@ def simulate(wl, arm: str, workers: int, seed: int, profile_name: str = testbed.
     the live router's `--no-sent-pages`). `front_doors`: the arm behind that many routers, the k-th request through
     door k mod N, as the live `ARM@N` (`PolicyBundle.doors`); `door_sends_s`: behind several, each of our routers
     learns the others' sends that late (`EngineConfig.door_sends_s`, the live send relay; None: never; smg's gateways
-    relay nothing); `tie_draws`: behind several relayed doors, ours break ties on the expected TTFT by a draw each
+    relay nothing); `tie_draws`: behind several relayed doors, ours take the less loaded of two tied workers each draws
     (`ExpectedTtftRouter.tie_draws`; False: the live `--no-tie-draws`)."""
     from radix_sync.policy.cost import load_profile
     from radix_sync.policy.speed import SpeedCalibration

@@ -154,8 +154,9 @@ def _add_router(sub) -> None:
                    help="workers take turns at prompts that tie on expected TTFT and load (--no-tie-turns: the "
                         "lowest id takes every tie, as before)")
     p.add_argument("--tie-draws", action=argparse.BooleanOptionalAction, default=C.tie_draws,
-                   help="while other routers serve the same workers (the send relay's count), break ties on expected "
-                        "TTFT by this router's own random draw (--no-tie-draws: by load and turn, as alone)")
+                   help="while other routers serve the same workers (the send relay's count), a tie on expected "
+                        "TTFT goes to the less loaded of two tied workers this router draws at random "
+                        "(--no-tie-draws: by load and turn, as alone)")
     p.add_argument("--read-timeout-s", type=float, default=C.read_timeout_s)
     p.add_argument("--max-connections-per-worker", type=int, default=C.max_connections_per_worker)
     p.add_argument("--worker-keepalive-s", type=float, default=C.worker_keepalive_s,

@@ -5,8 +5,8 @@ TTFT at every worker.
 Per round, the same bursts go through `--routers` routers (request j of a burst through router j mod N, the burst's
 requests a fraction of a millisecond apart, bursts `--gap-s` apart, open loop: with short answers, `--tokens 2`, each
 burst finds the workers drained; with long ones they overlap and find the workers' loads unequal) twice: ties drawn
-(the default, `--tie-draws`: each router breaks ties on expected TTFT by a random draw of its own while the send
-relay says others serve) and not (`--no-tie-draws`: by the load and turn every router shares, as before stop 58),
+(the default, `--tie-draws`: each router takes the less loaded of two tied workers it draws at random while the
+send relay says others serve; with the stubs equally loaded, a random one) and not (`--no-tie-draws`: by the load and turn every router shares, as before stop 58),
 order alternating, routers started afresh per arm. Both relay their sends (the default). Printed per round and
 pooled: the share of requests sent to a worker that another request of the same burst went to (`collisions`: 0 for a
 burst no larger than the workers spread perfectly, 1 for every burst on one worker; uniform random choices share with

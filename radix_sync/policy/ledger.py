@@ -111,8 +111,7 @@ class CopyLedger:
                 group = HELD_OUT
                 self.num_decisions["paused"] += 1
             else:
-                share = cfg.holdout * (cfg.paying_share if verdict == "pays" else 1.0)
-                group = HELD_OUT if _unit(block_hash) < share else COPIED
+                group = HELD_OUT if _unit(block_hash) < self._share(verdict) else COPIED
                 self.num_decisions[group] += 1
             self._assigned.pop(block_hash, None)
             self._assigned[block_hash] = (group, now_s + cfg.attribution_s)
@@ -147,6 +146,11 @@ class CopyLedger:
             del self._assigned[h]
 
     # ------------------------------------------------------------------------------------------------- reads
+    def _share(self, verdict: str) -> float:
+        """The share of new prefixes held out under `verdict` (all while the copies cost)."""
+        cfg = self.cfg
+        return 1.0 if verdict == "costs" else cfg.holdout * (cfg.paying_share if verdict == "pays" else 1.0)
+
     def verdict(self, now_s: float) -> tuple[str, Optional[tuple[float, float, float]]]:
         """Returns: (`pays` | `costs` | `not shown`, (copied - held-out mean TTFT, its 95% interval) or None)."""
         self._trim(now_s)
@@ -165,8 +169,7 @@ class CopyLedger:
             ts = [t for _, t in samples]
             groups[g] = {"answers": len(ts), "mean_ttft_s": round(sum(ts) / len(ts), 4) if ts else None}
         return {"verdict": verdict, "paused": verdict == "costs", "holdout": self.cfg.holdout,
-                "holdout_now": 1.0 if verdict == "costs" else self.cfg.holdout * (
-                    self.cfg.paying_share if verdict == "pays" else 1.0),
+                "holdout_now": self._share(verdict),
                 "copied_minus_held_out_s": None if diff is None else [round(x, 4) for x in diff],
                 "groups": groups, "decisions": dict(self.num_decisions), "prefixes_assigned": len(self._assigned),
                 "answers_timed": self.num_answers_timed}

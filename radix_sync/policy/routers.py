@@ -275,8 +275,8 @@ class ExpectedTtftRouter(RouterPolicy):
         self.peers = 0
         """Other routers serving the same workers at the same time whose sends this one hears of (simulated: the
         other front doors, when their sends are relayed, `EngineConfig.door_sends_s`; live: the send relay's
-        routers less one). With any, ties on the expected TTFT go by a random draw (`tie_draws`), not by the
-        shared load and turn."""
+        routers less one). With any, a tie on the expected TTFT goes to the less loaded of two tied workers drawn
+        at random (`tie_draws`, `two_choices`), not by the shared load and turn."""
         self.tie_draws = True
         """Whether ties are drawn with `peers` (False: by the shared load and turn whatever `peers` says, the live
         router's `--no-tie-draws`, as before stop 58)."""

@@ -99,9 +99,10 @@ class RouterConfig:
     (`radix_sync.policy.routers.next_tie_start`); False: the lowest id takes every one, as before stop 49 (kept for
     the ablation's `shadow-lowid` arm)."""
     tie_draws: bool = True
-    """While other routers serve the same workers (the send relay's count), ties on the expected TTFT go by a random
-    draw of this router's own (`radix_sync.policy.routers.tie_draws`), not by the load and turn all the routers
-    share; False: as alone, as before stop 58 (kept for the ablation's `shadow-nodraw` arm)."""
+    """While other routers serve the same workers (the send relay's count), a tie on the expected TTFT goes to the
+    less loaded of two tied workers this router draws at random (`radix_sync.policy.routers.tie_draws`,
+    `two_choices`), not to the one least-loaded worker all the routers see; False: as alone, as before stop 58 (kept
+    for the ablation's `shadow-nodraw` arm)."""
     sent_pages: bool = True
     """A prompt prefix that this router's requests sent to a worker and not started will compute there counts as
     cached there for the next decisions (`rank_by_ttft`'s `sent_pages`, as the simulated router prices it); False:
